@@ -1,0 +1,53 @@
+// monarch_fftconv: the torch-free contract between the binding (binding.cpp)
+// and the CUDA kernels. Nothing here may include a torch header: kernel
+// translation units compile ~10x faster without them.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace monarch_fftconv {
+
+// Matmul operand precision. Accumulation is always fp32.
+enum class Precision : int { kFP32 = 0, kTF32 = 1, kBF16 = 2, kFP16 = 3 };
+
+// Element type of u and y in device memory.
+enum class IOType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+
+// One causal convolution y = u * k (+ skip·u) over (batch, channels, seq_len).
+//
+// Monarch plan: fft_size N = 2·next_pow2(seq_len) = n1·n2 (n1 >= n2, powers of
+// two, each <= 128). The filter spectrum is given in the Monarch (digit-
+// reversed) order and only for the Hermitian half of the rows:
+//   filter_spectrum[c][k1][k2] (complex, interleaved re,im as float2),
+//   k1 in [0, n1/2], k2 in [0, n2), contiguous, shape (channels, n1/2+1, n2, 2),
+//   = FFT_N(zero-padded k_c)[k1 + n1·k2] / N      (the 1/N is folded in).
+// See docs/design.md for the derivation.
+struct ConvForwardParams {
+  const void* u;                  // element (b, c, t) at u[b·u_batch_stride + c·u_channel_stride + t]
+  int64_t u_batch_stride;         // in elements
+  int64_t u_channel_stride;       // in elements; the time stride is 1
+  const float* filter_spectrum;   // (channels, n1/2+1, n2, 2), see above
+  const float* skip;              // (channels,) or nullptr: y += skip[c]·u
+  void* y;                        // (batch, channels, seq_len), contiguous, io_type
+  int64_t batch;
+  int64_t channels;
+  int64_t seq_len;                // 1 <= seq_len <= fft_size / 2
+  int fft_size;                   // N
+  int n1;                         // stage-1 (column) DFT size
+  int n2;                         // stage-2 (row) DFT size
+  IOType io_type;
+  Precision precision;
+};
+
+// Fused tensor-core Monarch kernel: precisions kTF32, kBF16, kFP16.
+// Returns cudaErrorInvalidValue for an unsupported configuration; otherwise the
+// launch status. Launches on `stream`.
+cudaError_t conv_forward_tensor_core(const ConvForwardParams& params, cudaStream_t stream);
+bool conv_forward_tensor_core_supports(const ConvForwardParams& params);
+
+// Fused fp32-accurate kernel: precision kFP32.
+cudaError_t conv_forward_fp32(const ConvForwardParams& params, cudaStream_t stream);
+bool conv_forward_fp32_supports(const ConvForwardParams& params);
+
+}  // namespace monarch_fftconv

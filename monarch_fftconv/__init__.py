@@ -1,0 +1,19 @@
+"""monarch_fftconv: fast causal long convolutions (Hyena, H3, S4, Monarch Mixer) for PyTorch.
+
+Public API:
+- `fftconv(u, k, *, D=None, precision=None)`: the differentiable convolution;
+- `FFTConv(channels, seq_len, *, precision=None)`: the nn.Module;
+- `precision(name)`: context manager overriding the precision of calls inside it;
+- `explain(u, k, *, D=None, precision=None)`: which backend a call would take, and why;
+- `PRECISIONS`: the precision names.
+
+Importing this package registers the `monarch_fftconv::*` torch ops and nothing else:
+no CUDA initialisation, no build, no RNG or global-flag changes.
+"""
+
+from .functional import explain, fftconv
+from .nn import FFTConv
+from .policy import PRECISIONS, precision
+
+__all__ = ["FFTConv", "PRECISIONS", "explain", "fftconv", "precision"]
+__version__ = "0.1.0"

@@ -1,0 +1,55 @@
+"""`FFTConv`: a drop-in nn.Module for the long convolution of SSM layers."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from . import ops, policy
+from .functional import _fftconv, check_inputs
+
+
+class FFTConv(nn.Module):
+    """y = causal_conv(x, filter) over the last dim, per channel.
+
+    Same parameter (`filter`, shape (channels, seq_len), randn init) as the plain torch.fft
+    model it replaces, so its state_dict loads as is. Inputs may be shorter than seq_len.
+
+    Without autograd (inference), the filter spectrum is cached and recomputed whenever the
+    parameter changes: its `_version` (in-place updates such as optimizer steps), identity,
+    device or dtype, the input length, or the precision.
+    """
+
+    def __init__(self, channels: int, seq_len: int, *, precision: str | None = None, device=None, dtype=None):
+        super().__init__()
+        if precision is not None:
+            policy.check_precision(precision)
+        self.channels, self.seq_len = channels, seq_len
+        self.precision = precision
+        self.filter = nn.Parameter(torch.randn(channels, seq_len, device=device, dtype=dtype))
+        self._spectrum_key: tuple | None = None
+        self._spectrum: Tensor | None = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        length = x.shape[-1]
+        if length > self.seq_len:
+            raise ValueError(f"input length {length} exceeds the module's seq_len {self.seq_len}")
+        filt = self.filter if length == self.seq_len else self.filter[:, :length]
+        if torch.is_grad_enabled() and (self.filter.requires_grad or x.requires_grad):
+            return _fftconv(x, filt, None, None, module_precision=self.precision)
+        check_inputs(x, filt)
+        chosen, _ = policy.resolve(None, x.dtype, self.precision)
+        return ops.conv_forward(x, self._cached_spectrum(filt, length, chosen), None, chosen)
+
+    def _cached_spectrum(self, filt: Tensor, length: int, precision: str) -> Tensor:
+        p = self.filter
+        key = (id(p), p._version, p.device, p.dtype, length, precision)
+        if key != self._spectrum_key:
+            with torch.no_grad():
+                self._spectrum = ops.filter_spectrum(filt.detach(), length, precision)
+            self._spectrum_key = key
+        assert self._spectrum is not None
+        return self._spectrum
+
+    def extra_repr(self) -> str:
+        return f"channels={self.channels}, seq_len={self.seq_len}, precision={self.precision!r}"

@@ -1,0 +1,55 @@
+"""Precision policy: which matmul operand precision a call uses.
+
+Resolution order, first match wins:
+1. the per-call argument  ``fftconv(..., precision="bf16")``;
+2. the innermost ``with monarch_fftconv.precision("bf16"):`` block (process-wide override);
+3. the module attribute    ``FFTConv(..., precision="bf16")`` / ``module.precision = ...``;
+4. the environment variable ``MONARCH_FFTCONV_PRECISION`` (read at call time, never at import);
+5. the default: ``"fp32"`` (fp32-accurate) for float32/float64 inputs, the input's own type
+   for bfloat16/float16 inputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from collections.abc import Iterator
+
+import torch
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+ENV_VAR = "MONARCH_FFTCONV_PRECISION"
+
+_override: contextvars.ContextVar[str | None] = contextvars.ContextVar("monarch_fftconv_precision", default=None)
+
+_DEFAULT_FOR_DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def check_precision(name: object, source: str = "precision") -> str:
+    if not isinstance(name, str) or name not in PRECISIONS:
+        raise ValueError(f"{source} must be one of {', '.join(map(repr, PRECISIONS))} or None, got {name!r}")
+    return name
+
+
+@contextlib.contextmanager
+def precision(name: str) -> Iterator[None]:
+    """Override the precision of every call inside the block that passes no ``precision=``."""
+    token = _override.set(check_precision(name))
+    try:
+        yield
+    finally:
+        _override.reset(token)
+
+
+def resolve(call_arg: str | None, dtype: torch.dtype, module_attr: str | None = None) -> tuple[str, str]:
+    """Return (precision, where it came from)."""
+    if call_arg is not None:
+        return check_precision(call_arg), "the precision= argument"
+    if (ctx := _override.get()) is not None:
+        return ctx, "the monarch_fftconv.precision() context"
+    if module_attr is not None:
+        return check_precision(module_attr, "FFTConv.precision"), "the module's precision attribute"
+    if env := os.environ.get(ENV_VAR):
+        return check_precision(env, ENV_VAR), f"the {ENV_VAR} environment variable"
+    return _DEFAULT_FOR_DTYPE.get(dtype, "fp32"), f"the default for {str(dtype).removeprefix('torch.')} input"
