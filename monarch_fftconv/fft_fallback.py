@@ -36,7 +36,7 @@ def monarch_to_rfft(spectrum: torch.Tensor, plan: MonarchPlan) -> torch.Tensor:
     """(..., R, M) Monarch-layout half spectrum -> (..., N/2+1) rfft order."""
     index, conj, _ = _rfft_gather(plan)
     flat = spectrum.flatten(-2)[..., index.to(spectrum.device)]
-    return torch.where(conj.to(spectrum.device), flat.conj(), flat)
+    return torch.where(conj.to(spectrum.device), flat.conj_physical(), flat)
 
 
 def rfft_to_monarch(rfft: torch.Tensor, plan: MonarchPlan) -> torch.Tensor:
@@ -44,7 +44,7 @@ def rfft_to_monarch(rfft: torch.Tensor, plan: MonarchPlan) -> torch.Tensor:
     _, _, stored_bin = _rfft_gather(plan)
     freqs = spectrum_frequencies(plan).flatten().to(rfft.device)
     values = rfft[..., stored_bin.to(rfft.device)]
-    values = torch.where(freqs <= plan.fft_size // 2, values, values.conj())
+    values = torch.where(freqs <= plan.fft_size // 2, values, values.conj_physical())
     return values.unflatten(-1, plan.spectrum_shape)
 
 
@@ -58,7 +58,7 @@ def conv_forward(u: torch.Tensor, spectrum: torch.Tensor, skip: torch.Tensor | N
     x = u.to(spectrum.real.dtype)
     # The stored spectrum carries 1/N; irfft divides by N again ("forward" norm undoes that).
     y = torch.fft.irfft(torch.fft.rfft(x, n=plan.fft_size) * monarch_to_rfft(spectrum, plan), n=plan.fft_size, norm="forward")
-    y = y[..., :length]
+    y = y[..., :length].contiguous()
     if skip is not None:
         y = y + skip.to(y.dtype).unsqueeze(-1) * x
     return y.to(u.dtype)
@@ -69,4 +69,4 @@ def filter_grad(grad: torch.Tensor, u: torch.Tensor, filter_len: int, plan: Mona
     dtype = torch.float64 if torch.float64 in (grad.dtype, u.dtype) else torch.float32
     g = torch.fft.rfft(grad.to(dtype), n=plan.fft_size)
     x = torch.fft.rfft(u.to(dtype), n=plan.fft_size)
-    return torch.fft.irfft((g * x.conj()).sum(0), n=plan.fft_size)[..., :filter_len]
+    return torch.fft.irfft((g * x.conj_physical()).sum(0), n=plan.fft_size)[..., :filter_len].contiguous()

@@ -175,7 +175,7 @@ def _tables_float64(plan_key: tuple[int, tuple[int, ...]]) -> MonarchTables:
     stage1 = full[:r_rows, :half]
     weight = torch.full((r_rows,), 2.0, dtype=torch.float64)
     weight[0] = weight[-1] = 1.0  # rows 0 and n1/2 are their own Hermitian partners
-    inverse = full[:half, :r_rows].conj() * weight  # exp(+2πi·r·k1/n1)·w[k1]
+    inverse = full[:half, :r_rows].conj_physical() * weight  # exp(+2πi·r·k1/n1)·w[k1]
     return MonarchTables(
         stage1=stage1,
         twiddle=_twiddle(r_rows, m, fft_size),

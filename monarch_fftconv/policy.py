@@ -12,7 +12,6 @@ Resolution order, first match wins:
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import os
 from collections.abc import Iterator
 
@@ -21,7 +20,8 @@ import torch
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 ENV_VAR = "MONARCH_FFTCONV_PRECISION"
 
-_override: contextvars.ContextVar[str | None] = contextvars.ContextVar("monarch_fftconv_precision", default=None)
+# Innermost last. A plain list rather than a ContextVar: torch.compile traces reads of it.
+_override_stack: list[str] = []
 
 _DEFAULT_FOR_DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -35,19 +35,19 @@ def check_precision(name: object, source: str = "precision") -> str:
 @contextlib.contextmanager
 def precision(name: str) -> Iterator[None]:
     """Override the precision of every call inside the block that passes no ``precision=``."""
-    token = _override.set(check_precision(name))
+    _override_stack.append(check_precision(name))
     try:
         yield
     finally:
-        _override.reset(token)
+        _override_stack.pop()
 
 
 def resolve(call_arg: str | None, dtype: torch.dtype, module_attr: str | None = None) -> tuple[str, str]:
     """Return (precision, where it came from)."""
     if call_arg is not None:
         return check_precision(call_arg), "the precision= argument"
-    if (ctx := _override.get()) is not None:
-        return ctx, "the monarch_fftconv.precision() context"
+    if _override_stack:
+        return _override_stack[-1], "the monarch_fftconv.precision() context"
     if module_attr is not None:
         return check_precision(module_attr, "FFTConv.precision"), "the module's precision attribute"
     if env := os.environ.get(ENV_VAR):

@@ -73,10 +73,10 @@ def _row_dft(a: torch.Tensor, t: RowDFTTables, precision: str) -> torch.Tensor:
 def _row_idft(s: torch.Tensor, t: RowDFTTables, precision: str) -> torch.Tensor:
     """Unnormalised inverse of `_row_dft` (Monarch order in, natural order out)."""
     if t.sub is None:
-        return _cmatmul(s, t.dft.conj(), precision)
+        return _cmatmul(s, t.dft.conj_physical(), precision)
     n = t.dft.shape[0]
-    s = _row_idft(s.unflatten(-1, (n, t.size // n)), t.sub, precision) * t.twiddle.conj()
-    return _cmatmul(t.dft.conj(), s, precision).flatten(-2)
+    s = _row_idft(s.unflatten(-1, (n, t.size // n)), t.sub, precision) * t.twiddle.conj_physical()
+    return _cmatmul(t.dft.conj_physical(), s, precision).flatten(-2)
 
 
 # --------------------------------------------------------------------------- transforms
@@ -102,12 +102,12 @@ def forward_spectrum(x: torch.Tensor, plan: MonarchPlan, precision: str) -> torc
 def inverse_spectrum(spectrum: torch.Tensor, plan: MonarchPlan, precision: str, out_len: int) -> torch.Tensor:
     """First `out_len` samples of the real sequence whose half spectrum (scaled by 1/N) is given."""
     t = _tables(plan, spectrum.real.dtype, spectrum.device)
-    a = _row_idft(spectrum, t.rows, precision) * t.twiddle.conj()
+    a = _row_idft(spectrum, t.rows, precision) * t.twiddle.conj_physical()
     live = -(-out_len // plan.row_size)  # only the output rows that are kept
     cos = round_operand(t.inverse_cos[:live], precision)
     sin = round_operand(t.inverse_sin[:live], precision)
     y = torch.matmul(cos, round_operand(a.real, precision)) - torch.matmul(sin, round_operand(a.imag, precision))
-    return y.flatten(-2)[..., :out_len]
+    return y.flatten(-2)[..., :out_len].contiguous()
 
 
 def filter_spectrum(k: torch.Tensor, plan: MonarchPlan, precision: str) -> torch.Tensor:
@@ -145,9 +145,9 @@ def conv_backward(
     """
     length = u.shape[-1]
     g_spec = forward_spectrum(grad, plan, precision)
-    du = inverse_spectrum(g_spec * spectrum.conj(), plan, precision, length)
+    du = inverse_spectrum(g_spec * spectrum.conj_physical(), plan, precision, length)
     u_spec = forward_spectrum(u, plan, precision)
-    dk_spec = (g_spec * u_spec.conj()).sum(0) / plan.fft_size
+    dk_spec = (g_spec * u_spec.conj_physical()).sum(0) / plan.fft_size
     dk = inverse_spectrum(dk_spec, plan, precision, filter_len)
     d_skip = None
     if skip is not None:

@@ -1,0 +1,60 @@
+"""Gradients, custom-op registration, and torch.compile."""
+
+import pytest
+import torch
+
+import monarch_fftconv as mf
+from monarch_fftconv import ops
+
+from conftest import randn, reference, rel_l2
+
+
+@pytest.mark.parametrize("batch, channels, length, filter_len", [(2, 3, 7, 7), (3, 2, 16, 5), (1, 1, 1, 1)])
+def test_gradcheck_float64(batch, channels, length, filter_len, gen):
+    u = randn(gen, batch, channels, length, dtype=torch.float64).requires_grad_()
+    k = randn(gen, channels, filter_len, dtype=torch.float64).requires_grad_()
+    D = randn(gen, channels, dtype=torch.float64).requires_grad_()
+    assert torch.autograd.gradcheck(lambda u, k, D: mf.fftconv(u, k, D=D), (u, k, D))
+
+
+@pytest.mark.parametrize("precision, budget", [("fp32", 2e-6), ("bf16", 1.5e-2)])
+def test_gradients_match_torch_fft_autograd(precision, budget, gen):
+    u = randn(gen, 3, 4, 3000).requires_grad_()
+    k = randn(gen, 4, 2500).requires_grad_()
+    D = randn(gen, 4).requires_grad_()
+    g = randn(gen, 3, 4, 3000)
+    ours = torch.autograd.grad(mf.fftconv(u, k, D=D, precision=precision), (u, k, D), g)
+    theirs = torch.autograd.grad(reference(u, k, D), (u, k, D), g.double())
+    for a, b in zip(ours, theirs):
+        assert a.dtype == torch.float32
+        assert rel_l2(a, b) <= budget
+
+
+def test_gradient_only_for_what_needs_it(gen):
+    u = randn(gen, 2, 3, 64).requires_grad_()
+    k = randn(gen, 3, 64)
+    (du,) = torch.autograd.grad(mf.fftconv(u, k).sum(), (u,))
+    assert du.shape == u.shape
+
+
+def test_opcheck(gen):
+    u, k, D = randn(gen, 2, 3, 40), randn(gen, 3, 30), randn(gen, 3)
+    for skip in (None, D):
+        torch.library.opcheck(ops.fftconv, (u.clone().requires_grad_(), k.clone().requires_grad_(), skip, "fp32"))
+        torch.library.opcheck(ops.conv_forward, (u, ops.filter_spectrum(k, 40, "bf16"), skip, "bf16"))
+    torch.library.opcheck(ops.filter_spectrum, (k, 40, "tf32"))
+    torch.library.opcheck(ops.fftconv_backward, (randn(gen, 2, 3, 40), u, k, None, "fp32"))
+
+
+def test_torch_compile_fullgraph(gen):
+    conv = mf.FFTConv(3, 256)
+
+    def step(x):
+        return torch.tanh(conv(x)) * 2
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    x = randn(gen, 2, 3, 256).requires_grad_()
+    y = compiled(x)
+    torch.testing.assert_close(y, step(x))
+    y.sum().backward()
+    assert x.grad is not None and conv.filter.grad is not None

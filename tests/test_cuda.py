@@ -1,0 +1,151 @@
+"""The fused CUDA kernels (skipped without a GPU; run by benchmarks/run_gpu.sh).
+
+Each kernel is held to: the float64 error budget, closeness to the portable path's
+emulation of the same precision, every output element written, sequence independence,
+the current stream, and 64-bit indexing."""
+
+import pytest
+import torch
+
+import monarch_fftconv as mf
+from monarch_fftconv import ops, portable
+from monarch_fftconv.planner import plan_for
+
+from conftest import BUDGETS, randn, reference, rel_l2
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+KERNEL_LENGTHS = [128, 256, 512, 1024, 2048, 4096, 8192]  # N = 2L from 256 to 16384
+DEVICE = "cuda"
+
+
+def expected_backend(precision: str) -> str:
+    return "cuda-fp32" if precision == "fp32" else "cuda-tensor-core"
+
+
+def poisoned_call(fn, like: torch.Tensor):
+    """Fill the caching allocator's next block with NaN, so unwritten outputs show."""
+    torch.empty_like(like, memory_format=torch.contiguous_format).fill_(float("nan"))
+    return fn()
+
+
+def emulate(u: torch.Tensor, k: torch.Tensor, precision: str, D=None) -> torch.Tensor:
+    plan = plan_for(u.shape[-1])
+    spectrum = portable.filter_spectrum(k.float(), plan, precision)
+    return portable.conv_forward(u, spectrum, D, plan, precision)
+
+
+@pytest.mark.parametrize("precision", list(BUDGETS))
+@pytest.mark.parametrize("length", KERNEL_LENGTHS)
+def test_kernel_every_size(length, precision, gen):
+    u, k = randn(gen, 3, 5, length, device=DEVICE), randn(gen, 5, length, device=DEVICE)
+    assert mf.explain(u, k, precision=precision)["backend"] == expected_backend(precision)
+    y = poisoned_call(lambda: mf.fftconv(u, k, precision=precision), u)
+    assert torch.isfinite(y).all(), "unwritten (NaN) outputs"
+    ref = reference(u, k)
+    assert rel_l2(y, ref) <= BUDGETS[precision]
+    assert rel_l2(y, emulate(u, k, precision)) <= BUDGETS[precision] / 4
+
+
+@pytest.mark.parametrize("precision", list(BUDGETS))
+@pytest.mark.parametrize("batch, channels, length, filter_len", [(1, 3, 1000, 1000), (3, 2, 5000, 77), (5, 3, 100, 100)])
+def test_kernel_odd_lengths(batch, channels, length, filter_len, precision, gen):
+    u, k = randn(gen, batch, channels, length, device=DEVICE), randn(gen, channels, filter_len, device=DEVICE)
+    y = poisoned_call(lambda: mf.fftconv(u, k, precision=precision), u)
+    assert torch.isfinite(y).all()
+    assert rel_l2(y, reference(u, k)) <= BUDGETS[precision]
+
+
+@pytest.mark.parametrize("precision", list(BUDGETS))
+@pytest.mark.parametrize("io_dtype", [torch.bfloat16, torch.float16])
+def test_kernel_half_io(io_dtype, precision, gen):
+    u, k = randn(gen, 3, 4, 4096, device=DEVICE, dtype=io_dtype), randn(gen, 4, 4096, device=DEVICE)
+    y = poisoned_call(lambda: mf.fftconv(u, k, precision=precision), u)
+    assert y.dtype == io_dtype and torch.isfinite(y).all()
+    io_rounding = 2.0 ** -8 if io_dtype == torch.bfloat16 else 2.0 ** -11
+    assert rel_l2(y, reference(u, k)) <= BUDGETS[precision] + io_rounding
+
+
+@pytest.mark.parametrize("precision", list(BUDGETS))
+def test_kernel_skip_and_non_contiguous(precision, gen):
+    base = randn(gen, 3, 8, 2048, device=DEVICE)
+    u = base[:, ::2]  # channel stride 2: the kernel reads strided rows
+    k, D = randn(gen, 4, 2048, device=DEVICE), randn(gen, 4, device=DEVICE)
+    assert not u.is_contiguous()
+    y = poisoned_call(lambda: mf.fftconv(u, k, D=D, precision=precision), u)
+    assert rel_l2(y, reference(u, k, D)) <= BUDGETS[precision]
+
+
+def test_fp32_allclose_at_seed_length(gen):
+    u, k = randn(gen, 4, 64, 8192, device=DEVICE), randn(gen, 64, 8192, device=DEVICE)
+    y = mf.fftconv(u, k)
+    ref = reference(u, k)
+    assert rel_l2(y, ref) <= BUDGETS["fp32"]
+    assert torch.allclose(y.double(), ref, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("precision", list(BUDGETS))
+def test_kernel_sequences_stay_independent(precision, gen):
+    u, k = randn(gen, 4, 3, 8192, device=DEVICE), randn(gen, 3, 8192, device=DEVICE)
+    clean = mf.fftconv(u, k, precision=precision)
+    u[1, 2, 17] = float("nan")
+    u[2, 0, 8000] = float("inf")
+    dirty = mf.fftconv(u, k, precision=precision)
+    mask = torch.ones(4, 3, dtype=torch.bool)
+    mask[1, 2] = mask[2, 0] = False
+    assert torch.equal(dirty[mask], clean[mask])
+
+
+def test_fp16_stays_finite_at_seed_scale(gen):
+    u, k = randn(gen, 2, 16, 8192, device=DEVICE, dtype=torch.float16), randn(gen, 16, 8192, device=DEVICE)
+    assert torch.isfinite(mf.fftconv(u, k, precision="fp16")).all()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_runs_on_the_current_stream(precision, gen):
+    side = torch.cuda.Stream()
+    u, k = randn(gen, 8, 32, 8192, device=DEVICE), randn(gen, 32, 8192, device=DEVICE)
+    expected = mf.fftconv(u, k, precision=precision)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        u2 = u * 1.0  # produced on the side stream: a default-stream launch could race it
+        y = mf.fftconv(u2, k, precision=precision)
+    side.synchronize()
+    torch.testing.assert_close(y, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+def test_backward_on_gpu(precision, gen):
+    budget = {"fp32": 2e-6, "tf32": 1.5e-3, "bf16": 1.5e-2}[precision]
+    u = randn(gen, 3, 4, 4096, device=DEVICE).requires_grad_()
+    k = randn(gen, 4, 4096, device=DEVICE).requires_grad_()
+    D = randn(gen, 4, device=DEVICE).requires_grad_()
+    g = randn(gen, 3, 4, 4096, device=DEVICE)
+    ours = torch.autograd.grad(mf.fftconv(u, k, D=D, precision=precision), (u, k, D), g)
+    theirs = torch.autograd.grad(reference(u, k, D), (u, k, D), g.double())
+    for a, b in zip(ours, theirs):
+        assert rel_l2(a, b) <= budget
+
+
+def test_module_inference_cache_on_gpu(gen):
+    conv = mf.FFTConv(16, 8192).to(DEVICE)
+    x = randn(gen, 2, 16, 8192, device=DEVICE)
+    with torch.no_grad():
+        first = conv(x)
+        conv.filter.add_(1.0)
+        second = conv(x)
+    assert rel_l2(first, reference(x, conv.filter - 1.0)) <= BUDGETS["fp32"]
+    assert rel_l2(second, reference(x, conv.filter)) <= BUDGETS["fp32"]
+
+
+def test_64bit_indexing(gen):
+    """More than 2**31 elements: 32-bit offsets would wrap and corrupt the last channels."""
+    channels, length = (2**31 // 8192) + 3, 8192
+    u = torch.empty(1, channels, length, device=DEVICE, dtype=torch.bfloat16)
+    u.normal_(generator=None)
+    k = randn(gen, channels, 16, device=DEVICE)
+    y = mf.fftconv(u, k, precision="bf16")
+    tail = slice(channels - 3, channels)
+    assert rel_l2(y[:, tail], reference(u[:, tail], k[tail])) <= BUDGETS["bf16"] + 2.0 ** -8
+    del u, y
+    torch.cuda.empty_cache()

@@ -1,0 +1,111 @@
+"""The portable engine against float64 torch.fft: shapes, precisions, structure."""
+
+import pytest
+import torch
+
+import monarch_fftconv as mf
+from monarch_fftconv import portable
+from monarch_fftconv.planner import plan_for
+
+from conftest import BUDGETS, randn, reference, rel_l2
+
+SHAPES = [  # (B, C, L, Lk): seed scale, odd batch, non-power-of-two L, short filters
+    (2, 4, 8192, 8192), (3, 5, 1000, 1000), (1, 3, 1, 1), (5, 2, 3, 2),
+    (3, 2, 100, 100), (1, 3, 5000, 5000), (2, 2, 5000, 17), (1, 2, 9000, 9000),
+]
+
+
+@pytest.mark.parametrize("precision", list(BUDGETS))
+@pytest.mark.parametrize("batch, channels, length, filter_len", SHAPES)
+def test_error_budget(batch, channels, length, filter_len, precision, gen):
+    u, k = randn(gen, batch, channels, length), randn(gen, channels, filter_len)
+    y = mf.fftconv(u, k, precision=precision)
+    assert y.shape == u.shape and y.dtype == u.dtype
+    assert rel_l2(y, reference(u, k)) <= BUDGETS[precision]
+
+
+def test_fp32_allclose_at_seed_scale(gen):
+    u, k = randn(gen, 2, 4, 8192), randn(gen, 4, 8192)
+    ref = reference(u, k)
+    assert ref.std() > 30  # outputs of this size are what makes allclose demanding
+    assert torch.allclose(mf.fftconv(u, k).double(), ref, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "tf32"])
+def test_low_precision_does_not_pass_allclose(precision, gen):
+    """The reason the fp32 path exists: emulated tensor-core precisions miss this tolerance."""
+    u, k = randn(gen, 2, 4, 8192), randn(gen, 4, 8192)
+    assert not torch.allclose(mf.fftconv(u, k, precision=precision).double(), reference(u, k), atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("dtype, budget", [(torch.bfloat16, 1e-2), (torch.float16, 2e-3)])
+def test_half_inputs_keep_their_dtype_and_budget(dtype, budget, gen):
+    u, k = randn(gen, 3, 2, 2000, dtype=dtype), randn(gen, 2, 2000)
+    y = mf.fftconv(u, k)
+    assert y.dtype == dtype
+    assert rel_l2(y, reference(u, k)) <= budget + 4e-3  # + rounding y itself to the io dtype
+
+
+def test_fp16_does_not_overflow_at_seed_scale(gen):
+    """fp16 cuFFT returns NaN here; the 1/N folded into the filter keeps fp16 in range."""
+    u, k = randn(gen, 2, 4, 8192, dtype=torch.float16), randn(gen, 4, 8192)
+    y = mf.fftconv(u, k, precision="fp16")
+    assert torch.isfinite(y).all()
+
+
+def test_non_contiguous_inputs(gen):
+    base = randn(gen, 6, 3, 1200)
+    u = base[::2, :, 100:1100]  # strided batch, offset time
+    k = randn(gen, 1000, 3).t()  # transposed filter
+    assert not u.is_contiguous() and not k.is_contiguous()
+    assert rel_l2(mf.fftconv(u, k), reference(u, k)) <= BUDGETS["fp32"]
+
+
+def test_skip_term(gen):
+    u, k, D = randn(gen, 3, 4, 500), randn(gen, 4, 300), randn(gen, 4)
+    assert rel_l2(mf.fftconv(u, k, D=D), reference(u, k, D)) <= BUDGETS["fp32"]
+
+
+def test_batch_elements_stay_independent(gen):
+    u, k = randn(gen, 4, 3, 1024), randn(gen, 3, 1024)
+    clean = mf.fftconv(u, k, precision="bf16")
+    u[1, 2, 17] = float("nan")
+    u[2, 0, 5] = float("inf")
+    poisoned = mf.fftconv(u, k, precision="bf16")
+    keep = torch.ones(4, dtype=torch.bool)
+    keep[1] = keep[2] = False
+    assert torch.equal(poisoned[keep], clean[keep])
+
+
+def test_output_is_causal(gen):
+    """Changing u at time t0 leaves every output before t0 unchanged."""
+    u, k = randn(gen, 1, 2, 777), randn(gen, 2, 777)
+    y0 = mf.fftconv(u, k)
+    u2 = u.clone()
+    u2[..., 400:] += 1.0
+    y1 = mf.fftconv(u2, k)
+    assert torch.allclose(y0[..., :400], y1[..., :400], atol=1e-4)
+    assert not torch.allclose(y0[..., 400:], y1[..., 400:], atol=1e-2)
+
+
+def test_inverse_produces_only_requested_outputs(gen):
+    plan = plan_for(1000)
+    x = randn(gen, 2, 1000)
+    spectrum = portable.forward_spectrum(x, plan, "fp32") / plan.fft_size
+    full = portable.inverse_spectrum(spectrum, plan, "fp32", 1000)
+    part = portable.inverse_spectrum(spectrum, plan, "fp32", 300)
+    assert part.shape == (2, 300)
+    torch.testing.assert_close(part, full[..., :300])
+    torch.testing.assert_close(full, x, atol=1e-5, rtol=1e-5)  # round trip
+
+
+@pytest.mark.parametrize("precision", ["tf32", "bf16", "fp16"])
+def test_rounding_emulation_lands_on_the_grid(precision, gen):
+    x = randn(gen, 1000)
+    r = portable.round_operand(x, precision)
+    if precision == "tf32":
+        assert (r.view(torch.int32) & 0x1FFF == 0).all()
+        assert ((r - x).abs() <= x.abs() * 2.0**-11).all()
+    else:
+        low = torch.bfloat16 if precision == "bf16" else torch.float16
+        torch.testing.assert_close(r, x.to(low).float(), rtol=0, atol=0)
