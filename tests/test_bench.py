@@ -1,0 +1,246 @@
+"""CPU tests of benchmarks/bench_cufft.py (the user-facing benchmark script)."""
+import csv
+import importlib.util
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+_BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                      "benchmarks", "bench_cufft.py")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_cufft", _BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_cufft"] = mod   # dataclasses need the module registered
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _monarch_importable() -> bool:
+    try:
+        import monarch_fftconv as mf
+        return hasattr(mf, "fftconv")
+    except Exception:
+        return False
+
+
+# ---------------------------------------------------------------- CLI
+
+def test_defaults(bench):
+    a = bench.parse_args([])
+    assert a.shapes is None and a.preset is None and not a.backward and a.out == "bench_out"
+    cfg = bench.resolve_config(bench.parse_args(["--device", "cpu"]))
+    assert cfg["device"] == "cpu" and cfg["shapes"] == bench.CPU_DEFAULT_SHAPES
+    assert cfg["reps"] == bench.CPU_DEFAULT_REPS
+    if torch.cuda.is_available():
+        cfg = bench.resolve_config(bench.parse_args([]))
+        assert cfg["shapes"] == [(16, 256, 8192)] and cfg["reps"] == 50
+
+
+@pytest.mark.parametrize("preset,expected", [
+    ("seed", [(16, 256, 8192)]),
+    ("lengths", [(16, 256, L) for L in (1024, 2048, 4096, 8192, 16384)]),
+    ("hyena", [(64, 768, 8192)]),
+])
+def test_presets(bench, preset, expected):
+    cfg = bench.resolve_config(bench.parse_args(["--preset", preset, "--device", "cpu"]))
+    assert cfg["shapes"] == expected
+
+
+def test_shapes_parse(bench):
+    a = bench.parse_args(["--shapes", "16x256x8192,16x256x1024", "--backward", "--reps", "31",
+                          "--compile", "--energy", "--out", "x"])
+    assert a.shapes == [(16, 256, 8192), (16, 256, 1024)]
+    assert a.backward and a.compile and a.energy and a.reps == 31 and a.out == "x"
+    assert bench.parse_shapes(" 2X4X2048 ,") == [(2, 4, 2048)]
+
+
+@pytest.mark.parametrize("spec", ["16x256", "16x256x8192x2", "axbxc", "16x0x8192", "16x-1x8", "", ","])
+def test_bad_shape_raises_clear_error(bench, spec):
+    with pytest.raises(ValueError, match="BxCxL|expected"):
+        bench.parse_shapes(spec)
+
+
+def test_bad_shape_cli_exits_with_message(bench, capsys):
+    with pytest.raises(SystemExit) as ei:
+        bench.parse_args(["--shapes", "16x256"])
+    assert ei.value.code == 2
+    assert "BxCxL" in capsys.readouterr().err
+
+
+def test_shapes_and_preset_are_exclusive(bench):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--shapes", "1x2x256", "--preset", "seed"])
+
+
+# ---------------------------------------------------------------- validity guard
+
+def test_invalid_guard(bench):
+    floor = 1e-3
+    assert bench.validate_time(0.5e-3, floor) == "INVALID"     # faster than moving the bytes
+    assert bench.validate_time(0.0, floor) == "INVALID"
+    assert bench.validate_time(float("nan"), floor) == "INVALID"
+    assert bench.validate_time(2e-3, floor) == "OK"
+    assert bench.validate_time(floor, floor) == "OK"
+    assert bench.validate_time(1e-3, None) == "UNCHECKED"
+
+
+def test_invalid_row_gets_no_speedup(bench):
+    rows = [dict(method="reference", status="ok", validity="OK", median_ms=2.0, shape="1x1x8",
+                 pass_="fwd")]
+    row = dict(shape="1x1x8", B=1, C=1, L=8, **{"pass": "fwd"}, reps=3, n_buffers=2,
+               l2_flush=False, floor_ms=1.0, method="fake", backend="x", precision="fp32",
+               status="ok", median_ms=0.5, iqr_ms=0.0, validity=bench.validate_time(0.5e-3, 1e-3),
+               speedup_vs_reference=None, allclose=True, rel_err=0.0)
+    assert row["validity"] == "INVALID"
+    table = bench.format_table([row])
+    assert "INVALID" in table
+    assert "4.00x" not in table
+    del rows
+
+
+def test_min_bytes_and_flops(bench):
+    assert bench.min_bytes(16, 256, 8192, backward=False) == 4 * (2 * 16 * 256 * 8192 + 256 * 8192)
+    assert bench.min_bytes(1, 1, 8, backward=True) == 4 * (4 * 8 + 2 * 8)
+    f_ref = bench.cufft_flops(16, 256, 8192, filter_fft=True, backward=False)
+    f_tuned = bench.cufft_flops(16, 256, 8192, filter_fft=False, backward=False)
+    assert f_ref > f_tuned > 0
+    assert bench.cufft_flops(16, 256, 8192, filter_fft=True, backward=True) > f_ref
+
+
+def test_measure_error(bench):
+    ref = torch.randn(2, 3, 64, dtype=torch.float64)
+    e = bench.measure_error(ref.float(), ref)
+    assert e["rel_err"] < 1e-6 and e["allclose"]
+    e = bench.measure_error(ref + 1.0, ref)
+    assert e["rel_err"] > 0.1 and not e["allclose"]
+    e = bench.measure_error(torch.full_like(ref, float("nan")), ref)
+    assert not e["allclose"]
+
+
+def test_reference_matches_direct_causal_conv(bench):
+    torch.manual_seed(0)
+    u = torch.randn(2, 3, 16, dtype=torch.float64)
+    k = torch.randn(3, 16, dtype=torch.float64)
+    direct = torch.zeros_like(u)
+    for t in range(16):
+        for s in range(t + 1):
+            direct[..., t] += k[:, s] * u[..., t - s]
+    torch.testing.assert_close(bench.reference_conv(u, k), direct)
+
+
+def test_failing_method_is_an_error_row(bench, tmp_path, monkeypatch):
+    real = bench.make_methods
+
+    def with_broken(**kw):
+        ms = real(**kw)
+
+        def boom(u, k, g):
+            raise RuntimeError("boom from test")
+        ms.append(bench.Method("broken", "test", None, build=boom,
+                               describe=lambda u, k: {"backend": "none"},
+                               flops=lambda *a: None))
+        return ms
+    monkeypatch.setattr(bench, "make_methods", with_broken)
+    res = bench.main(["--quick", "--device", "cpu", "--no-plots", "--methods", "reference",
+                      "--out", str(tmp_path)])
+    rows = {r["method"]: r for r in res["rows"]}
+    assert rows["broken"]["status"] == "error" and "boom from test" in rows["broken"]["error"]
+    assert rows["reference"]["status"] == "ok"
+
+
+# ---------------------------------------------------------------- end-to-end quick CPU run
+
+def _check_outputs(out, device, backward=False):
+    meta = json.loads((out / "results.json").read_text())
+    for key in ("device", "torch_version", "cuda_version", "gpu_name", "copy_bandwidth_gbps",
+                "results", "reps", "shapes"):
+        assert key in meta, key
+    assert meta["device"] == device
+    assert meta["copy_bandwidth_gbps"] > 0
+    if device == "cpu":
+        assert "cpu figures" in meta["note"].lower() and "not gpu" in meta["note"].lower()
+    rows = meta["results"]
+    methods = {r["method"] for r in rows}
+    assert {"reference", "cufft-tuned"} <= methods
+    assert {f"monarch[{p}]" for p in ("fp32", "tf32", "bf16", "fp16")} <= methods
+    for r in rows:
+        assert r["status"] in ("ok", "error")
+        assert r["pass"] == ("fwd+bwd" if backward else "fwd")
+        if r["status"] == "ok":
+            assert r["median_ms"] > 0 and r["q1_ms"] > 0 and r["iqr_ms"] >= 0
+            assert r["validity"] in ("OK", "INVALID", "UNCHECKED")
+            assert r["rel_err"] is not None and r["rel_err"] >= 0
+            assert isinstance(r["allclose"], bool)
+            assert r["floor_ms"] > 0 and r["gbps"] > 0
+            if r["validity"] == "INVALID":
+                assert r["speedup_vs_reference"] is None
+    by = {r["method"]: r for r in rows}
+    for m in ("reference", "cufft-tuned"):
+        assert by[m]["status"] == "ok" and by[m]["allclose"] and by[m]["rel_err"] < 1e-5
+    assert by["reference"]["speedup_vs_reference"] == pytest.approx(1.0)
+    if _monarch_importable():
+        assert by["monarch[fp32]"]["status"] == "ok", by["monarch[fp32]"].get("error")
+        assert by["monarch[fp32]"]["allclose"]
+
+    with open(out / "results.csv", newline="") as f:
+        crow = list(csv.reader(f))
+    assert crow[0][:3] == ["shape", "B", "C"] and "median_ms" in crow[0]
+    assert len(crow) == 1 + len(rows)
+    with open(out / "results.csv", newline="") as f:
+        for r in csv.DictReader(f):
+            if r["status"] == "ok":
+                assert float(r["median_ms"]) > 0
+
+    pngs = sorted(out.glob("*.png"))
+    names = {p.name.split("_f")[0] for p in pngs}
+    assert {"time_vs_L", "speedup", "error"} <= names, names
+    for p in pngs:
+        assert p.read_bytes()[:8] == PNG_MAGIC
+    return meta
+
+
+def test_quick_cpu_run_writes_outputs(bench, tmp_path, capsys):
+    res = bench.main(["--quick", "--device", "cpu", "--out", str(tmp_path)])
+    stdout = capsys.readouterr().out
+    assert "CPU FIGURES" in stdout and "median ms" in stdout
+    meta = _check_outputs(tmp_path, "cpu")
+    assert meta["shapes"] == [list(s) for s in bench.QUICK_SHAPES]
+    assert res["paths"]["json"].endswith("results.json")
+
+
+def test_quick_cpu_backward(bench, tmp_path):
+    bench.main(["--quick", "--device", "cpu", "--backward", "--shapes", "1x2x128,1x2x256",
+                "--out", str(tmp_path)])
+    meta = _check_outputs(tmp_path, "cpu", backward=True)
+    ref = next(r for r in meta["results"] if r["method"] == "reference")
+    assert ref["grad_u_rel_err"] < 1e-5 and ref["grad_k_allclose"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_quick_gpu_run(bench, tmp_path):
+    bench.main(["--quick", "--device", "cuda", "--out", str(tmp_path)])
+    meta = _check_outputs(tmp_path, "cuda")
+    assert meta["gpu_name"]
+    ref = next(r for r in meta["results"] if r["method"] == "reference")
+    assert ref["kernel_launches"] is None or ref["kernel_launches"] >= 2
+    assert ref["peak_extra_mb"] is not None and ref["peak_extra_mb"] >= 0
+
+
+def test_invalid_guard_wired_into_run(bench, tmp_path, monkeypatch, capsys):
+    # A (fake) copy bandwidth of 1 kB/s puts every shape's floor far above any real time:
+    # every row must come out INVALID, with no speedup anywhere.
+    monkeypatch.setattr(bench, "copy_bandwidth", lambda device, nbytes=0, reps=0: 1e3)
+    res = bench.main(["--quick", "--device", "cpu", "--no-plots", "--methods",
+                      "reference,cufft-tuned", "--out", str(tmp_path)])
+    assert "INVALID" in capsys.readouterr().out
+    for r in res["rows"]:
+        assert r["validity"] == "INVALID" and r["speedup_vs_reference"] is None
+    meta = json.loads((tmp_path / "results.json").read_text())
+    assert meta["n_invalid"] == 2
