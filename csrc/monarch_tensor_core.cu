@@ -1,0 +1,694 @@
+// monarch_fftconv: fused forward causal convolution on tensor cores
+// (precisions tf32 / bf16 / fp16, fp32 accumulation), FFT sizes 256 .. 16384.
+//
+// One CTA (8 warps) per (b, c) sequence; everything stays on chip between the
+// load of u and the store of y. Stages (see csrc/fftconv.h and docs/design.md):
+//   1. A  = F1[0..H, :H] . X              (real X; two real GEMMs, M = rows k1)
+//      A *= w_N^(k1 n2)                    (fp32)
+//   2. B  = A . F2                          (complex GEMM, K = n2)
+//      P  = B * K[c]                        (fp32)
+//   3. A' = P . conj(F2)                    (complex GEMM, K = n2)
+//      A'*= conj(w_N^(k1 n2))               (fp32)
+//   4. y  = Sum_k1 w cos . Re A' - w sin . Im A'   (real GEMM, K = rows k1)
+//      y += skip[c] u
+// Each GEMM output is rounded to the operand type when it is written back to
+// shared memory, which is exactly where the PyTorch emulation rounds.
+// Rows k1 = 0..H (H+1 rows) are padded with zero rows to a multiple of 16.
+// Matmuls use CuTe SM80 mma.sync atoms on register fragments.
+//
+// CUDA + CuTe headers only: never include torch here.
+
+#include <algorithm>
+#include <type_traits>
+
+#include "monarch_tensor_core.cuh"
+
+namespace monarch_fftconv {
+namespace tc {
+
+// ----------------------------- fragment helpers -----------------------------
+// mma.sync m16n8kK, per lane g = lane/4, t = lane%4:
+//   A (16 x K, row-major): 16-bit reg r holds (row g+8(r&1), k 2t+8(r>>1) +{0,1})
+//                          tf32   reg r holds (row g+8(r&1), k t +4(r>>1))
+//   B (K x 8, "col"):      16-bit reg r holds (k 2t+8r +{0,1}, col g)
+//                          tf32   reg r holds (k t+4r, col g)
+//   C (16 x 8):            e holds (row g+8(e>>1), col 2t+(e&1))
+
+__device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void ldsm_x2_trans(uint32_t (&r)[2], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(addr));
+}
+
+// A fragment (16 rows from r0, k from k0) of a row-major, k-contiguous buffer.
+// One ldmatrix.x4 for both operand widths: a tf32 8x4 tile is an 8x8 b16 tile.
+template <class Op>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const typename Op::Storage* buf,
+                                       int stride, int r0, int k0, int lane) {
+  constexpr int kChunk = 16 / int(sizeof(typename Op::Storage));
+  ldsm_x4(a, smem_addr(buf + (r0 + (lane & 15)) * stride + k0 + (lane >> 4) * kChunk));
+}
+
+// B fragment (k from k0, 8 columns from n0) of a row-major [k][n] buffer
+// (n contiguous): ldmatrix.trans for 16-bit, scalar loads for tf32.
+template <class Op>
+__device__ __forceinline__ void load_b_kmajor(uint32_t (&b)[2], const typename Op::Storage* buf,
+                                              int stride, int k0, int n0, int lane) {
+  if constexpr (Op::kPair) {
+    ldsm_x2_trans(b, smem_addr(buf + (k0 + (lane & 15)) * stride + n0));
+  } else {
+    const int g = lane >> 2, t4 = lane & 3;
+    b[0] = buf[(k0 + t4) * stride + n0 + g];
+    b[1] = buf[(k0 + t4 + 4) * stride + n0 + g];
+  }
+}
+
+// Fragments of a complex table given by f(row, k) -> float2 (fp32 value,
+// rounded here to the operand type; real and imaginary parts separately).
+template <class Op, class F>
+__device__ __forceinline__ void lookup_a(uint32_t (&re)[4], uint32_t (&im)[4], const F& f, int r0,
+                                         int k0, int g, int t4) {
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int row = r0 + g + 8 * (r & 1);
+    if constexpr (Op::kPair) {
+      const int k = k0 + 2 * t4 + 8 * (r >> 1);
+      const float2 v0 = f(row, k), v1 = f(row, k + 1);
+      re[r] = Op::pack2(v0.x, v1.x);
+      im[r] = Op::pack2(v0.y, v1.y);
+    } else {
+      const int k = k0 + t4 + 4 * (r >> 1);
+      const float2 v = f(row, k);
+      re[r] = Op::cvt1(v.x);
+      im[r] = Op::cvt1(v.y);
+    }
+  }
+}
+
+template <class Op, class F>
+__device__ __forceinline__ void lookup_b(uint32_t (&re)[2], uint32_t (&im)[2], const F& f, int c0,
+                                         int k0, int g, int t4) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int col = c0 + g;
+    if constexpr (Op::kPair) {
+      const int k = k0 + 2 * t4 + 8 * r;
+      const float2 v0 = f(col, k), v1 = f(col, k + 1);
+      re[r] = Op::pack2(v0.x, v1.x);
+      im[r] = Op::pack2(v0.y, v1.y);
+    } else {
+      const int k = k0 + t4 + 4 * r;
+      const float2 v = f(col, k);
+      re[r] = Op::cvt1(v.x);
+      im[r] = Op::cvt1(v.y);
+    }
+  }
+}
+
+// Store two column-adjacent fp32 values, rounded to the operand type.
+template <class Op>
+__device__ __forceinline__ void store_pair(typename Op::Storage* buf, int idx, float a, float b) {
+  if constexpr (Op::kPair) {
+    *reinterpret_cast<uint32_t*>(buf + idx) = Op::pack2(a, b);
+  } else {
+    *reinterpret_cast<uint2*>(buf + idx) = make_uint2(Op::cvt1(a), Op::cvt1(b));
+  }
+}
+
+__device__ __forceinline__ int opaque_tid() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
+}
+
+__device__ __forceinline__ float2 cmul(float2 a, float2 b) {
+  return make_float2(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x);
+}
+
+// ---------------------------------- kernel ----------------------------------
+template <class C>
+__global__ void __launch_bounds__(C::kThreads, 2) monarch_tc_kernel(const ConvForwardParams p) {
+  using Op = typename C::Op;
+  using Io = typename C::Io;
+  using S = typename C::S;
+  constexpr int N1 = C::N1, N2 = C::N2, kH = C::kH, kRP = C::kRP, kK = C::kK, kSD = C::kSD;
+  constexpr int kMT = C::kMT;
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  float2* W1 = reinterpret_cast<float2*>(smem_raw);
+  float2* W2 = W1 + N1;
+  float2* TL = W2 + N2;
+  float2* TH = TL + C::kTL;
+  S* data = reinterpret_cast<S*>(smem_raw + C::kSmallBytes);
+  S* Are = data;                 // A, P, A' planes (after X is consumed)
+  S* Aim = data + C::kPlane;
+  S* F1re = data + C::kDataElems;  // 16-bit tables (kTables)
+  S* F1im = F1re + C::kF1Plane;
+  S* CSre = F1im + C::kF1Plane;
+  S* CSim = CSre + C::kCSPlane;
+
+  const int tid = threadIdx.x;
+
+  const int64_t L = p.seq_len;
+  const int64_t nseq = p.batch * p.channels;
+  const int rows_io = int((L + N2 - 1) / N2);  // rows_in = rows_out
+
+  // ---- u loads: 16-byte vectors into registers when the row is aligned ----
+  // Issued one sequence ahead (software pipelining across the persistent loop).
+  constexpr int kVec = Io::kVec;
+  constexpr int kXElems = C::kHK * N2;
+  constexpr int kVecs = kXElems / kVec;
+  constexpr int kIt = (kVecs + C::kThreads - 1) / C::kThreads;
+  static_assert(N2 % kVec == 0, "vector loads stay inside one row");
+  float xv[kIt][kVec];
+  auto u_offset = [&](int64_t sq) {
+    return (sq % p.batch) * p.u_batch_stride + (sq / p.batch) * p.u_channel_stride;
+  };
+  // Always writes every element of xv (zeros when unused), which keeps xv dead
+  // between the X store and the next prefetch. Returns whether xv holds sq.
+  auto prefetch_u = [&](int64_t sq) -> bool {
+    const int64_t off = sq < nseq ? u_offset(sq) : 0;
+    const bool ok = sq < nseq &&
+        ((reinterpret_cast<uintptr_t>(p.u) + uint64_t(off) * sizeof(typename Io::T)) & 15) == 0;
+    if (!ok) {
+#pragma unroll
+      for (int it = 0; it < kIt; ++it)
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) xv[it][e] = 0.0f;
+    } else {
+      const typename Io::T* ub = static_cast<const typename Io::T*>(p.u) + off;
+#pragma unroll
+      for (int it = 0; it < kIt; ++it) {
+        const int v = tid + it * C::kThreads;
+        const int64_t t0 = int64_t(v) * kVec;
+        if (v < kVecs && t0 + kVec <= L) {
+          Io::unpack(__ldg(reinterpret_cast<const uint4*>(ub + t0)), xv[it]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < kVec; ++e)
+            xv[it][e] = (v < kVecs && t0 + e < L) ? Io::load(p.u, off + t0 + e) : 0.0f;
+        }
+      }
+    }
+    return ok;
+  };
+  bool xv_ok = prefetch_u(blockIdx.x);
+
+  // ---- tables (identical for every sequence): built once per CTA ----
+  for (int i = tid; i < N1; i += C::kThreads) {
+    float s, co;
+    sincospif(2.0f * float(i) / float(N1), &s, &co);
+    W1[i] = make_float2(co, -s);
+  }
+  for (int i = tid; i < N2; i += C::kThreads) {
+    float s, co;
+    sincospif(2.0f * float(i) / float(N2), &s, &co);
+    W2[i] = make_float2(co, -s);
+  }
+  for (int i = tid; i < C::kTL + C::kN / 64; i += C::kThreads) {
+    const float x = i < C::kTL ? 2.0f * float(i) / float(C::kN)
+                               : 128.0f * float(i - C::kTL) / float(C::kN);
+    float s, co;
+    sincospif(x, &s, &co);
+    TL[i] = make_float2(co, -s);  // TL and TH are contiguous
+  }
+  __syncthreads();
+  // operand-type matrices F1 and CS (16-bit operands only)
+  if constexpr (C::kTables) {
+    for (int idx = tid; idx < kRP * C::kHK; idx += C::kThreads) {
+      const int k1 = idx / C::kHK, j = idx % C::kHK;
+      float2 v = make_float2(0.0f, 0.0f);
+      if (k1 <= kH && j < kH) v = W1[(k1 * j) & (N1 - 1)];
+      F1re[k1 * C::kSF1 + j] = Op::cvt1(v.x);
+      F1im[k1 * C::kSF1 + j] = Op::cvt1(v.y);
+    }
+    for (int idx = tid; idx < C::kRows1 * kRP; idx += C::kThreads) {
+      const int jr = idx / kRP, k1 = idx % kRP;
+      float2 v = make_float2(0.0f, 0.0f);
+      if (k1 <= kH) {
+        const float w = (k1 == 0 || k1 == kH) ? 1.0f : 2.0f;
+        v = W1[(jr * k1) & (N1 - 1)];
+        v = make_float2(w * v.x, w * v.y);
+      }
+      CSre[jr * C::kSCS + k1] = Op::cvt1(v.x);
+      CSim[jr * C::kSCS + k1] = Op::cvt1(v.y);
+    }
+  }
+
+  // Twiddle w_N^(a), a = k1*n2_ < N, from two small tables.
+  auto twiddle = [&](int a) { return cmul(TL[a & 63], TH[a >> 6]); };
+
+  // ---- persistent loop over sequences; consecutive sequences share a channel ----
+#pragma unroll 1
+  for (int64_t seq = blockIdx.x; seq < nseq; seq += gridDim.x) {
+  // Lane-derived values are re-derived from an opaque read of %tid.x on every
+  // iteration so that the compiler does not hoist (and then spill) per-lane
+  // addresses of every stage out of the loop.
+  const int tid = opaque_tid();
+  const int lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int64_t b = seq % p.batch, c = seq / p.batch;
+  const int64_t u_off = u_offset(seq);
+  const int64_t y_off = (b * p.channels + c) * L;
+  const float2* __restrict__ Kc =
+      reinterpret_cast<const float2*>(p.filter_spectrum) + c * int64_t(kH + 1) * N2;
+
+  // ---- X[n1_][n2_] = rnd(u[n1_*N2 + n2_]) (row-major, zero past L) ----
+  if (xv_ok) {
+#pragma unroll
+    for (int it = 0; it < kIt; ++it) {
+      const int v = tid + it * C::kThreads;
+      if (v < kVecs) {
+        const int t0 = v * kVec;
+        const int idx = (t0 / N2) * kSD + (t0 % N2);
+#pragma unroll
+        for (int e = 0; e < kVec; e += 2) store_pair<Op>(data, idx + e, xv[it][e], xv[it][e + 1]);
+      }
+    }
+  } else {
+    for (int t = tid; t < kXElems; t += C::kThreads) {
+      const float x = t < L ? Io::load(p.u, u_off + t) : 0.0f;
+      data[(t / N2) * kSD + (t % N2)] = Op::cvt1(x);
+    }
+  }
+  __syncthreads();
+
+  // ================= stage 1: A = F1 . X (rows k1 <= H) =================
+  {
+    constexpr int kWN = C::kWN, kWM = C::kWM, kMTW = C::kMTW, kNTW = C::kNTW;
+    const int wn = warp % kWN, wm = warp / kWN;
+    float acc[kMTW][kNTW][2][4];
+#pragma unroll
+    for (int j = 0; j < kMTW; ++j)
+#pragma unroll
+      for (int i = 0; i < kNTW; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][i][0][e] = acc[j][i][1][e] = 0.0f;
+
+    const int ksteps = (rows_io + kK - 1) / kK;
+    auto f1 = [&](int k1, int j) -> float2 {
+      return k1 <= kH ? W1[(k1 * j) & (N1 - 1)] : make_float2(0.0f, 0.0f);
+    };
+    for (int ks = 0; ks < ksteps; ++ks) {
+      const int k0 = ks * kK;
+      uint32_t bx[kNTW][2];
+#pragma unroll
+      for (int i = 0; i < kNTW; ++i) load_b_kmajor<Op>(bx[i], data, kSD, k0, (wn + kWN * i) * 8, lane);
+#pragma unroll
+      for (int j = 0; j < kMTW; ++j) {
+        const int mt = wm + kWM * j;
+        if (mt < kMT) {
+          uint32_t fr[4], fi[4];
+          if constexpr (C::kTables) {
+            load_a<Op>(fr, F1re, C::kSF1, mt * 16, k0, lane);
+            load_a<Op>(fi, F1im, C::kSF1, mt * 16, k0, lane);
+          } else {
+            lookup_a<Op>(fr, fi, f1, mt * 16, k0, g, t4);
+          }
+#pragma unroll
+          for (int i = 0; i < kNTW; ++i) {
+            Op::mma(acc[j][i][0], fr, bx[i]);
+            Op::mma(acc[j][i][1], fi, bx[i]);
+          }
+        }
+      }
+    }
+    // twiddle (fp32) in registers, then write rnd(A) row-major planar over X
+    // Per row r: w^(r c) for c = c0 + q + 8 kWN i is base(r, i) * w^(r q), with
+    // base(r, 0) = w^(r c0) (one two-level lookup) and w^r = TL[r].
+#pragma unroll
+    for (int j = 0; j < kMTW; ++j) {
+      if (wm + kWM * j < kMT) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = (wm + kWM * j) * 16 + g + 8 * h;
+          const float2 al = twiddle(row * (8 * wn + 2 * t4));
+          const float2 be = TL[row];
+#pragma unroll
+          for (int i = 0; i < kNTW; ++i) {
+            const float2 t0 = i == 0 ? al : cmul(al, twiddle(row * 8 * kWN * i));
+            const float2 t1 = cmul(t0, be);
+            const float2 v0 = cmul(make_float2(acc[j][i][0][2 * h], acc[j][i][1][2 * h]), t0);
+            const float2 v1 = cmul(make_float2(acc[j][i][0][2 * h + 1], acc[j][i][1][2 * h + 1]), t1);
+            acc[j][i][0][2 * h] = v0.x;
+            acc[j][i][1][2 * h] = v0.y;
+            acc[j][i][0][2 * h + 1] = v1.x;
+            acc[j][i][1][2 * h + 1] = v1.y;
+          }
+        }
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kMTW; ++j) {
+      const int mt = wm + kWM * j;
+      if (mt < kMT) {
+#pragma unroll
+        for (int i = 0; i < kNTW; ++i) {
+          const int col = (wn + kWN * i) * 8 + 2 * t4;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int row = mt * 16 + g + 8 * h;
+            store_pair<Op>(Are, row * kSD + col, acc[j][i][0][2 * h], acc[j][i][0][2 * h + 1]);
+            store_pair<Op>(Aim, row * kSD + col, acc[j][i][1][2 * h], acc[j][i][1][2 * h + 1]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  // ====== stage 2 and inverse stage 2: complex GEMM against G = F2 or conj(F2) ======
+  // Only the half columns m < n2/2 are computed, as four real products
+  //   P1 = Ar.Gr, P2 = Ai.Gi, P3 = Ai.Gr, P4 = Ar.Gi;
+  //   column m      = (P1 - P2) + i (P3 + P4),
+  //   column n2 - m = (P1 + P2) + i (P3 - P4)   (G[:, n2-m] = conj G[:, m]).
+  // Column 0's Gi slot (identically 0) carries the real column n2/2 instead,
+  // (-1)^k: column 0 = P1 + i P3, column n2/2 = P4 + i P2.
+  const bool kvec = (reinterpret_cast<uintptr_t>(p.filter_spectrum) & 15) == 0;
+  auto stage2 = [&](auto inverse_tag) {
+    constexpr bool kInv = decltype(inverse_tag)::value;
+    constexpr int kWN = C::kWN2, kWM = C::kWM2, kMTW = C::kMTW2, kNTW = C::kNTW2;
+    const int wn = warp % kWN, wm = warp / kWN;
+    float acc[kMTW][kNTW][4][4];
+#pragma unroll
+    for (int j = 0; j < kMTW; ++j)
+#pragma unroll
+      for (int i = 0; i < kNTW; ++i)
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[j][i][q][e] = 0.0f;
+
+    auto g2 = [&](int m, int n) -> float2 {
+      if (m == 0) return make_float2(1.0f, (n & 1) ? -1.0f : 1.0f);
+      const float2 v = W2[(m * n) & (N2 - 1)];
+      return kInv ? make_float2(v.x, -v.y) : v;
+    };
+#pragma unroll 2
+    for (int k0 = 0; k0 < N2; k0 += kK) {
+      uint32_t gr[kNTW][2], gi[kNTW][2];
+#pragma unroll
+      for (int i = 0; i < kNTW; ++i) lookup_b<Op>(gr[i], gi[i], g2, (wn + kWN * i) * 8, k0, g, t4);
+#pragma unroll
+      for (int j = 0; j < kMTW; ++j) {
+        const int mt = wm + kWM * j;
+        if (mt < kMT) {
+          uint32_t ar[4], ai[4];
+          load_a<Op>(ar, Are, kSD, mt * 16, k0, lane);
+          load_a<Op>(ai, Aim, kSD, mt * 16, k0, lane);
+#pragma unroll
+          for (int i = 0; i < kNTW; ++i) {
+            Op::mma(acc[j][i][0], ar, gr[i]);
+            Op::mma(acc[j][i][1], ai, gi[i]);
+            Op::mma(acc[j][i][2], ai, gr[i]);
+            Op::mma(acc[j][i][3], ar, gi[i]);
+          }
+        }
+      }
+    }
+    // combine into (column m, column n2-m); then filter product or inverse twiddle
+#pragma unroll
+    for (int j = 0; j < kMTW; ++j) {
+      const int mt = wm + kWM * j;
+      if (mt < kMT) {
+#pragma unroll
+        for (int i = 0; i < kNTW; ++i) {
+          const int m0 = (wn + kWN * i) * 8 + 2 * t4;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int row = mt * 16 + g + 8 * h;
+            float2 lo[2], hi[2];
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+              const int e = 2 * h + q;
+              const float P1 = acc[j][i][0][e], P2 = acc[j][i][1][e];
+              const float P3 = acc[j][i][2][e], P4 = acc[j][i][3][e];
+              if (m0 + q == 0) {
+                lo[q] = make_float2(P1, P3);
+                hi[q] = make_float2(P4, P2);
+              } else {
+                lo[q] = make_float2(P1 - P2, P3 + P4);
+                hi[q] = make_float2(P1 + P2, P3 - P4);
+              }
+            }
+            const int mh0 = m0 == 0 ? N2 / 2 : N2 - m0, mh1 = N2 - m0 - 1;
+            if constexpr (!kInv) {
+              float2 kl0 = make_float2(0.0f, 0.0f), kl1 = kl0, kh0 = kl0, kh1 = kl0;
+              if (row <= kH) {
+                const float2* kr = Kc + row * N2;
+                if (kvec) {
+                  const float4 k4 = __ldg(reinterpret_cast<const float4*>(kr + m0));
+                  kl0 = make_float2(k4.x, k4.y);
+                  kl1 = make_float2(k4.z, k4.w);
+                } else {
+                  kl0 = __ldg(kr + m0);
+                  kl1 = __ldg(kr + m0 + 1);
+                }
+                kh0 = __ldg(kr + mh0);
+                kh1 = __ldg(kr + mh1);
+              }
+              lo[0] = cmul(lo[0], kl0);
+              lo[1] = cmul(lo[1], kl1);
+              hi[0] = cmul(hi[0], kh0);
+              hi[1] = cmul(hi[1], kh1);
+            } else {
+              // w^(r m) for m = m0, m0+1; w^(r (n2 - m)) = w^(r n2) conj(w^(r m)),
+              // w^(r n2) = W1[r]; column n2/2 (m0 == 0): w^(r n2/2).
+              const float2 t0 = twiddle(row * m0);
+              const float2 t1 = cmul(t0, TL[row]);
+              const float2 wr = W1[row & (N1 - 1)];
+              const float2 th0 = m0 == 0 ? twiddle(row * (N2 / 2))
+                                         : cmul(wr, make_float2(t0.x, -t0.y));
+              const float2 th1 = cmul(wr, make_float2(t1.x, -t1.y));
+              // inverse: multiply by the conjugates
+              lo[0] = cmul(lo[0], make_float2(t0.x, -t0.y));
+              lo[1] = cmul(lo[1], make_float2(t1.x, -t1.y));
+              hi[0] = cmul(hi[0], make_float2(th0.x, -th0.y));
+              hi[1] = cmul(hi[1], make_float2(th1.x, -th1.y));
+            }
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+              const int e = 2 * h + q;
+              acc[j][i][0][e] = lo[q].x;
+              acc[j][i][1][e] = lo[q].y;
+              acc[j][i][2][e] = hi[q].x;
+              acc[j][i][3][e] = hi[q].y;
+            }
+          }
+        }
+      }
+    }
+    __syncthreads();  // every warp is done reading A
+#pragma unroll
+    for (int j = 0; j < kMTW; ++j) {
+      const int mt = wm + kWM * j;
+      if (mt < kMT) {
+#pragma unroll
+        for (int i = 0; i < kNTW; ++i) {
+          const int m = (wn + kWN * i) * 8 + 2 * t4;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int row = mt * 16 + g + 8 * h;
+            store_pair<Op>(Are, row * kSD + m, acc[j][i][0][2 * h], acc[j][i][0][2 * h + 1]);
+            store_pair<Op>(Aim, row * kSD + m, acc[j][i][1][2 * h], acc[j][i][1][2 * h + 1]);
+            const int mh0 = m == 0 ? N2 / 2 : N2 - m;
+            const int mh1 = N2 - m - 1;
+            Are[row * kSD + mh0] = Op::cvt1(acc[j][i][2][2 * h]);
+            Aim[row * kSD + mh0] = Op::cvt1(acc[j][i][3][2 * h]);
+            Are[row * kSD + mh1] = Op::cvt1(acc[j][i][2][2 * h + 1]);
+            Aim[row * kSD + mh1] = Op::cvt1(acc[j][i][3][2 * h + 1]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  };
+  stage2(std::false_type{});  // B = A . F2, P = B * K  -> planes
+  stage2(std::true_type{});   // A' = P . conj(F2), twiddle -> planes
+
+  // prefetch the next sequence's u while inverse stage 1 runs
+  xv_ok = prefetch_u(seq + gridDim.x);
+
+  // ============ inverse stage 1: y = Sum_k1 w (cos Re A' - sin Im A') ============
+  {
+    constexpr int kWN = C::kWN, kWM = C::kWM, kMTW = C::kMTW1, kNTW = C::kNTW;
+    const int wn = warp % kWN, wm = warp / kWN;
+    // (w cos, w Im W1) = (w cos, -w sin): y = Re-part . ReA' + Im-part . ImA'
+    auto fi1 = [&](int jrow, int k1) -> float2 {
+      if (k1 > kH) return make_float2(0.0f, 0.0f);
+      const float w = (k1 == 0 || k1 == kH) ? 1.0f : 2.0f;
+      const float2 v = W1[(jrow * k1) & (N1 - 1)];
+      return make_float2(w * v.x, w * v.y);
+    };
+    float acc[kMTW][kNTW][4];
+#pragma unroll
+    for (int j = 0; j < kMTW; ++j)
+#pragma unroll
+      for (int i = 0; i < kNTW; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][i][e] = 0.0f;
+#pragma unroll 1
+    for (int k0 = 0; k0 < kRP; k0 += kK) {
+      uint32_t bre[kNTW][2], bim[kNTW][2];
+#pragma unroll
+      for (int i = 0; i < kNTW; ++i) {
+        load_b_kmajor<Op>(bre[i], Are, kSD, k0, (wn + kWN * i) * 8, lane);
+        load_b_kmajor<Op>(bim[i], Aim, kSD, k0, (wn + kWN * i) * 8, lane);
+      }
+#pragma unroll
+      for (int j = 0; j < kMTW; ++j) {
+        const int mt = wm + kWM * j;
+        if (mt < C::kMT1 && mt * 16 < rows_io) {
+          uint32_t cr[4], ci[4];
+          if constexpr (C::kTables) {
+            load_a<Op>(cr, CSre, C::kSCS, mt * 16, k0, lane);
+            load_a<Op>(ci, CSim, C::kSCS, mt * 16, k0, lane);
+          } else {
+            lookup_a<Op>(cr, ci, fi1, mt * 16, k0, g, t4);
+          }
+#pragma unroll
+          for (int i = 0; i < kNTW; ++i) {
+            Op::mma(acc[j][i], cr, bre[i]);
+            Op::mma(acc[j][i], ci, bim[i]);
+          }
+        }
+      }
+    }
+    // epilogue: skip term, store the first L samples
+    const float skip = p.skip != nullptr ? __ldg(p.skip + c) : 0.0f;
+    const bool pair_ok = (L % 2) == 0;
+    const bool u_pair_ok = ((reinterpret_cast<uintptr_t>(p.u) +
+                             uint64_t(u_off) * sizeof(typename Io::T)) % (2 * sizeof(typename Io::T))) == 0;
+#pragma unroll
+    for (int j = 0; j < kMTW; ++j) {
+      const int mt = wm + kWM * j;
+      if (mt < C::kMT1 && mt * 16 < rows_io) {
+#pragma unroll
+        for (int i = 0; i < kNTW; ++i) {
+          const int col = (wn + kWN * i) * 8 + 2 * t4;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int row = mt * 16 + g + 8 * h;
+            const int64_t t = int64_t(row) * N2 + col;
+            float y0 = acc[j][i][2 * h], y1 = acc[j][i][2 * h + 1];
+            if (p.skip != nullptr) {
+              if (u_pair_ok && t + 1 < L) {
+                const float2 uu = Io::load2(p.u, u_off + t);
+                y0 += skip * uu.x;
+                y1 += skip * uu.y;
+              } else {
+                if (t < L) y0 += skip * Io::load(p.u, u_off + t);
+                if (t + 1 < L) y1 += skip * Io::load(p.u, u_off + t + 1);
+              }
+            }
+            if (pair_ok && t + 1 < L) {
+              Io::store2(p.y, y_off + t, y0, y1);
+            } else {
+              if (t < L) Io::store(p.y, y_off + t, y0);
+              if (t + 1 < L) Io::store(p.y, y_off + t + 1, y1);
+            }
+          }
+        }
+      }
+    }
+  }
+  __syncthreads();  // inverse stage 1 has read the planes before the next X store
+  }  // persistent loop
+}
+
+// --------------------------------- dispatch ---------------------------------
+template <int N1, int N2, Precision P, IOType IO>
+cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream) {
+  using C = Cfg<N1, N2, P, IO>;
+  auto kernel = monarch_tc_kernel<C>;
+  constexpr size_t smem = C::kSmemBytes;
+  if constexpr (smem > 48 * 1024) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (e != cudaSuccess) return e;
+  }
+  // Persistent grid: as many CTAs as fit at once, each looping over sequences.
+  static int blocks_per_sm = 0;
+  if (blocks_per_sm == 0) {
+    const cudaError_t e =
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, C::kThreads, smem);
+    if (e != cudaSuccess) return e;
+    if (blocks_per_sm < 1) blocks_per_sm = 1;
+  }
+  int device = 0, sms = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return e;
+  e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e != cudaSuccess) return e;
+  const int64_t nseq = p.batch * p.channels;
+  const int64_t grid = std::min<int64_t>(nseq, int64_t(blocks_per_sm) * sms);
+  kernel<<<dim3(unsigned(grid)), dim3(C::kThreads), smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+using LaunchFn = cudaError_t (*)(const ConvForwardParams&, cudaStream_t);
+
+template <int N1, int N2, Precision P>
+constexpr LaunchFn pick_io(IOType io) {
+  return io == IOType::kFloat32    ? &launch<N1, N2, P, IOType::kFloat32>
+         : io == IOType::kBFloat16 ? &launch<N1, N2, P, IOType::kBFloat16>
+                                   : &launch<N1, N2, P, IOType::kFloat16>;
+}
+
+template <int N1, int N2>
+LaunchFn pick_prec(Precision prec, IOType io) {
+  switch (prec) {
+    case Precision::kTF32: return pick_io<N1, N2, Precision::kTF32>(io);
+    case Precision::kBF16: return pick_io<N1, N2, Precision::kBF16>(io);
+    case Precision::kFP16: return pick_io<N1, N2, Precision::kFP16>(io);
+    default: return nullptr;
+  }
+}
+
+// The static table of supported Monarch splits (n1 >= n2, n1 <= 2 n2).
+LaunchFn pick(const ConvForwardParams& p) {
+  if (p.io_type != IOType::kFloat32 && p.io_type != IOType::kBFloat16 &&
+      p.io_type != IOType::kFloat16)
+    return nullptr;
+  switch (p.n1 * 1000 + p.n2) {
+    case 16 * 1000 + 16: return pick_prec<16, 16>(p.precision, p.io_type);
+    case 32 * 1000 + 16: return pick_prec<32, 16>(p.precision, p.io_type);
+    case 32 * 1000 + 32: return pick_prec<32, 32>(p.precision, p.io_type);
+    case 64 * 1000 + 32: return pick_prec<64, 32>(p.precision, p.io_type);
+    case 64 * 1000 + 64: return pick_prec<64, 64>(p.precision, p.io_type);
+    case 128 * 1000 + 64: return pick_prec<128, 64>(p.precision, p.io_type);
+    case 128 * 1000 + 128: return pick_prec<128, 128>(p.precision, p.io_type);
+    default: return nullptr;
+  }
+}
+
+}  // namespace tc
+
+bool conv_forward_tensor_core_supports(const ConvForwardParams& params) {
+  const ConvForwardParams& p = params;
+  if (p.u == nullptr || p.y == nullptr || p.filter_spectrum == nullptr) return false;
+  if (p.batch < 1 || p.channels < 1) return false;
+  if (p.batch * p.channels > int64_t(0x7fffffff)) return false;
+  if (int64_t(p.n1) * p.n2 != p.fft_size) return false;
+  if (p.seq_len < 1 || p.seq_len > p.fft_size / 2) return false;
+  if (reinterpret_cast<uintptr_t>(p.filter_spectrum) % 8 != 0) return false;
+  return tc::pick(p) != nullptr;
+}
+
+cudaError_t conv_forward_tensor_core(const ConvForwardParams& params, cudaStream_t stream) {
+  if (!conv_forward_tensor_core_supports(params)) return cudaErrorInvalidValue;
+  return tc::pick(params)(params, stream);
+}
+
+}  // namespace monarch_fftconv

@@ -1,0 +1,243 @@
+// monarch_fftconv: kernel traits of the fused tensor-core Monarch convolution
+// (csrc/monarch_tensor_core.cu). The one home of tile shapes, shared-memory
+// layout and operand precision policy. CUDA + CuTe only: never include torch.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cute/arch/mma_sm80.hpp>
+
+#include "fftconv.h"
+
+namespace monarch_fftconv {
+namespace tc {
+
+// ---------------------------------------------------------------------------
+// Operand precision policy: how one fp32 value is rounded to the MMA operand
+// type, how it is kept in shared memory, and which CuTe MMA atom consumes it.
+//   16-bit types: m16n8k16, two k-adjacent elements packed in one register,
+//                 stored in smem as raw 16-bit words.
+//   tf32:         m16n8k8, one element per register, stored in smem as the
+//                 tf32-rounded fp32 bit pattern.
+// ---------------------------------------------------------------------------
+template <Precision P> struct OpTraits;
+
+template <> struct OpTraits<Precision::kBF16> {
+  using Storage = uint16_t;
+  static constexpr int kK = 16;
+  static constexpr bool kPair = true;
+  static constexpr uint32_t kNegMask = 0x80008000u;  // negate both halves
+  __device__ __forceinline__ static Storage cvt1(float x) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+  }
+  __device__ __forceinline__ static uint32_t pack2(float lo, float hi) {
+    return uint32_t(cvt1(lo)) | (uint32_t(cvt1(hi)) << 16);
+  }
+  __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4],
+                                             const uint32_t (&b)[2]) {
+    cute::SM80_16x8x16_F32BF16BF16F32_TN::fma(d[0], d[1], d[2], d[3], a[0], a[1], a[2], a[3],
+                                              b[0], b[1], d[0], d[1], d[2], d[3]);
+  }
+};
+
+template <> struct OpTraits<Precision::kFP16> {
+  using Storage = uint16_t;
+  static constexpr int kK = 16;
+  static constexpr bool kPair = true;
+  static constexpr uint32_t kNegMask = 0x80008000u;
+  __device__ __forceinline__ static Storage cvt1(float x) {
+    return __half_as_ushort(__float2half_rn(x));
+  }
+  __device__ __forceinline__ static uint32_t pack2(float lo, float hi) {
+    return uint32_t(cvt1(lo)) | (uint32_t(cvt1(hi)) << 16);
+  }
+  __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4],
+                                             const uint32_t (&b)[2]) {
+    cute::SM80_16x8x16_F32F16F16F32_TN::fma(d[0], d[1], d[2], d[3], a[0], a[1], a[2], a[3],
+                                            b[0], b[1], d[0], d[1], d[2], d[3]);
+  }
+};
+
+template <> struct OpTraits<Precision::kTF32> {
+  using Storage = uint32_t;
+  static constexpr int kK = 8;
+  static constexpr bool kPair = false;
+  static constexpr uint32_t kNegMask = 0x80000000u;
+  __device__ __forceinline__ static Storage cvt1(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+  }
+  __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4],
+                                             const uint32_t (&b)[2]) {
+    cute::SM80_16x8x8_F32TF32TF32F32_TN::fma(d[0], d[1], d[2], d[3], a[0], a[1], a[2], a[3],
+                                             b[0], b[1], d[0], d[1], d[2], d[3]);
+  }
+};
+
+// ---------------------------------------------------------------------------
+// io element type of u and y in global memory.
+// ---------------------------------------------------------------------------
+template <IOType T> struct IoTraits;
+template <> struct IoTraits<IOType::kFloat32> {
+  using T = float;
+  static constexpr int kVec = 4;  // elements per 16-byte load
+  __device__ __forceinline__ static void unpack(const uint4& r, float (&v)[kVec]) {
+    v[0] = __uint_as_float(r.x); v[1] = __uint_as_float(r.y);
+    v[2] = __uint_as_float(r.z); v[3] = __uint_as_float(r.w);
+  }
+  __device__ __forceinline__ static float load(const void* p, int64_t i) {
+    return __ldg(static_cast<const float*>(p) + i);
+  }
+  __device__ __forceinline__ static void store(void* p, int64_t i, float v) {
+    static_cast<float*>(p)[i] = v;
+  }
+  __device__ __forceinline__ static void store2(void* p, int64_t i, float a, float b) {
+    *reinterpret_cast<float2*>(static_cast<float*>(p) + i) = make_float2(a, b);
+  }
+  __device__ __forceinline__ static float2 load2(const void* p, int64_t i) {
+    return __ldg(reinterpret_cast<const float2*>(static_cast<const float*>(p) + i));
+  }
+};
+template <> struct IoTraits<IOType::kBFloat16> {
+  using T = __nv_bfloat16;
+  static constexpr int kVec = 8;
+  __device__ __forceinline__ static void unpack(const uint4& r, float (&v)[kVec]) {
+    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      v[2 * q] = __uint_as_float(w[q] << 16);
+      v[2 * q + 1] = __uint_as_float(w[q] & 0xffff0000u);
+    }
+  }
+  __device__ __forceinline__ static float load(const void* p, int64_t i) {
+    return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  }
+  __device__ __forceinline__ static void store(void* p, int64_t i, float v) {
+    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+  }
+  __device__ __forceinline__ static void store2(void* p, int64_t i, float a, float b) {
+    *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p) + i) =
+        __floats2bfloat162_rn(a, b);
+  }
+  __device__ __forceinline__ static float2 load2(const void* p, int64_t i) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(
+        static_cast<const __nv_bfloat16*>(p) + i));
+  }
+};
+template <> struct IoTraits<IOType::kFloat16> {
+  using T = __half;
+  static constexpr int kVec = 8;
+  __device__ __forceinline__ static void unpack(const uint4& r, float (&v)[kVec]) {
+    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      v[2 * q] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[q] & 0xffffu)));
+      v[2 * q + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[q] >> 16)));
+    }
+  }
+  __device__ __forceinline__ static float load(const void* p, int64_t i) {
+    return __half2float(static_cast<const __half*>(p)[i]);
+  }
+  __device__ __forceinline__ static void store(void* p, int64_t i, float v) {
+    static_cast<__half*>(p)[i] = __float2half_rn(v);
+  }
+  __device__ __forceinline__ static void store2(void* p, int64_t i, float a, float b) {
+    *reinterpret_cast<__half2*>(static_cast<__half*>(p) + i) = __floats2half2_rn(a, b);
+  }
+  __device__ __forceinline__ static float2 load2(const void* p, int64_t i) {
+    return __half22float2(*reinterpret_cast<const __half2*>(static_cast<const __half*>(p) + i));
+  }
+};
+
+constexpr int cmax(int a, int b) { return a > b ? a : b; }
+constexpr int cmin(int a, int b) { return a < b ? a : b; }
+constexpr int ilog2(int x) { return x <= 1 ? 0 : 1 + ilog2(x / 2); }
+
+// ---------------------------------------------------------------------------
+// Kernel configuration for one (n1, n2, precision, io) instance.
+//
+// One CTA of 8 warps per (b, c) sequence, 2 CTAs per SM (<= 128 registers).
+// Every stage's whole output lives in registers spread over the 8 warps, so
+// one shared-memory data buffer is reused in place between stages, always
+// row-major with the n2 index contiguous (no transposes): operands whose
+// contraction index is the row index are read with ldmatrix.trans (16-bit) or
+// scalar loads (tf32).
+//
+// Shared memory:
+//   W1[n1]  float2   exp(-2 pi i a / n1)
+//   W2[n2]  float2   exp(-2 pi i a / n2)
+//   TL[128] float2   exp(-2 pi i a / N), a < 128      (twiddle low digits; row steps)
+//   TH[N/64]float2   exp(-2 pi i 64 a / N)            (twiddle, high digits)
+//   data    Storage  X [kHK][kSD] (real), then A / P / A' as [2][kRP][kSD]
+//                    (planar re, im; rows k1; zero rows k1 > H)
+//   16-bit only (kTables): operand-type matrices
+//     F1 [2][kRP][kSF1]    F1[k1][j] = exp(-2 pi i k1 j / n1), 0 for k1 > H
+//     CS [2][kRows1][kSCS] (w cos, -w sin)[j][k1],    0 for k1 > H
+//   Row strides are padded by 16 bytes (ldmatrix rows hit distinct banks).
+// ---------------------------------------------------------------------------
+template <int N1_, int N2_, Precision P_, IOType IO_>
+struct Cfg {
+  static constexpr int N1 = N1_, N2 = N2_;
+  static constexpr Precision P = P_;
+  static constexpr IOType IO = IO_;
+  using Op = OpTraits<P_>;
+  using Io = IoTraits<IO_>;
+  using S = typename Op::Storage;
+
+  static constexpr int kN = N1 * N2;
+  static constexpr int kH = N1 / 2;                       // Hermitian rows 0..kH
+  static constexpr int kRP = ((kH + 1 + 15) / 16) * 16;   // rows padded to m16
+  static constexpr int kK = Op::kK;
+  static constexpr int kHK = cmax(kH, kK);                // rows of X (stage-1 K)
+  static constexpr int kPadE = 16 / int(sizeof(S));
+  static constexpr int kSD = N2 + kPadE;                  // data row stride
+  static constexpr int kPlane = kRP * kSD;
+  static constexpr int kDataElems = cmax(kHK * kSD, 2 * kPlane);
+
+  static constexpr bool kTables = sizeof(S) == 2;
+  static constexpr int kMT1 = (kH + 15) / 16;             // inverse stage-1 m tiles
+  static constexpr int kRows1 = kMT1 * 16;
+  static constexpr int kSF1 = kHK + kPadE;
+  static constexpr int kSCS = kRP + kPadE;
+  static constexpr int kF1Plane = kRP * kSF1;
+  static constexpr int kCSPlane = kRows1 * kSCS;
+  static constexpr int kTabElems = kTables ? 2 * kF1Plane + 2 * kCSPlane : 0;
+
+  static constexpr int kWarps = 8, kThreads = 32 * kWarps;
+  static constexpr int kMT = kRP / 16;                    // m16 tiles (rows k1)
+  // stages 1 and inverse 1: n8 tiles over all n2 columns
+  static constexpr int kNT = N2 / 8;
+  static constexpr int kWN = cmin(kWarps, kNT);
+  static constexpr int kWM = kWarps / kWN;
+  static constexpr int kMTW = (kMT + kWM - 1) / kWM;
+  static constexpr int kNTW = kNT / kWN;
+  static constexpr int kMTW1 = (kMT1 + kWM - 1) / kWM;
+  // stages 2 and inverse 2: n8 tiles over the half columns 0 .. n2/2-1
+  // (column n2/2 rides in the imaginary slot of column 0)
+  static constexpr int kNT2 = N2 / 16;
+  static constexpr int kWN2 = cmin(kWarps, kNT2);
+  static constexpr int kWM2 = kWarps / kWN2;
+  static constexpr int kMTW2 = (kMT + kWM2 - 1) / kWM2;
+  static constexpr int kNTW2 = kNT2 / kWN2;
+
+  static constexpr int kTL = 128;                          // TL entries (>= kRP, >= 64)
+  static constexpr int kSmallF2 = N1 + N2 + kTL + kN / 64;  // float2 entries
+  static constexpr size_t kSmallBytes = ((size_t(kSmallF2) * 8 + 15) / 16) * 16;
+  static constexpr size_t kSmemBytes =
+      kSmallBytes + size_t(kDataElems) * sizeof(S) + size_t(kTabElems) * sizeof(S);
+
+  static_assert(N1 >= N2 && N1 <= 128 && N2 >= 16, "unsupported Monarch split");
+  static_assert((N1 & (N1 - 1)) == 0 && (N2 & (N2 - 1)) == 0, "powers of two");
+  static_assert(kNT % kWN == 0 && kNT2 % kWN2 == 0, "n tiles must split evenly over warps");
+  static_assert(kN / 64 >= 1 && kRP <= N1 && kRP <= kTL, "twiddle tables");
+  static_assert((kSD * sizeof(S)) % 16 == 0 && (kSF1 * sizeof(S)) % 16 == 0 &&
+                (kSCS * sizeof(S)) % 16 == 0, "ldmatrix rows must be 16-byte aligned");
+  static_assert((kPlane * sizeof(S)) % 16 == 0 && (kF1Plane * sizeof(S)) % 16 == 0 &&
+                (kCSPlane * sizeof(S)) % 16 == 0 && (kDataElems * sizeof(S)) % 16 == 0, "align");
+};
+
+}  // namespace tc
+}  // namespace monarch_fftconv
