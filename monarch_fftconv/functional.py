@@ -68,6 +68,21 @@ def _fftconv(u: Tensor, k: Tensor, D: Tensor | None, precision: str | None, modu
     return ops.fftconv(u, k, skip, chosen)
 
 
+def _forward_flops(backend: str, plan, batch: int, channels: int) -> int:
+    """Real flops of one forward call as the chosen algorithm does them (one FMA = 2)."""
+    n, sequences = plan.fft_size, batch * channels
+    if backend in ("torch.fft", "cuda-fp32"):
+        # Radix FFTs: a real N-point transform costs ~2.5·N·log2(N); per sequence one forward,
+        # one inverse and the complex product; per channel the filter's forward transform.
+        real_fft = 2.5 * n * (n.bit_length() - 1)
+        return int(sequences * (2 * real_fft + 6 * (n // 2 + 1)) + channels * real_fft)
+    if backend == "cuda-tensor-core":
+        # MMA flops the fused kernel issues (padded tiles, conjugate columns); the filter
+        # spectrum is computed by the portable engine, one forward transform per channel.
+        return plan.tensor_core_flops_per_sequence() * sequences + plan.flops_per_sequence() // 2 * channels
+    return plan.flops_per_sequence() * sequences + plan.flops_per_sequence() // 2 * channels
+
+
 def explain(u: Tensor, k: Tensor, *, D: Tensor | None = None, precision: str | None = None) -> dict[str, Any]:
     """Which backend and kernel `fftconv(u, k, D=D, precision=precision)` would use, and why.
 
@@ -78,14 +93,7 @@ def explain(u: Tensor, k: Tensor, *, D: Tensor | None = None, precision: str | N
     plan = plan_for(u.shape[-1])
     backend = ops.select_backend(u.device, u.dtype, chosen, plan)
     batch, channels, _ = u.shape
-    if backend.name == "torch.fft":
-        # rfft + irfft of N real points per sequence, ~2.5·N·log2(N) flops each, + the product.
-        n = plan.fft_size
-        per_sequence = 2 * 2.5 * n * (n.bit_length() - 1) + 6 * (n // 2 + 1)
-        flops = int(per_sequence * batch * channels + 2.5 * n * (n.bit_length() - 1) * channels)
-    else:
-        # The Monarch count (dense stages, Hermitian rows); the filter's forward transform per channel.
-        flops = plan.flops_per_sequence() * batch * channels + plan.flops_per_sequence() // 2 * channels
+    flops = _forward_flops(backend.name, plan, batch, channels)
     return {
         "backend": backend.name,
         "kernel": backend.kernel,

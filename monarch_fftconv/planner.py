@@ -81,6 +81,18 @@ class MonarchPlan:
         twiddles = 2 * 6 * r * m
         return stage1 + inverse1 + rows + pointwise + twiddles
 
+    def tensor_core_flops_per_sequence(self, tile_rows: int = 16) -> int:
+        """Real MMA flops the fused tensor-core kernel issues per sequence (two factors):
+        the R rows padded to whole m16 tiles, stage 2 and its inverse over half the columns
+        (conjugate-column symmetry: four real products each), K padded to the MMA depth."""
+        n1, n2 = self.factors
+        rows = -(-self.half_rows // tile_rows) * tile_rows
+        live = self.live_rows
+        stage1 = 2 * 2 * rows * live * n2
+        stage2 = 4 * 2 * rows * n2 * (n2 // 2)
+        inverse1 = 2 * 2 * live * rows * n2
+        return stage1 + 2 * stage2 + inverse1
+
 
 def _row_dft_flops(factors: tuple[int, ...]) -> int:
     """Real flops of one complex row DFT of length prod(factors), dense per factor."""
