@@ -2,9 +2,10 @@
 # One call on the GPU machine: install what is missing, build the extension, run every
 # test (GPU ones included), then the benchmark. Logs and results go to $OUT (or ./gpu_out).
 #
-#   bash benchmarks/run_gpu.sh                 # tests + seed benchmark
-#   BENCH_ARGS="--preset lengths" bash benchmarks/run_gpu.sh
-#   SKIP_TESTS=1 bash benchmarks/run_gpu.sh    # benchmark only
+#   bash benchmarks/run_gpu.sh                 # build, GPU tests, benchmarks
+#   SHAPES=16x256x8192 bash benchmarks/run_gpu.sh
+#   SKIP_TESTS=1 bash benchmarks/run_gpu.sh    # benchmarks only
+# Results: $OUT/{gpu.txt,build.log,tests.log,bench_fwd.log,bench_bwd.log,bench.tgz}
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
@@ -33,10 +34,17 @@ status=${PIPESTATUS[0]}
 echo "build took $(( $(date +%s) - start )) s (status $status)"
 [ "$status" -eq 0 ] || exit "$status"
 
+echo "== benchmark: forward, reference lengths and the Hyena shape"
+SHAPES=${SHAPES:-16x256x8192,16x256x1024,16x256x2048,16x256x4096,16x256x16384,64x768x8192}
+timeout 200 python3 benchmarks/bench_cufft.py --shapes "$SHAPES" --out /tmp/bench_fwd ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_fwd.log"
+tar czf "$OUT/bench.tgz" -C /tmp bench_fwd
+
 if [ -z "${SKIP_TESTS:-}" ]; then
   echo "== tests"
-  python3 -m pytest -q -x ${TEST_ARGS:-tests} 2>&1 | tee "$OUT/tests.log" | tail -25
+  # The nvcc compile check already ran in CI and in the build above.
+  timeout 240 python3 -m pytest -q -rf -k "not kernel_compiles" ${TEST_ARGS:-tests} 2>&1 | tee "$OUT/tests.log" | tail -30
 fi
 
-echo "== benchmark"
-python3 benchmarks/bench_cufft.py --out "$OUT/bench" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+echo "== benchmark: forward + backward, seed shape"
+timeout 120 python3 benchmarks/bench_cufft.py --preset seed --backward --energy --out /tmp/bench_bwd ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_bwd.log"
+tar czf "$OUT/bench.tgz" -C /tmp bench_fwd bench_bwd

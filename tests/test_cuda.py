@@ -44,7 +44,8 @@ def test_kernel_every_size(length, precision, gen):
     assert torch.isfinite(y).all(), "unwritten (NaN) outputs"
     ref = reference(u, k)
     assert rel_l2(y, ref) <= BUDGETS[precision]
-    assert rel_l2(y, emulate(u, k, precision)) <= BUDGETS[precision] / 4
+    if precision != "fp32":  # the fp32 kernel is a radix FFT, not the emulated Monarch
+        assert rel_l2(y, emulate(u, k, precision)) <= BUDGETS[precision] / 4
 
 
 @pytest.mark.parametrize("precision", list(BUDGETS))
