@@ -675,19 +675,20 @@ LaunchFn pick(const ConvForwardParams& p) {
 
 }  // namespace tc
 
+// Shapes and types only: the binding also asks with null pointers, before any tensor exists.
 bool conv_forward_tensor_core_supports(const ConvForwardParams& params) {
   const ConvForwardParams& p = params;
-  if (p.u == nullptr || p.y == nullptr || p.filter_spectrum == nullptr) return false;
   if (p.batch < 1 || p.channels < 1) return false;
   if (p.batch * p.channels > int64_t(0x7fffffff)) return false;
   if (int64_t(p.n1) * p.n2 != p.fft_size) return false;
   if (p.seq_len < 1 || p.seq_len > p.fft_size / 2) return false;
-  if (reinterpret_cast<uintptr_t>(p.filter_spectrum) % 8 != 0) return false;
   return tc::pick(p) != nullptr;
 }
 
 cudaError_t conv_forward_tensor_core(const ConvForwardParams& params, cudaStream_t stream) {
   if (!conv_forward_tensor_core_supports(params)) return cudaErrorInvalidValue;
+  if (params.u == nullptr || params.y == nullptr || params.filter_spectrum == nullptr) return cudaErrorInvalidValue;
+  if (reinterpret_cast<uintptr_t>(params.filter_spectrum) % 8 != 0) return cudaErrorMisalignedAddress;
   return tc::pick(params)(params, stream);
 }
 

@@ -14,49 +14,42 @@ from .planner import MonarchPlan, spectrum_frequencies
 
 
 @functools.lru_cache(maxsize=None)
-def _rfft_gather(plan: MonarchPlan) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """For each rfft bin f in [0, N/2]: the flat index into the stored half spectrum that
-    holds f or N - f, and whether it must be conjugated. Also the inverse map (stored
-    position -> rfft bin) used to build a Monarch-layout spectrum from an rfft."""
-    freqs = spectrum_frequencies(plan).flatten()  # frequency held by each stored entry
+def _indices(plan: MonarchPlan, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Index tensors on `device`, built once per (plan, device):
+    - frequency: (R, M) the FFT bin each stored entry holds (`spectrum_frequencies`);
+    - rfft_source: for each rfft bin f in [0, N/2], the flat stored position holding f or N - f;
+    - rfft_conj: whether that position holds N - f (so its value must be conjugated)."""
+    frequency = spectrum_frequencies(plan)
+    flat = frequency.flatten()
     n = plan.fft_size
     position = torch.full((n,), -1, dtype=torch.long)
-    position[freqs] = torch.arange(freqs.numel())
+    position[flat] = torch.arange(flat.numel())
     bins = torch.arange(n // 2 + 1)
-    direct = position[bins]
-    mirrored = position[(n - bins) % n]
-    conj = direct < 0  # not stored: use the Hermitian partner N - f
-    index = torch.where(conj, mirrored, direct)
-    assert bool((index >= 0).all()), "the stored half spectrum must cover every rfft bin"
-    stored_bin = torch.where(freqs <= n // 2, freqs, n - freqs)
-    return index, conj, stored_bin
+    direct, mirrored = position[bins], position[(n - bins) % n]
+    rfft_conj = direct < 0
+    rfft_source = torch.where(rfft_conj, mirrored, direct)
+    assert bool((rfft_source >= 0).all()), "the stored half spectrum must cover every rfft bin"
+    return frequency.to(device), rfft_source.to(device), rfft_conj.to(device)
 
 
 def monarch_to_rfft(spectrum: torch.Tensor, plan: MonarchPlan) -> torch.Tensor:
     """(..., R, M) Monarch-layout half spectrum -> (..., N/2+1) rfft order."""
-    index, conj, _ = _rfft_gather(plan)
-    flat = spectrum.flatten(-2)[..., index.to(spectrum.device)]
-    return torch.where(conj.to(spectrum.device), flat.conj_physical(), flat)
-
-
-def rfft_to_monarch(rfft: torch.Tensor, plan: MonarchPlan) -> torch.Tensor:
-    """(..., N/2+1) rfft order -> (..., R, M) Monarch layout (the inverse of monarch_to_rfft)."""
-    _, _, stored_bin = _rfft_gather(plan)
-    freqs = spectrum_frequencies(plan).flatten().to(rfft.device)
-    values = rfft[..., stored_bin.to(rfft.device)]
-    values = torch.where(freqs <= plan.fft_size // 2, values, values.conj_physical())
-    return values.unflatten(-1, plan.spectrum_shape)
+    _, source, conj = _indices(plan, spectrum.device)
+    values = spectrum.flatten(-2)[..., source]
+    return torch.where(conj, values.conj_physical(), values)
 
 
 def filter_spectrum(k: torch.Tensor, plan: MonarchPlan) -> torch.Tensor:
+    """(C, R, M) Monarch-layout spectrum / N of the zero-padded filter: one FFT, one gather."""
     dtype = torch.float64 if k.dtype == torch.float64 else torch.float32
-    return rfft_to_monarch(torch.fft.rfft(k.to(dtype), n=plan.fft_size) / plan.fft_size, plan)
+    frequency, _, _ = _indices(plan, k.device)
+    return torch.fft.fft(k.to(dtype), n=plan.fft_size, norm="forward")[..., frequency]
 
 
 def conv_forward(u: torch.Tensor, spectrum: torch.Tensor, skip: torch.Tensor | None, plan: MonarchPlan) -> torch.Tensor:
     length = u.shape[-1]
     x = u.to(spectrum.real.dtype)
-    # The stored spectrum carries 1/N; irfft divides by N again ("forward" norm undoes that).
+    # The stored spectrum carries 1/N already: the inverse must not divide again.
     y = torch.fft.irfft(torch.fft.rfft(x, n=plan.fft_size) * monarch_to_rfft(spectrum, plan), n=plan.fft_size, norm="forward")
     y = y[..., :length].contiguous()
     if skip is not None:

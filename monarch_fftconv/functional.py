@@ -71,16 +71,16 @@ def _fftconv(u: Tensor, k: Tensor, D: Tensor | None, precision: str | None, modu
 def _forward_flops(backend: str, plan, batch: int, channels: int) -> int:
     """Real flops of one forward call as the chosen algorithm does them (one FMA = 2)."""
     n, sequences = plan.fft_size, batch * channels
-    if backend in ("torch.fft", "cuda-fp32"):
-        # Radix FFTs: a real N-point transform costs ~2.5·N·log2(N); per sequence one forward,
-        # one inverse and the complex product; per channel the filter's forward transform.
-        real_fft = 2.5 * n * (n.bit_length() - 1)
-        return int(sequences * (2 * real_fft + 6 * (n // 2 + 1)) + channels * real_fft)
-    if backend == "cuda-tensor-core":
-        # MMA flops the fused kernel issues (padded tiles, conjugate columns); the filter
-        # spectrum is computed by the portable engine, one forward transform per channel.
-        return plan.tensor_core_flops_per_sequence() * sequences + plan.flops_per_sequence() // 2 * channels
-    return plan.flops_per_sequence() * sequences + plan.flops_per_sequence() // 2 * channels
+    # A radix FFT of N real points costs ~2.5·N·log2(N). On GPUs the filter spectrum is one
+    # cuFFT per channel; the portable engine transforms the filter with its own stages.
+    real_fft = 2.5 * n * (n.bit_length() - 1)
+    if backend == "portable":
+        return plan.flops_per_sequence() * sequences + plan.flops_per_sequence() // 2 * channels
+    if backend == "cuda-tensor-core":  # MMA flops as issued: padded tiles, conjugate columns
+        per_sequence = plan.tensor_core_flops_per_sequence()
+    else:  # radix FFTs (cuFFT, the fp32 kernel): forward, inverse, complex product
+        per_sequence = 2 * real_fft + 6 * (n // 2 + 1)
+    return int(sequences * per_sequence + channels * real_fft)
 
 
 def explain(u: Tensor, k: Tensor, *, D: Tensor | None = None, precision: str | None = None) -> dict[str, Any]:
