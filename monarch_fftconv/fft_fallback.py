@@ -10,7 +10,7 @@ import functools
 
 import torch
 
-from .planner import MonarchPlan, spectrum_frequencies
+from .planner import MonarchPlan, compute_dtype, spectrum_frequencies
 
 
 @functools.lru_cache(maxsize=None)
@@ -47,7 +47,7 @@ def monarch_to_rfft(spectrum: torch.Tensor, plan: MonarchPlan) -> torch.Tensor:
 def filter_spectrum(k: torch.Tensor, plan: MonarchPlan) -> torch.Tensor:
     """(C, R, M) Monarch-layout spectrum / N of the zero-padded filter: one rfft, one gather,
     one multiply (conjugation of the mirrored bins and the 1/N scale together)."""
-    dtype = torch.float64 if k.dtype == torch.float64 else torch.float32
+    dtype = compute_dtype(k)
     stored_bin, stored_sign, _, _ = _indices(plan, k.device)
     gathered = torch.view_as_real(torch.fft.rfft(k.to(dtype), n=plan.fft_size)[..., stored_bin])
     return torch.view_as_complex(gathered * stored_sign.to(dtype))
@@ -66,7 +66,7 @@ def conv_forward(u: torch.Tensor, spectrum: torch.Tensor, skip: torch.Tensor | N
 
 def filter_grad(grad: torch.Tensor, u: torch.Tensor, filter_len: int, plan: MonarchPlan) -> torch.Tensor:
     """dk[c, j] = Σ_b Σ_t g[b,c,t]·u[b,c,t-j], as an FFT correlation."""
-    dtype = torch.float64 if torch.float64 in (grad.dtype, u.dtype) else torch.float32
+    dtype = compute_dtype(grad, u)
     g = torch.fft.rfft(grad.to(dtype), n=plan.fft_size)
     x = torch.fft.rfft(u.to(dtype), n=plan.fft_size)
     return torch.fft.irfft((g * x.conj_physical()).sum(0), n=plan.fft_size)[..., :filter_len].contiguous()

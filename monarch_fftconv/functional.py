@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from . import ops, policy
-from .planner import plan_for
+from .planner import compute_dtype, plan_for
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -45,10 +45,6 @@ def check_inputs(u: object, k: object, D: object = None) -> None:
             raise ValueError(f"u and D are on different devices: {u.device} and {D.device}")
 
 
-def _skip_dtype(u: Tensor) -> torch.dtype:
-    return torch.float64 if u.dtype == torch.float64 else torch.float32
-
-
 def fftconv(u: Tensor, k: Tensor, *, D: Tensor | None = None, precision: str | None = None) -> Tensor:
     """Causal long convolution over each channel.
 
@@ -64,7 +60,7 @@ def fftconv(u: Tensor, k: Tensor, *, D: Tensor | None = None, precision: str | N
 def _fftconv(u: Tensor, k: Tensor, D: Tensor | None, precision: str | None, module_precision: str | None) -> Tensor:
     check_inputs(u, k, D)
     chosen, _ = policy.resolve(precision, u.dtype, module_precision)
-    skip = None if D is None else D.to(_skip_dtype(u))
+    skip = None if D is None else D.to(compute_dtype(u))
     return ops.fftconv(u, k, skip, chosen)
 
 

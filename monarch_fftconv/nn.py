@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import Tensor, nn
 
@@ -17,7 +19,7 @@ class FFTConv(nn.Module):
 
     Without autograd (inference), the filter spectrum is cached and recomputed whenever the
     parameter changes: its `_version` (in-place updates such as optimizer steps), identity,
-    device or dtype, the input length, or the precision.
+    storage, device or dtype, the input length, or the precision.
     """
 
     def __init__(self, channels: int, seq_len: int, *, precision: str | None = None, device=None, dtype=None):
@@ -28,6 +30,7 @@ class FFTConv(nn.Module):
         self.precision = precision
         self.filter = nn.Parameter(torch.randn(channels, seq_len, device=device, dtype=dtype))
         self._spectrum_key: tuple | None = None
+        self._spectrum_source: weakref.ref | None = None
         self._spectrum: Tensor | None = None
 
     def forward(self, x: Tensor) -> Tensor:
@@ -43,11 +46,13 @@ class FFTConv(nn.Module):
 
     def _cached_spectrum(self, filt: Tensor, length: int, precision: str) -> Tensor:
         p = self.filter
-        key = (id(p), p._version, p.device, p.dtype, length, precision)
-        if key != self._spectrum_key:
+        # The weak reference tells a replaced parameter apart even if its id() is reused;
+        # _version counts in-place updates (optimizer steps); data_ptr catches `.data =`.
+        key = (p._version, p.data_ptr(), p.device, p.dtype, length, precision)
+        if self._spectrum_source is None or self._spectrum_source() is not p or key != self._spectrum_key:
             with torch.no_grad():
                 self._spectrum = ops.filter_spectrum(filt.detach(), length, precision)
-            self._spectrum_key = key
+            self._spectrum_key, self._spectrum_source = key, weakref.ref(p)
         assert self._spectrum is not None
         return self._spectrum
 

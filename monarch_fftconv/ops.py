@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from . import _extension, fft_fallback, portable
-from .planner import MonarchPlan, plan_for
+from .planner import MonarchPlan, compute_dtype, plan_for
 
 PRECISION_CODES = {"fp32": 0, "tf32": 1, "bf16": 2, "fp16": 3}
 IO_TYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -65,16 +65,8 @@ def _kernel_unavailable(dtype: torch.dtype, precision: str, plan: MonarchPlan) -
     return None
 
 
-def _plan(length: int) -> MonarchPlan:
-    return plan_for(length)
-
-
-def _spectrum_dtype(t: Tensor) -> torch.dtype:
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
-
-
 def _spectrum_shape(k: Tensor, seq_len: int) -> tuple[int, ...]:
-    return (k.shape[0], *_plan(seq_len).spectrum_shape, 2)
+    return (k.shape[0], *plan_for(seq_len).spectrum_shape, 2)
 
 
 # --------------------------------------------------------------------------- filter_spectrum
@@ -82,7 +74,7 @@ def _spectrum_shape(k: Tensor, seq_len: int) -> tuple[int, ...]:
 
 @torch.library.custom_op("monarch_fftconv::filter_spectrum", mutates_args=())
 def filter_spectrum(k: Tensor, seq_len: int, precision: str) -> Tensor:
-    plan = _plan(seq_len)
+    plan = plan_for(seq_len)
     if k.device.type == "cuda":
         # cuFFT in fp32 for every precision: one FFT and one gather instead of the emulated
         # engine's dozens of launches, at least as accurate, and immune to allow_tf32.
@@ -94,7 +86,7 @@ def filter_spectrum(k: Tensor, seq_len: int, precision: str) -> Tensor:
 
 @filter_spectrum.register_fake
 def _(k: Tensor, seq_len: int, precision: str) -> Tensor:
-    return k.new_empty(_spectrum_shape(k, seq_len), dtype=_spectrum_dtype(k))
+    return k.new_empty(_spectrum_shape(k, seq_len), dtype=compute_dtype(k))
 
 
 # --------------------------------------------------------------------------- conv_forward
@@ -102,7 +94,7 @@ def _(k: Tensor, seq_len: int, precision: str) -> Tensor:
 
 @torch.library.custom_op("monarch_fftconv::conv_forward", mutates_args=())
 def conv_forward(u: Tensor, filter_spectrum: Tensor, skip: Tensor | None, precision: str) -> Tensor:
-    plan = _plan(u.shape[-1])
+    plan = plan_for(u.shape[-1])
     backend = select_backend(u.device, u.dtype, precision, plan)
     if backend.name.startswith("cuda"):
         n1, n2 = plan.factors
@@ -141,7 +133,7 @@ def fftconv_backward(
     grad: Tensor, u: Tensor, k: Tensor, skip: Tensor | None, precision: str
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(du, dk, dskip); dskip is empty when skip is None."""
-    plan = _plan(u.shape[-1])
+    plan = plan_for(u.shape[-1])
     grad = grad.to(u.dtype).contiguous()
     backend = select_backend(u.device, u.dtype, precision, plan)
     if backend.name == "portable":
@@ -156,13 +148,13 @@ def fftconv_backward(
         dk = fft_fallback.filter_grad(grad, u, k.shape[-1], plan)
         dskip = None if skip is None else (grad.to(skip.dtype) * u.to(skip.dtype)).sum(dim=(0, 2))
     if dskip is None:
-        dskip = u.new_empty(0, dtype=_spectrum_dtype(u))
+        dskip = u.new_empty(0, dtype=compute_dtype(u))
     return du.to(u.dtype), dk.to(k.dtype), dskip if skip is None else dskip.to(skip.dtype)
 
 
 @fftconv_backward.register_fake
 def _(grad: Tensor, u: Tensor, k: Tensor, skip: Tensor | None, precision: str) -> tuple[Tensor, Tensor, Tensor]:
-    dskip = u.new_empty(0, dtype=_spectrum_dtype(u)) if skip is None else torch.empty_like(skip)
+    dskip = u.new_empty(0, dtype=compute_dtype(u)) if skip is None else torch.empty_like(skip)
     return torch.empty_like(u, memory_format=torch.contiguous_format), torch.empty_like(k), dskip
 
 

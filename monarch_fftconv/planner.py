@@ -23,6 +23,12 @@ MAX_FACTOR = 128  # largest DFT done as one dense matmul (one tensor-core tile f
 MIN_FFT_SIZE = 4  # two factors of at least 2 each
 
 
+def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """The real dtype of tables, spectra and accumulation: float64 if any input is float64
+    (gradcheck, references), float32 otherwise (bf16/fp16 inputs compute in float32)."""
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
 def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 

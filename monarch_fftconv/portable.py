@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .planner import MonarchPlan, MonarchTables, RowDFTTables, tables_for
+from .planner import MonarchPlan, MonarchTables, RowDFTTables, compute_dtype, tables_for
 
 # --------------------------------------------------------------------------- rounding
 
@@ -47,10 +47,6 @@ def _round_complex(z: torch.Tensor, precision: str) -> torch.Tensor:
 
 def _cmatmul(a: torch.Tensor, b: torch.Tensor, precision: str) -> torch.Tensor:
     return torch.matmul(_round_complex(a, precision), _round_complex(b, precision))
-
-
-def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
-    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
 def _tables(plan: MonarchPlan, dtype: torch.dtype, device: torch.device) -> MonarchTables:

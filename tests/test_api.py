@@ -170,6 +170,8 @@ def test_inference_cache_follows_the_parameter(gen):
         assert rel_l2(conv(x), reference(x, conv.filter)) <= BUDGETS["fp32"]
         conv.filter = nn.Parameter(torch.randn(3, 512))  # a new parameter object
         assert rel_l2(conv(x), reference(x, conv.filter)) <= BUDGETS["fp32"]
+        conv.filter.data = torch.randn(3, 512)  # new storage behind the same parameter
+        assert rel_l2(conv(x), reference(x, conv.filter)) <= BUDGETS["fp32"]
         conv.double()  # dtype change
         assert conv(x.double()).dtype == torch.float64
         assert rel_l2(conv(x.double()), reference(x, conv.filter)) <= 1e-12
