@@ -200,3 +200,26 @@ def test_import_has_no_global_side_effects():
         "import sys; assert 'monarch_fftconv_cuda' not in str(torch.ops.loaded_libraries)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_missing_toolchain_falls_back_with_one_warning(monkeypatch):
+    from monarch_fftconv import _extension
+
+    monkeypatch.setattr(_extension, "unavailable_reason", lambda: "nvcc not found (set CUDA_HOME)")
+    _extension.load.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="nvcc not found") as record:
+            assert _extension.load() is False
+            assert _extension.load() is False  # cached: no second warning
+            assert _extension.loaded_reason() == "nvcc not found (set CUDA_HOME)"
+        assert len(record) == 1
+    finally:
+        _extension.load.cache_clear()
+
+
+def test_cutlass_path_override(monkeypatch, tmp_path):
+    from monarch_fftconv import _extension
+
+    (tmp_path / "include").mkdir()
+    monkeypatch.setenv(_extension.CUTLASS_ENV, str(tmp_path))
+    assert _extension.cutlass_include_dirs() == [str(tmp_path / "include")]
