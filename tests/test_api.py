@@ -90,6 +90,18 @@ def test_precision_flag_changes_the_result(gen):
     assert exact < 1e-5 < 1e-4 < coarse < BUDGETS["bf16"]
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("length, dtype", [(16384, torch.float32), (100, torch.float64)])
+def test_gpu_calls_no_kernel_covers_take_cufft(length, dtype, precision):
+    """Decided before any kernel is asked for, so it is checkable without a GPU."""
+    from monarch_fftconv.ops import select_backend
+    from monarch_fftconv.planner import plan_for
+
+    backend = select_backend(torch.device("cuda"), dtype, precision, plan_for(length))
+    assert backend.name == "torch.fft"
+    assert ("3 factors" in backend.reason) if length == 16384 else ("float64" in backend.reason)
+
+
 def test_explain_says_where_and_why(monkeypatch):
     monkeypatch.delenv(policy.ENV_VAR, raising=False)
     u, k = torch.randn(2, 3, 8192), torch.randn(3, 8192)
