@@ -159,7 +159,8 @@ def test_shorter_inputs(gen):
     x = randn(gen, 2, 3, 300)
     with torch.no_grad():
         assert rel_l2(conv(x), reference(x, conv.filter[:, :300])) <= BUDGETS["fp32"]
-        assert rel_l2(conv(randn(gen, 2, 3, 1000)), reference(randn(gen, 1, 1, 1), torch.ones(1, 1))) > 0
+        full = randn(gen, 2, 3, 1000)  # and the full length again, after the shorter call
+        assert rel_l2(conv(full), reference(full, conv.filter)) <= BUDGETS["fp32"]
     with pytest.raises(ValueError, match="exceeds"):
         conv(randn(gen, 2, 3, 1001))
 
