@@ -65,32 +65,39 @@ def plot_time_vs_L(out_dir, rows, meta) -> List[str]:
                 ys = [r["median_ms"] for r in pts]
                 lo = [max(0.0, r["median_ms"] - r["q1_ms"]) for r in pts]
                 hi = [max(0.0, r["q3_ms"] - r["median_ms"]) for r in pts]
-                line = ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", ms=4, capsize=2,
-                                   label=_label(grp, m))
+                ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", ms=4, capsize=2, label=_label(grp, m))
                 bad = [r for r in pts if r.get("validity") == "INVALID"]
                 if bad:
                     ax.scatter([r["L"] for r in bad], [r["median_ms"] for r in bad], marker="x",
                                s=80, color="red", zorder=5,
                                label=f"{m}: INVALID (under floor)")
-                del line
             floor = sorted({(r["L"], r["floor_ms"]) for r in grp if r.get("floor_ms")})
             if floor:
                 ax.plot([f[0] for f in floor], [f[1] for f in floor], "k--", lw=1, marker="_", ms=12,
                         label="memory floor (copy bandwidth)")
-            ax.set_xscale("log", base=2)
             ax.set_yscale("log")
-            ax.set_xlabel("sequence length L")
-            ax.set_ylabel("median time per call [ms] (IQR bars)")
-            ax.set_title(f"B={B}, C={C}", fontsize=10)
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=7)
-        fig.suptitle(_title(meta, "Time vs sequence length", pass_name), fontsize=10)
-        fig.tight_layout()
-        p = os.path.join(out_dir, f"time_vs_L_{pass_name.replace('+', '_')}.png")
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        paths.append(p)
+            _finish_axes(ax, B, C, "median time per call [ms] (IQR bars)")
+        paths.append(_save(fig, meta, "Time vs sequence length", out_dir, "time_vs_L", pass_name))
     return paths
+
+
+def _finish_axes(ax, B: int, C: int, ylabel: str) -> None:
+    """The shared dressing of the per-(B, C) panels of the plots over L."""
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("sequence length L")
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"B={B}, C={C}", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def _save(fig, meta, title: str, out_dir: str, stem: str, pass_name: str) -> str:
+    fig.suptitle(_title(meta, title, pass_name), fontsize=10)
+    fig.tight_layout()
+    path = os.path.join(out_dir, f"{stem}_{pass_name.replace('+', '_')}.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def plot_speedup(out_dir, rows, meta) -> List[str]:
@@ -108,18 +115,8 @@ def plot_speedup(out_dir, rows, meta) -> List[str]:
             ax.axhline(1.0, color="k", lw=1, ls="--")
             ax.set_yscale("log", base=2)
             ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("sequence length L")
-            ax.set_ylabel("speedup over reference (x, higher is better)")
-            ax.set_title(f"B={B}, C={C}", fontsize=10)
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=7)
-        fig.suptitle(_title(meta, "Speedup over the torch.fft reference", pass_name), fontsize=10)
-        fig.tight_layout()
-        p = os.path.join(out_dir, f"speedup_{pass_name.replace('+', '_')}.png")
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        paths.append(p)
+            _finish_axes(ax, B, C, "speedup over reference (x, higher is better)")
+        paths.append(_save(fig, meta, "Speedup over the torch.fft reference", out_dir, "speedup", pass_name))
     return paths
 
 
