@@ -65,6 +65,13 @@ CPU_DEFAULT_REPS = 10
 QUICK_REPS = 3
 ATOL = RTOL = 1e-2
 FLUSH_BYTES = 256 * 2**20
+
+# Issue #3's targets for the fused tensor-core kernel on the reference workload (forward, fp32
+# I/O): precision -> (time target in ms or None, relative L2 error budget). Matmul ceilings
+# measured on the H200 (TFLOP/s); fp16 runs at the bf16 rate.
+TARGET_SHAPE = "16x256x8192"
+TARGETS = {"bf16": (0.20, 1e-2), "tf32": (0.35, 1e-3), "fp16": (None, 2e-3)}
+CEILING_TFLOPS = {"bf16": 771.0, "fp16": 771.0, "tf32": 397.0}
 MAX_BUFFERS = 64
 
 CPU_NOTE = ("CPU FIGURES, NOT GPU ONES: no CUDA device was used, so this run times the portable "
@@ -834,6 +841,36 @@ def _fmt(v, spec: str = ".3g", none: str = "-") -> str:
         return str(v)
 
 
+def format_targets(rows: Sequence[Dict[str, Any]]) -> str:
+    """The tensor-core kernel against its targets on the reference workload ('' if not run)."""
+    ref = next((r for r in rows if r["shape"] == TARGET_SHAPE and r["pass"] == "fwd"
+                and r["method"] == "reference" and r["status"] == "ok"), None)
+    lines = []
+    for prec, (t_ms, budget) in TARGETS.items():
+        r = next((r for r in rows if r["shape"] == TARGET_SHAPE and r["pass"] == "fwd"
+                  and r["method"] == f"monarch[{prec}]" and r["status"] == "ok"), None)
+        if r is None or r.get("validity") == "INVALID":
+            continue
+        ms, err, tf = r["median_ms"], r.get("rel_err"), r.get("tflops")
+        time_txt = "-" if t_ms is None else (
+            f"<= {t_ms:.2f}: " + ("met" if ms <= t_ms else f"MISSED by {ms / t_ms:.2f}x"))
+        err_txt = f"{err:.2e} (<= {budget:.0e}: " + ("met)" if err is not None and err <= budget
+                                                     else "MISSED)")
+        lines.append([prec, r.get("backend") or "-", f"{ms:.4f}", time_txt,
+                      f"{ref['median_ms'] / ms:.2f}x" if ref else "-", err_txt,
+                      f"{tf:.0f} ({100 * tf / CEILING_TFLOPS[prec]:.0f}% of {CEILING_TFLOPS[prec]:.0f})"
+                      if tf else "-",
+                      f"{r['floor_ms'] / ms:.0%}" if r.get("floor_ms") else "-"])
+    if not lines:
+        return ""
+    cols = ["precision", "backend", "median ms", "time target ms", "vs reference",
+            "rel. L2 err (budget)", "TFLOP/s (of ceiling)", "memory floor / time"]
+    widths = [max(len(c), *(len(t[i]) for t in lines)) for i, c in enumerate(cols)]
+    line = lambda vals: "  ".join(str(v).ljust(w) for v, w in zip(vals, widths)).rstrip()  # noqa: E731
+    return "\n".join([f"Targets (issue #3): {TARGET_SHAPE} forward, fp32 I/O",
+                      line(cols), line(["-" * w for w in widths]), *map(line, lines)])
+
+
 def format_table(rows: Sequence[Dict[str, Any]]) -> str:
     """Plain-text table for one shape/pass."""
     if not rows:
@@ -984,6 +1021,8 @@ def _run(args: argparse.Namespace) -> Dict[str, Any]:
     finally:
         progress.close()
 
+    if device == "cuda" and (targets := format_targets(rows)):
+        print(targets + "\n")
     n_invalid = sum(r.get("validity") == "INVALID" for r in rows)
     n_err = sum(r["status"] != "ok" for r in rows)
     meta = {"benchmark": "bench_cufft", **env,

@@ -4,35 +4,11 @@
 #
 #   bash benchmarks/run_gpu.sh                 # build, GPU tests, benchmarks
 #   SHAPES=16x256x8192 bash benchmarks/run_gpu.sh
-#   SKIP_TESTS=1 bash benchmarks/run_gpu.sh    # benchmarks only
+#   SKIP_TESTS=1 bash benchmarks/run_gpu.sh    # benchmarks only (SKIP_BWD=1: no fwd+bwd run)
+#   TEST_ARGS=tests/test_cuda.py BENCH_ARGS="--no-plots" bash benchmarks/run_gpu.sh
 # Results: $OUT/{gpu.txt,build.log,tests.log,bench_fwd.log,bench_bwd.log,bench.tgz}
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu_out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-
-# The device image has torch, nvcc and ninja but not nvidia-cutlass: install the carried wheel.
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-fi
-export PYTHONPATH=$PWD:${PYTHONPATH:-}
-export MONARCH_FFTCONV_BUILD_DIR=${MONARCH_FFTCONV_BUILD_DIR:-/tmp/monarch_fftconv_build}
-export MAX_JOBS=${MAX_JOBS:-16}
-
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
-
-echo "== build"
-start=$(date +%s)
-python3 - <<'PY' 2>&1 | tee "$OUT/build.log"
-from monarch_fftconv import _extension
-_extension.build(verbose=False)
-print("extension built")
-PY
-status=${PIPESTATUS[0]}
-echo "build took $(( $(date +%s) - start )) s (status $status)"
-[ "$status" -eq 0 ] || exit "$status"
+source "$(dirname "$0")/gpu_setup.sh"
 
 echo "== benchmark: forward, reference lengths and the Hyena shape"
 SHAPES=${SHAPES:-16x256x8192,16x256x1024,16x256x2048,16x256x4096,16x256x16384,64x768x8192}
@@ -45,6 +21,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   timeout 240 python3 -m pytest -q -rf -k "not kernel_compiles" ${TEST_ARGS:-tests} 2>&1 | tee "$OUT/tests.log" | tail -30
 fi
 
+[ -n "${SKIP_BWD:-}" ] && exit 0
 echo "== benchmark: forward + backward, seed shape"
 timeout 120 python3 benchmarks/bench_cufft.py --preset seed --backward --energy --out /tmp/bench_bwd ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_bwd.log"
 tar czf "$OUT/bench.tgz" -C /tmp bench_fwd bench_bwd

@@ -59,6 +59,18 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[4], const typename Op::Stor
   ldsm_x4(a, smem_addr(buf + (r0 + (lane & 15)) * stride + k0 + (lane >> 4) * kChunk));
 }
 
+// The same A fragment from a buffer stored transposed, [k][m] with m contiguous
+// (16-bit only): ldmatrix.trans, matrices ordered (m0,k0) (m8,k0) (m0,k8) (m8,k8).
+template <class Op>
+__device__ __forceinline__ void load_a_trans(uint32_t (&a)[4], const typename Op::Storage* buf,
+                                             int stride, int m0, int k0, int lane) {
+  static_assert(Op::kPair, "ldmatrix.trans moves 16-bit elements");
+  const int q = lane >> 3, r = lane & 7;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(smem_addr(buf + (k0 + (q >> 1) * 8 + r) * stride + m0 + (q & 1) * 8)));
+}
+
 // B fragment (k from k0, 8 columns from n0) of a row-major [k][n] buffer
 // (n contiguous): ldmatrix.trans for 16-bit, scalar loads for tf32.
 template <class Op>
@@ -125,6 +137,10 @@ __device__ __forceinline__ void store_pair(typename Op::Storage* buf, int idx, f
   }
 }
 
+__device__ __forceinline__ void prefetch_l1(const void* ptr) {
+  asm volatile("prefetch.global.L1 [%0];" : : "l"(ptr));
+}
+
 __device__ __forceinline__ int opaque_tid() {
   int t;
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
@@ -154,8 +170,7 @@ __global__ void __launch_bounds__(C::kThreads, 2) monarch_tc_kernel(const ConvFo
   S* Aim = data + C::kPlane;
   S* F1re = data + C::kDataElems;  // 16-bit tables (kTables)
   S* F1im = F1re + C::kF1Plane;
-  S* CSre = F1im + C::kF1Plane;
-  S* CSim = CSre + C::kCSPlane;
+  uint4* G2 = reinterpret_cast<uint4*>(F1im + C::kF1Plane);
 
   const int tid = threadIdx.x;
 
@@ -223,7 +238,12 @@ __global__ void __launch_bounds__(C::kThreads, 2) monarch_tc_kernel(const ConvFo
     TL[i] = make_float2(co, -s);  // TL and TH are contiguous
   }
   __syncthreads();
-  // operand-type matrices F1 and CS (16-bit operands only)
+  // Stage-2 matrix: column m of the half-column DFT matrix, k-th entry. Column 0's
+  // (identically zero) imaginary part carries the real column n2/2, (-1)^k.
+  auto g2 = [&](int m, int k) -> float2 {
+    return m == 0 ? make_float2(1.0f, (k & 1) ? -1.0f : 1.0f) : W2[(m * k) & (N2 - 1)];
+  };
+  // operand-type tables F1 and G2 (16-bit operands only)
   if constexpr (C::kTables) {
     for (int idx = tid; idx < kRP * C::kHK; idx += C::kThreads) {
       const int k1 = idx / C::kHK, j = idx % C::kHK;
@@ -232,16 +252,12 @@ __global__ void __launch_bounds__(C::kThreads, 2) monarch_tc_kernel(const ConvFo
       F1re[k1 * C::kSF1 + j] = Op::cvt1(v.x);
       F1im[k1 * C::kSF1 + j] = Op::cvt1(v.y);
     }
-    for (int idx = tid; idx < C::kRows1 * kRP; idx += C::kThreads) {
-      const int jr = idx / kRP, k1 = idx % kRP;
-      float2 v = make_float2(0.0f, 0.0f);
-      if (k1 <= kH) {
-        const float w = (k1 == 0 || k1 == kH) ? 1.0f : 2.0f;
-        v = W1[(jr * k1) & (N1 - 1)];
-        v = make_float2(w * v.x, w * v.y);
-      }
-      CSre[jr * C::kSCS + k1] = Op::cvt1(v.x);
-      CSim[jr * C::kSCS + k1] = Op::cvt1(v.y);
+    // G2[(nt, ks)][lane] = {re b0, re b1, im b0, im b1} of the m16n8k16 B fragment
+    for (int idx = tid; idx < C::kNT2 * C::kKSteps2 * 32; idx += C::kThreads) {
+      const int ln = idx & 31, ks = (idx >> 5) % C::kKSteps2, nt = (idx >> 5) / C::kKSteps2;
+      uint32_t re[2], im[2];
+      lookup_b<Op>(re, im, g2, nt * 8, ks * kK, ln >> 2, ln & 3);
+      G2[idx] = make_uint4(re[0], re[1], im[0], im[1]);
     }
   }
 
@@ -380,6 +396,53 @@ __global__ void __launch_bounds__(C::kThreads, 2) monarch_tc_kernel(const ConvFo
     constexpr bool kInv = decltype(inverse_tag)::value;
     constexpr int kWN = C::kWN2, kWM = C::kWM2, kMTW = C::kMTW2, kNTW = C::kNTW2;
     const int wn = warp % kWN, wm = warp / kWN;
+
+    // Filter values for this lane's row g + 8h of m-tile j ("slot" 2j + h): columns
+    // m0, m0+1, n2-m0 (n2/2 when m0 == 0), n2-m0-1. Loaded one slot ahead of their
+    // use: the L2 latency of the filter stalled the epilogue otherwise.
+    float2 kcur[kNTW][4], knext[kNTW][4];
+    auto load_filter = [&](int slot, float2 (&kb)[kNTW][4]) {
+      const int row = (wm + kWM * (slot >> 1)) * 16 + g + 8 * (slot & 1);
+#pragma unroll
+      for (int i = 0; i < kNTW; ++i) {
+        const int m0 = (wn + kWN * i) * 8 + 2 * t4;
+        const int mh0 = m0 == 0 ? N2 / 2 : N2 - m0, mh1 = N2 - m0 - 1;
+        kb[i][0] = kb[i][1] = kb[i][2] = kb[i][3] = make_float2(0.0f, 0.0f);
+        if (row <= kH) {
+          const float2* kr = Kc + row * N2;
+          if (kvec) {
+            const float4 k4 = __ldg(reinterpret_cast<const float4*>(kr + m0));
+            kb[i][0] = make_float2(k4.x, k4.y);
+            kb[i][1] = make_float2(k4.z, k4.w);
+          } else {
+            kb[i][0] = __ldg(kr + m0);
+            kb[i][1] = __ldg(kr + m0 + 1);
+          }
+          kb[i][2] = __ldg(kr + mh0);
+          kb[i][3] = __ldg(kr + mh1);
+        }
+      }
+    };
+    // Deeper than the register ring: slots up to kL1Ahead ahead wait in L1
+    // (costs no registers; L1 holds ~6 slots of both CTAs next to their smem).
+    constexpr int kL1Ahead = 3;
+    auto prefetch_filter = [&](int slot) {
+      const int row = (wm + kWM * (slot >> 1)) * 16 + g + 8 * (slot & 1);
+      if (slot < 2 * kMTW && row <= kH) {
+#pragma unroll
+        for (int i = 0; i < kNTW; ++i) {
+          const int m0 = (wn + kWN * i) * 8 + 2 * t4;
+          prefetch_l1(Kc + row * N2 + m0);
+          prefetch_l1(Kc + row * N2 + (N2 - m0 - 1));
+        }
+      }
+    };
+    if constexpr (!kInv) {
+      load_filter(0, kcur);
+#pragma unroll
+      for (int sl = 1; sl <= kL1Ahead; ++sl) prefetch_filter(sl);
+    }
+
     float acc[kMTW][kNTW][4][4];
 #pragma unroll
     for (int j = 0; j < kMTW; ++j)
@@ -390,16 +453,27 @@ __global__ void __launch_bounds__(C::kThreads, 2) monarch_tc_kernel(const ConvFo
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc[j][i][q][e] = 0.0f;
 
-    auto g2 = [&](int m, int n) -> float2 {
-      if (m == 0) return make_float2(1.0f, (n & 1) ? -1.0f : 1.0f);
-      const float2 v = W2[(m * n) & (N2 - 1)];
+    // The inverse multiplies by conj(G): negated imaginary parts, column 0's
+    // included (its sign is undone in the combine below).
+    auto g2_dir = [&](int m, int k) -> float2 {
+      const float2 v = g2(m, k);
       return kInv ? make_float2(v.x, -v.y) : v;
     };
 #pragma unroll 2
     for (int k0 = 0; k0 < N2; k0 += kK) {
       uint32_t gr[kNTW][2], gi[kNTW][2];
 #pragma unroll
-      for (int i = 0; i < kNTW; ++i) lookup_b<Op>(gr[i], gi[i], g2, (wn + kWN * i) * 8, k0, g, t4);
+      for (int i = 0; i < kNTW; ++i) {
+        if constexpr (C::kTables) {
+          const uint4 f = G2[((wn + kWN * i) * C::kKSteps2 + k0 / kK) * 32 + lane];
+          gr[i][0] = f.x;
+          gr[i][1] = f.y;
+          gi[i][0] = kInv ? f.z ^ Op::kNegMask : f.z;
+          gi[i][1] = kInv ? f.w ^ Op::kNegMask : f.w;
+        } else {
+          lookup_b<Op>(gr[i], gi[i], g2_dir, (wn + kWN * i) * 8, k0, g, t4);
+        }
+      }
 #pragma unroll
       for (int j = 0; j < kMTW; ++j) {
         const int mt = wm + kWM * j;
@@ -417,16 +491,23 @@ __global__ void __launch_bounds__(C::kThreads, 2) monarch_tc_kernel(const ConvFo
         }
       }
     }
+    __syncthreads();  // every warp is done reading A: results go straight back in place
+
     // combine into (column m, column n2-m); then filter product or inverse twiddle
 #pragma unroll
     for (int j = 0; j < kMTW; ++j) {
       const int mt = wm + kWM * j;
       if (mt < kMT) {
 #pragma unroll
-        for (int i = 0; i < kNTW; ++i) {
-          const int m0 = (wn + kWN * i) * 8 + 2 * t4;
+        for (int h = 0; h < 2; ++h) {
+          if constexpr (!kInv) {
+            if (2 * j + h + 1 < 2 * kMTW && wm + kWM * (j + h) < kMT) load_filter(2 * j + h + 1, knext);
+            prefetch_filter(2 * j + h + 1 + kL1Ahead);
+          }
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
+          for (int i = 0; i < kNTW; ++i) {
+            const int m0 = (wn + kWN * i) * 8 + 2 * t4;
+            const int mh0 = m0 == 0 ? N2 / 2 : N2 - m0, mh1 = N2 - m0 - 1;
             const int row = mt * 16 + g + 8 * h;
             float2 lo[2], hi[2];
 #pragma unroll
@@ -436,32 +517,17 @@ __global__ void __launch_bounds__(C::kThreads, 2) monarch_tc_kernel(const ConvFo
               const float P3 = acc[j][i][2][e], P4 = acc[j][i][3][e];
               if (m0 + q == 0) {
                 lo[q] = make_float2(P1, P3);
-                hi[q] = make_float2(P4, P2);
+                hi[q] = kInv ? make_float2(-P4, -P2) : make_float2(P4, P2);
               } else {
                 lo[q] = make_float2(P1 - P2, P3 + P4);
                 hi[q] = make_float2(P1 + P2, P3 - P4);
               }
             }
-            const int mh0 = m0 == 0 ? N2 / 2 : N2 - m0, mh1 = N2 - m0 - 1;
             if constexpr (!kInv) {
-              float2 kl0 = make_float2(0.0f, 0.0f), kl1 = kl0, kh0 = kl0, kh1 = kl0;
-              if (row <= kH) {
-                const float2* kr = Kc + row * N2;
-                if (kvec) {
-                  const float4 k4 = __ldg(reinterpret_cast<const float4*>(kr + m0));
-                  kl0 = make_float2(k4.x, k4.y);
-                  kl1 = make_float2(k4.z, k4.w);
-                } else {
-                  kl0 = __ldg(kr + m0);
-                  kl1 = __ldg(kr + m0 + 1);
-                }
-                kh0 = __ldg(kr + mh0);
-                kh1 = __ldg(kr + mh1);
-              }
-              lo[0] = cmul(lo[0], kl0);
-              lo[1] = cmul(lo[1], kl1);
-              hi[0] = cmul(hi[0], kh0);
-              hi[1] = cmul(hi[1], kh1);
+              lo[0] = cmul(lo[0], kcur[i][0]);
+              lo[1] = cmul(lo[1], kcur[i][1]);
+              hi[0] = cmul(hi[0], kcur[i][2]);
+              hi[1] = cmul(hi[1], kcur[i][3]);
             } else {
               // w^(r m) for m = m0, m0+1; w^(r (n2 - m)) = w^(r n2) conj(w^(r m)),
               // w^(r n2) = W1[r]; column n2/2 (m0 == 0): w^(r n2/2).
@@ -471,43 +537,26 @@ __global__ void __launch_bounds__(C::kThreads, 2) monarch_tc_kernel(const ConvFo
               const float2 th0 = m0 == 0 ? twiddle(row * (N2 / 2))
                                          : cmul(wr, make_float2(t0.x, -t0.y));
               const float2 th1 = cmul(wr, make_float2(t1.x, -t1.y));
-              // inverse: multiply by the conjugates
-              lo[0] = cmul(lo[0], make_float2(t0.x, -t0.y));
-              lo[1] = cmul(lo[1], make_float2(t1.x, -t1.y));
-              hi[0] = cmul(hi[0], make_float2(th0.x, -th0.y));
-              hi[1] = cmul(hi[1], make_float2(th1.x, -th1.y));
+              // inverse: multiply by the conjugates, and by inverse stage 1's
+              // Hermitian weight of this row (1 for rows 0 and H, else 2)
+              const float wr2 = (row == 0 || row == kH) ? 1.0f : 2.0f;
+              lo[0] = cmul(lo[0], make_float2(wr2 * t0.x, -wr2 * t0.y));
+              lo[1] = cmul(lo[1], make_float2(wr2 * t1.x, -wr2 * t1.y));
+              hi[0] = cmul(hi[0], make_float2(wr2 * th0.x, -wr2 * th0.y));
+              hi[1] = cmul(hi[1], make_float2(wr2 * th1.x, -wr2 * th1.y));
             }
-#pragma unroll
-            for (int q = 0; q < 2; ++q) {
-              const int e = 2 * h + q;
-              acc[j][i][0][e] = lo[q].x;
-              acc[j][i][1][e] = lo[q].y;
-              acc[j][i][2][e] = hi[q].x;
-              acc[j][i][3][e] = hi[q].y;
-            }
+            store_pair<Op>(Are, row * kSD + m0, lo[0].x, lo[1].x);
+            store_pair<Op>(Aim, row * kSD + m0, lo[0].y, lo[1].y);
+            Are[row * kSD + mh0] = Op::cvt1(hi[0].x);
+            Aim[row * kSD + mh0] = Op::cvt1(hi[0].y);
+            Are[row * kSD + mh1] = Op::cvt1(hi[1].x);
+            Aim[row * kSD + mh1] = Op::cvt1(hi[1].y);
           }
-        }
-      }
-    }
-    __syncthreads();  // every warp is done reading A
+          if constexpr (!kInv) {
 #pragma unroll
-    for (int j = 0; j < kMTW; ++j) {
-      const int mt = wm + kWM * j;
-      if (mt < kMT) {
+            for (int i = 0; i < kNTW; ++i)
 #pragma unroll
-        for (int i = 0; i < kNTW; ++i) {
-          const int m = (wn + kWN * i) * 8 + 2 * t4;
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int row = mt * 16 + g + 8 * h;
-            store_pair<Op>(Are, row * kSD + m, acc[j][i][0][2 * h], acc[j][i][0][2 * h + 1]);
-            store_pair<Op>(Aim, row * kSD + m, acc[j][i][1][2 * h], acc[j][i][1][2 * h + 1]);
-            const int mh0 = m == 0 ? N2 / 2 : N2 - m;
-            const int mh1 = N2 - m - 1;
-            Are[row * kSD + mh0] = Op::cvt1(acc[j][i][2][2 * h]);
-            Aim[row * kSD + mh0] = Op::cvt1(acc[j][i][3][2 * h]);
-            Are[row * kSD + mh1] = Op::cvt1(acc[j][i][2][2 * h + 1]);
-            Aim[row * kSD + mh1] = Op::cvt1(acc[j][i][3][2 * h + 1]);
+              for (int q = 0; q < 4; ++q) kcur[i][q] = knext[i][q];
           }
         }
       }
@@ -520,16 +569,13 @@ __global__ void __launch_bounds__(C::kThreads, 2) monarch_tc_kernel(const ConvFo
   // prefetch the next sequence's u while inverse stage 1 runs
   xv_ok = prefetch_u(seq + gridDim.x);
 
-  // ============ inverse stage 1: y = Sum_k1 w (cos Re A' - sin Im A') ============
+  // ====== inverse stage 1: y = Sum_k1 w (cos Re A' - sin Im A'), w folded into A' ======
   {
     constexpr int kWN = C::kWN, kWM = C::kWM, kMTW = C::kMTW1, kNTW = C::kNTW;
     const int wn = warp % kWN, wm = warp / kWN;
-    // (w cos, w Im W1) = (w cos, -w sin): y = Re-part . ReA' + Im-part . ImA'
+    // (cos, Im W1) = (cos, -sin): y = cos . ReA' + (-sin) . ImA'
     auto fi1 = [&](int jrow, int k1) -> float2 {
-      if (k1 > kH) return make_float2(0.0f, 0.0f);
-      const float w = (k1 == 0 || k1 == kH) ? 1.0f : 2.0f;
-      const float2 v = W1[(jrow * k1) & (N1 - 1)];
-      return make_float2(w * v.x, w * v.y);
+      return k1 > kH ? make_float2(0.0f, 0.0f) : W1[(jrow * k1) & (N1 - 1)];
     };
     float acc[kMTW][kNTW][4];
 #pragma unroll
@@ -552,8 +598,8 @@ __global__ void __launch_bounds__(C::kThreads, 2) monarch_tc_kernel(const ConvFo
         if (mt < C::kMT1 && mt * 16 < rows_io) {
           uint32_t cr[4], ci[4];
           if constexpr (C::kTables) {
-            load_a<Op>(cr, CSre, C::kSCS, mt * 16, k0, lane);
-            load_a<Op>(ci, CSim, C::kSCS, mt * 16, k0, lane);
+            load_a_trans<Op>(cr, F1re, C::kSF1, mt * 16, k0, lane);  // F1 is symmetric
+            load_a_trans<Op>(ci, F1im, C::kSF1, mt * 16, k0, lane);
           } else {
             lookup_a<Op>(cr, ci, fi1, mt * 16, k0, g, t4);
           }

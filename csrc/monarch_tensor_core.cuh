@@ -174,8 +174,13 @@ constexpr int ilog2(int x) { return x <= 1 ? 0 : 1 + ilog2(x / 2); }
 //   data    Storage  X [kHK][kSD] (real), then A / P / A' as [2][kRP][kSD]
 //                    (planar re, im; rows k1; zero rows k1 > H)
 //   16-bit only (kTables): operand-type matrices
-//     F1 [2][kRP][kSF1]    F1[k1][j] = exp(-2 pi i k1 j / n1), 0 for k1 > H
-//     CS [2][kRows1][kSCS] (w cos, -w sin)[j][k1],    0 for k1 > H
+//     F1 [2][kRP][kSF1]    F1[k1][j] = exp(-2 pi i k1 j / n1), 0 for k1 > H or j >= H.
+//                          Stage 1 reads it as A (rows k1); inverse stage 1 reads
+//                          it transposed (rows j), its weights 1,2,..,2,1 being
+//                          folded into A' (exact: a power of two).
+//     G2 [kNT2][N2/kK][32] uint4, stage-2 B fragments of the half-column DFT
+//                          matrix in lane order: one conflict-free 16-byte load
+//                          per lane per k step, no index math.
 //   Row strides are padded by 16 bytes (ldmatrix rows hit distinct banks).
 // ---------------------------------------------------------------------------
 template <int N1_, int N2_, Precision P_, IOType IO_>
@@ -199,12 +204,12 @@ struct Cfg {
 
   static constexpr bool kTables = sizeof(S) == 2;
   static constexpr int kMT1 = (kH + 15) / 16;             // inverse stage-1 m tiles
-  static constexpr int kRows1 = kMT1 * 16;
+  static constexpr int kRows1 = kMT1 * 16;                // <= kHK: F1's columns serve as its rows
   static constexpr int kSF1 = kHK + kPadE;
-  static constexpr int kSCS = kRP + kPadE;
   static constexpr int kF1Plane = kRP * kSF1;
-  static constexpr int kCSPlane = kRows1 * kSCS;
-  static constexpr int kTabElems = kTables ? 2 * kF1Plane + 2 * kCSPlane : 0;
+  static constexpr int kTabElems = kTables ? 2 * kF1Plane : 0;
+  static constexpr int kKSteps2 = N2 / kK;                // stage-2 k steps
+  static constexpr size_t kG2Bytes = kTables ? size_t(N2 / 16) * kKSteps2 * 32 * 16 : 0;
 
   static constexpr int kWarps = 8, kThreads = 32 * kWarps;
   static constexpr int kMT = kRP / 16;                    // m16 tiles (rows k1)
@@ -227,16 +232,18 @@ struct Cfg {
   static constexpr int kSmallF2 = N1 + N2 + kTL + kN / 64;  // float2 entries
   static constexpr size_t kSmallBytes = ((size_t(kSmallF2) * 8 + 15) / 16) * 16;
   static constexpr size_t kSmemBytes =
-      kSmallBytes + size_t(kDataElems) * sizeof(S) + size_t(kTabElems) * sizeof(S);
+      kSmallBytes + size_t(kDataElems) * sizeof(S) + size_t(kTabElems) * sizeof(S) + kG2Bytes;
 
   static_assert(N1 >= N2 && N1 <= 128 && N2 >= 16, "unsupported Monarch split");
   static_assert((N1 & (N1 - 1)) == 0 && (N2 & (N2 - 1)) == 0, "powers of two");
   static_assert(kNT % kWN == 0 && kNT2 % kWN2 == 0, "n tiles must split evenly over warps");
   static_assert(kN / 64 >= 1 && kRP <= N1 && kRP <= kTL, "twiddle tables");
-  static_assert((kSD * sizeof(S)) % 16 == 0 && (kSF1 * sizeof(S)) % 16 == 0 &&
-                (kSCS * sizeof(S)) % 16 == 0, "ldmatrix rows must be 16-byte aligned");
+  static_assert((kSD * sizeof(S)) % 16 == 0 && (kSF1 * sizeof(S)) % 16 == 0,
+                "ldmatrix rows must be 16-byte aligned");
   static_assert((kPlane * sizeof(S)) % 16 == 0 && (kF1Plane * sizeof(S)) % 16 == 0 &&
-                (kCSPlane * sizeof(S)) % 16 == 0 && (kDataElems * sizeof(S)) % 16 == 0, "align");
+                (kDataElems * sizeof(S)) % 16 == 0, "align");
+  static_assert(!kTables || kRows1 <= kHK, "inverse stage 1 reads F1 transposed");
+  static_assert(kSmemBytes <= 113 * 1024, "two CTAs per SM");
 };
 
 }  // namespace tc

@@ -244,3 +244,20 @@ def test_invalid_guard_wired_into_run(bench, tmp_path, monkeypatch, capsys):
         assert r["validity"] == "INVALID" and r["speedup_vs_reference"] is None
     meta = json.loads((tmp_path / "results.json").read_text())
     assert meta["n_invalid"] == 2
+
+
+def test_target_table_says_met_or_missed_by_how_much(bench):
+    def row(method, ms, err, tflops):
+        return {"shape": bench.TARGET_SHAPE, "pass": "fwd", "method": method, "status": "ok",
+                "median_ms": ms, "rel_err": err, "tflops": tflops, "floor_ms": 0.066,
+                "backend": "cuda-tensor-core", "validity": "OK"}
+
+    rows = [row("reference", 0.96, 4e-7, 5.0), row("monarch[bf16]", 0.48, 4e-3, 140.0),
+            row("monarch[tf32]", 0.30, 2e-3, 200.0)]
+    text = bench.format_targets(rows)
+    bf16 = next(line for line in text.splitlines() if line.startswith("bf16"))
+    tf32 = next(line for line in text.splitlines() if line.startswith("tf32"))
+    assert "MISSED by 2.40x" in bf16 and "(<= 1e-02: met)" in bf16 and "2.00x" in bf16
+    assert "<= 0.35: met" in tf32 and "(<= 1e-03: MISSED)" in tf32
+    assert "fp16" not in text  # not run: no row
+    assert bench.format_targets([row("reference", 0.96, 4e-7, 5.0)]) == ""

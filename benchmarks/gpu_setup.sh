@@ -1,0 +1,28 @@
+# Sourced by the GPU scripts (run_gpu.sh, profile_ncu.sh): install the carried wheels,
+# set the paths and build the extension. Sets OUT; exits on a failed build.
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+
+# The device image has torch, nvcc and ninja but not nvidia-cutlass: install the carried wheel.
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-}
+export MONARCH_FFTCONV_BUILD_DIR=${MONARCH_FFTCONV_BUILD_DIR:-/tmp/monarch_fftconv_build}
+export MAX_JOBS=${MAX_JOBS:-16}
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+
+echo "== build"
+build_start=$(date +%s)
+python3 - <<'PY' 2>&1 | tee "$OUT/build.log"
+from monarch_fftconv import _extension
+_extension.build(verbose=False)
+print("extension built")
+PY
+build_status=${PIPESTATUS[0]}
+echo "build took $(( $(date +%s) - build_start )) s (status $build_status)"
+[ "$build_status" -eq 0 ] || exit "$build_status"
