@@ -50,38 +50,69 @@ __device__ __forceinline__ void ldsm_x2_trans(uint32_t (&r)[2], uint32_t addr) {
                : "r"(addr));
 }
 
-// A fragment (16 rows from r0, k from k0) of a row-major, k-contiguous buffer.
+// Shared-memory operand views. Each folds this lane's ldmatrix row (or scalar
+// element) into one base address when a stage starts, so that every fragment
+// load in the k loops is that base plus a compile-time offset: no per-load index
+// math and no generic-to-shared conversion (~10% of all instructions before).
+template <class Op>
+struct SmemView {
+  using S = typename Op::Storage;
+  uint32_t lane_addr;  // shared-space byte address of this lane's element (0, 0)
+  const S* lane_ptr;   // the same as a pointer (tf32 scalar B loads)
+  int stride;          // row stride in elements
+  __device__ __forceinline__ uint32_t at(int row, int col) const {
+    return lane_addr + uint32_t((row * stride + col) * int(sizeof(S)));
+  }
+};
+
+// A operand (16 rows from r0, k from k0) of a row-major, k-contiguous buffer.
 // One ldmatrix.x4 for both operand widths: a tf32 8x4 tile is an 8x8 b16 tile.
 template <class Op>
-__device__ __forceinline__ void load_a(uint32_t (&a)[4], const typename Op::Storage* buf,
-                                       int stride, int r0, int k0, int lane) {
+__device__ __forceinline__ SmemView<Op> a_view(const typename Op::Storage* buf, int stride,
+                                               int lane) {
   constexpr int kChunk = 16 / int(sizeof(typename Op::Storage));
-  ldsm_x4(a, smem_addr(buf + (r0 + (lane & 15)) * stride + k0 + (lane >> 4) * kChunk));
+  const typename Op::Storage* p = buf + (lane & 15) * stride + (lane >> 4) * kChunk;
+  return {smem_addr(p), p, stride};
+}
+template <class Op>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const SmemView<Op>& v, int r0, int k0) {
+  ldsm_x4(a, v.at(r0, k0));
 }
 
 // The same A fragment from a buffer stored transposed, [k][m] with m contiguous
 // (16-bit only): ldmatrix.trans, matrices ordered (m0,k0) (m8,k0) (m0,k8) (m8,k8).
 template <class Op>
-__device__ __forceinline__ void load_a_trans(uint32_t (&a)[4], const typename Op::Storage* buf,
-                                             int stride, int m0, int k0, int lane) {
+__device__ __forceinline__ SmemView<Op> at_view(const typename Op::Storage* buf, int stride,
+                                                int lane) {
+  const typename Op::Storage* p = buf + ((lane >> 4) * 8 + (lane & 7)) * stride + ((lane >> 3) & 1) * 8;
+  return {smem_addr(p), p, stride};
+}
+template <class Op>
+__device__ __forceinline__ void load_a_trans(uint32_t (&a)[4], const SmemView<Op>& v, int m0,
+                                             int k0) {
   static_assert(Op::kPair, "ldmatrix.trans moves 16-bit elements");
-  const int q = lane >> 3, r = lane & 7;
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-               : "r"(smem_addr(buf + (k0 + (q >> 1) * 8 + r) * stride + m0 + (q & 1) * 8)));
+               : "r"(v.at(k0, m0)));
 }
 
-// B fragment (k from k0, 8 columns from n0) of a row-major [k][n] buffer
+// B operand (k from k0, 8 columns from n0) of a row-major [k][n] buffer
 // (n contiguous): ldmatrix.trans for 16-bit, scalar loads for tf32.
 template <class Op>
-__device__ __forceinline__ void load_b_kmajor(uint32_t (&b)[2], const typename Op::Storage* buf,
-                                              int stride, int k0, int n0, int lane) {
+__device__ __forceinline__ SmemView<Op> b_view(const typename Op::Storage* buf, int stride,
+                                               int lane) {
+  const typename Op::Storage* p =
+      Op::kPair ? buf + (lane & 15) * stride : buf + (lane & 3) * stride + (lane >> 2);
+  return {smem_addr(p), p, stride};
+}
+template <class Op>
+__device__ __forceinline__ void load_b_kmajor(uint32_t (&b)[2], const SmemView<Op>& v, int k0,
+                                              int n0) {
   if constexpr (Op::kPair) {
-    ldsm_x2_trans(b, smem_addr(buf + (k0 + (lane & 15)) * stride + n0));
+    ldsm_x2_trans(b, v.at(k0, n0));
   } else {
-    const int g = lane >> 2, t4 = lane & 3;
-    b[0] = buf[(k0 + t4) * stride + n0 + g];
-    b[1] = buf[(k0 + t4 + 4) * stride + n0 + g];
+    b[0] = v.lane_ptr[k0 * v.stride + n0];
+    b[1] = v.lane_ptr[(k0 + 4) * v.stride + n0];
   }
 }
 
@@ -135,10 +166,6 @@ __device__ __forceinline__ void store_pair(typename Op::Storage* buf, int idx, f
   } else {
     *reinterpret_cast<uint2*>(buf + idx) = make_uint2(Op::cvt1(a), Op::cvt1(b));
   }
-}
-
-__device__ __forceinline__ void prefetch_l1(const void* ptr) {
-  asm volatile("prefetch.global.L1 [%0];" : : "l"(ptr));
 }
 
 __device__ __forceinline__ int opaque_tid() {
@@ -300,83 +327,87 @@ __global__ void __launch_bounds__(C::kThreads, 2) monarch_tc_kernel(const ConvFo
   __syncthreads();
 
   // ================= stage 1: A = F1 . X (rows k1 <= H) =================
+  // Each warp first takes its X columns into registers (the B fragments of
+  // every k step), so that A may then overwrite X pass by pass: the m tiles run
+  // in passes of kPass, and only one pass's accumulators are live at a time.
   {
     constexpr int kWN = C::kWN, kWM = C::kWM, kMTW = C::kMTW, kNTW = C::kNTW;
+    constexpr int kKS = C::kHK / kK;  // k steps over the rows of X
+    constexpr int kPass = C::kPass;
     const int wn = warp % kWN, wm = warp / kWN;
-    float acc[kMTW][kNTW][2][4];
-#pragma unroll
-    for (int j = 0; j < kMTW; ++j)
-#pragma unroll
-      for (int i = 0; i < kNTW; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[j][i][0][e] = acc[j][i][1][e] = 0.0f;
+    const int ksteps = (rows_io + kK - 1) / kK;  // X rows past L are zero: skip them
 
-    const int ksteps = (rows_io + kK - 1) / kK;
+    uint32_t bx[kKS][kNTW][2];
+    const SmemView<Op> x_b = b_view<Op>(data, kSD, lane);
+#pragma unroll
+    for (int ks = 0; ks < kKS; ++ks)
+#pragma unroll
+      for (int i = 0; i < kNTW; ++i) {
+        bx[ks][i][0] = bx[ks][i][1] = 0u;
+        if (ks < ksteps) load_b_kmajor<Op>(bx[ks][i], x_b, ks * kK, (wn + kWN * i) * 8);
+      }
+    __syncthreads();  // X is in registers everywhere: A may overwrite it
+
     auto f1 = [&](int k1, int j) -> float2 {
       return k1 <= kH ? W1[(k1 * j) & (N1 - 1)] : make_float2(0.0f, 0.0f);
     };
-    for (int ks = 0; ks < ksteps; ++ks) {
-      const int k0 = ks * kK;
-      uint32_t bx[kNTW][2];
+    const SmemView<Op> f1re_a = a_view<Op>(F1re, C::kSF1, lane);
+    const SmemView<Op> f1im_a = a_view<Op>(F1im, C::kSF1, lane);
 #pragma unroll
-      for (int i = 0; i < kNTW; ++i) load_b_kmajor<Op>(bx[i], data, kSD, k0, (wn + kWN * i) * 8, lane);
+    for (int j0 = 0; j0 < kMTW; j0 += kPass) {
+      float acc[kPass][kNTW][2][4];
 #pragma unroll
-      for (int j = 0; j < kMTW; ++j) {
-        const int mt = wm + kWM * j;
-        if (mt < kMT) {
-          uint32_t fr[4], fi[4];
-          if constexpr (C::kTables) {
-            load_a<Op>(fr, F1re, C::kSF1, mt * 16, k0, lane);
-            load_a<Op>(fi, F1im, C::kSF1, mt * 16, k0, lane);
-          } else {
-            lookup_a<Op>(fr, fi, f1, mt * 16, k0, g, t4);
-          }
+      for (int j = 0; j < kPass; ++j)
 #pragma unroll
-          for (int i = 0; i < kNTW; ++i) {
-            Op::mma(acc[j][i][0], fr, bx[i]);
-            Op::mma(acc[j][i][1], fi, bx[i]);
-          }
-        }
-      }
-    }
-    // twiddle (fp32) in registers, then write rnd(A) row-major planar over X
-    // Per row r: w^(r c) for c = c0 + q + 8 kWN i is base(r, i) * w^(r q), with
-    // base(r, 0) = w^(r c0) (one two-level lookup) and w^r = TL[r].
+        for (int i = 0; i < kNTW; ++i)
 #pragma unroll
-    for (int j = 0; j < kMTW; ++j) {
-      if (wm + kWM * j < kMT) {
+          for (int e = 0; e < 4; ++e) acc[j][i][0][e] = acc[j][i][1][e] = 0.0f;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = (wm + kWM * j) * 16 + g + 8 * h;
-          const float2 al = twiddle(row * (8 * wn + 2 * t4));
-          const float2 be = TL[row];
+      for (int ks = 0; ks < kKS; ++ks) {
+        if (ks < ksteps) {
 #pragma unroll
-          for (int i = 0; i < kNTW; ++i) {
-            const float2 t0 = i == 0 ? al : cmul(al, twiddle(row * 8 * kWN * i));
-            const float2 t1 = cmul(t0, be);
-            const float2 v0 = cmul(make_float2(acc[j][i][0][2 * h], acc[j][i][1][2 * h]), t0);
-            const float2 v1 = cmul(make_float2(acc[j][i][0][2 * h + 1], acc[j][i][1][2 * h + 1]), t1);
-            acc[j][i][0][2 * h] = v0.x;
-            acc[j][i][1][2 * h] = v0.y;
-            acc[j][i][0][2 * h + 1] = v1.x;
-            acc[j][i][1][2 * h + 1] = v1.y;
+          for (int j = 0; j < kPass; ++j) {
+            const int mt = wm + kWM * (j0 + j);
+            if (j0 + j < kMTW && mt < kMT) {
+              uint32_t fr[4], fi[4];
+              if constexpr (C::kTables) {
+                load_a<Op>(fr, f1re_a, mt * 16, ks * kK);
+                load_a<Op>(fi, f1im_a, mt * 16, ks * kK);
+              } else {
+                lookup_a<Op>(fr, fi, f1, mt * 16, ks * kK, g, t4);
+              }
+#pragma unroll
+              for (int i = 0; i < kNTW; ++i) {
+                Op::mma(acc[j][i][0], fr, bx[ks][i]);
+                Op::mma(acc[j][i][1], fi, bx[ks][i]);
+              }
+            }
           }
         }
       }
-    }
-    __syncthreads();
+      // twiddle (fp32) in registers, then write rnd(A) row-major planar over X.
+      // Per row r: w^(r c) for c = c0 + q + 8 kWN i is base(r, i) * w^(r q), with
+      // base(r, 0) = w^(r c0) (one two-level lookup) and w^r = TL[r].
 #pragma unroll
-    for (int j = 0; j < kMTW; ++j) {
-      const int mt = wm + kWM * j;
-      if (mt < kMT) {
-#pragma unroll
-        for (int i = 0; i < kNTW; ++i) {
-          const int col = (wn + kWN * i) * 8 + 2 * t4;
+      for (int j = 0; j < kPass; ++j) {
+        const int mt = wm + kWM * (j0 + j);
+        if (j0 + j < kMTW && mt < kMT) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int row = mt * 16 + g + 8 * h;
-            store_pair<Op>(Are, row * kSD + col, acc[j][i][0][2 * h], acc[j][i][0][2 * h + 1]);
-            store_pair<Op>(Aim, row * kSD + col, acc[j][i][1][2 * h], acc[j][i][1][2 * h + 1]);
+            const float2 al = twiddle(row * (8 * wn + 2 * t4));
+            const float2 be = TL[row];
+#pragma unroll
+            for (int i = 0; i < kNTW; ++i) {
+              const int col = (wn + kWN * i) * 8 + 2 * t4;
+              const float2 t0 = i == 0 ? al : cmul(al, twiddle(row * 8 * kWN * i));
+              const float2 t1 = cmul(t0, be);
+              const float2 v0 = cmul(make_float2(acc[j][i][0][2 * h], acc[j][i][1][2 * h]), t0);
+              const float2 v1 =
+                  cmul(make_float2(acc[j][i][0][2 * h + 1], acc[j][i][1][2 * h + 1]), t1);
+              store_pair<Op>(Are, row * kSD + col, v0.x, v1.x);
+              store_pair<Op>(Aim, row * kSD + col, v0.y, v1.y);
+            }
           }
         }
       }
@@ -395,20 +426,19 @@ __global__ void __launch_bounds__(C::kThreads, 2) monarch_tc_kernel(const ConvFo
   auto stage2 = [&](auto inverse_tag) {
     constexpr bool kInv = decltype(inverse_tag)::value;
     constexpr int kWN = C::kWN2, kWM = C::kWM2, kMTW = C::kMTW2, kNTW = C::kNTW2;
+    constexpr int kPass = C::kPass;
     const int wn = warp % kWN, wm = warp / kWN;
 
-    // Filter values for this lane's row g + 8h of m-tile j ("slot" 2j + h): columns
-    // m0, m0+1, n2-m0 (n2/2 when m0 == 0), n2-m0-1. Loaded one slot ahead of their
-    // use: the L2 latency of the filter stalled the epilogue otherwise.
-    float2 kcur[kNTW][4], knext[kNTW][4];
-    auto load_filter = [&](int slot, float2 (&kb)[kNTW][4]) {
-      const int row = (wm + kWM * (slot >> 1)) * 16 + g + 8 * (slot & 1);
+    // Filter values for this lane's row of m tile mt, half h: columns m0, m0+1,
+    // n2-m0 (n2/2 when m0 == 0), n2-m0-1. Zero for the padding rows past H.
+    auto load_filter = [&](int mt, int h, float2 (&kb)[kNTW][4]) {
+      const int row = mt * 16 + g + 8 * h;
 #pragma unroll
       for (int i = 0; i < kNTW; ++i) {
         const int m0 = (wn + kWN * i) * 8 + 2 * t4;
         const int mh0 = m0 == 0 ? N2 / 2 : N2 - m0, mh1 = N2 - m0 - 1;
         kb[i][0] = kb[i][1] = kb[i][2] = kb[i][3] = make_float2(0.0f, 0.0f);
-        if (row <= kH) {
+        if (mt < kMT && row <= kH) {
           const float2* kr = Kc + row * N2;
           if (kvec) {
             const float4 k4 = __ldg(reinterpret_cast<const float4*>(kr + m0));
@@ -423,35 +453,6 @@ __global__ void __launch_bounds__(C::kThreads, 2) monarch_tc_kernel(const ConvFo
         }
       }
     };
-    // Deeper than the register ring: slots up to kL1Ahead ahead wait in L1
-    // (costs no registers; L1 holds ~6 slots of both CTAs next to their smem).
-    constexpr int kL1Ahead = 3;
-    auto prefetch_filter = [&](int slot) {
-      const int row = (wm + kWM * (slot >> 1)) * 16 + g + 8 * (slot & 1);
-      if (slot < 2 * kMTW && row <= kH) {
-#pragma unroll
-        for (int i = 0; i < kNTW; ++i) {
-          const int m0 = (wn + kWN * i) * 8 + 2 * t4;
-          prefetch_l1(Kc + row * N2 + m0);
-          prefetch_l1(Kc + row * N2 + (N2 - m0 - 1));
-        }
-      }
-    };
-    if constexpr (!kInv) {
-      load_filter(0, kcur);
-#pragma unroll
-      for (int sl = 1; sl <= kL1Ahead; ++sl) prefetch_filter(sl);
-    }
-
-    float acc[kMTW][kNTW][4][4];
-#pragma unroll
-    for (int j = 0; j < kMTW; ++j)
-#pragma unroll
-      for (int i = 0; i < kNTW; ++i)
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[j][i][q][e] = 0.0f;
 
     // The inverse multiplies by conj(G): negated imaginary parts, column 0's
     // included (its sign is undone in the combine below).
@@ -459,104 +460,122 @@ __global__ void __launch_bounds__(C::kThreads, 2) monarch_tc_kernel(const ConvFo
       const float2 v = g2(m, k);
       return kInv ? make_float2(v.x, -v.y) : v;
     };
-#pragma unroll 2
-    for (int k0 = 0; k0 < N2; k0 += kK) {
-      uint32_t gr[kNTW][2], gi[kNTW][2];
-#pragma unroll
-      for (int i = 0; i < kNTW; ++i) {
-        if constexpr (C::kTables) {
-          const uint4 f = G2[((wn + kWN * i) * C::kKSteps2 + k0 / kK) * 32 + lane];
-          gr[i][0] = f.x;
-          gr[i][1] = f.y;
-          gi[i][0] = kInv ? f.z ^ Op::kNegMask : f.z;
-          gi[i][1] = kInv ? f.w ^ Op::kNegMask : f.w;
-        } else {
-          lookup_b<Op>(gr[i], gi[i], g2_dir, (wn + kWN * i) * 8, k0, g, t4);
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kMTW; ++j) {
-        const int mt = wm + kWM * j;
-        if (mt < kMT) {
-          uint32_t ar[4], ai[4];
-          load_a<Op>(ar, Are, kSD, mt * 16, k0, lane);
-          load_a<Op>(ai, Aim, kSD, mt * 16, k0, lane);
-#pragma unroll
-          for (int i = 0; i < kNTW; ++i) {
-            Op::mma(acc[j][i][0], ar, gr[i]);
-            Op::mma(acc[j][i][1], ai, gi[i]);
-            Op::mma(acc[j][i][2], ai, gr[i]);
-            Op::mma(acc[j][i][3], ar, gi[i]);
-          }
-        }
-      }
-    }
-    __syncthreads();  // every warp is done reading A: results go straight back in place
+    const SmemView<Op> are_a = a_view<Op>(Are, kSD, lane);
+    const SmemView<Op> aim_a = a_view<Op>(Aim, kSD, lane);
+    [[maybe_unused]] const uint4* g2_lane = G2 + wn * C::kKSteps2 * 32 + lane;
 
-    // combine into (column m, column n2-m); then filter product or inverse twiddle
+    // Passes of kPass m tiles. A pass's results overwrite its own rows of A once
+    // every warp has read them (one barrier per pass); later passes read other rows.
 #pragma unroll
-    for (int j = 0; j < kMTW; ++j) {
-      const int mt = wm + kWM * j;
-      if (mt < kMT) {
+    for (int j0 = 0; j0 < kMTW; j0 += kPass) {
+      // the filter values of the whole pass, loaded under its GEMM
+      float2 kf[kPass][2][kNTW][4];
+      if constexpr (!kInv) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if constexpr (!kInv) {
-            if (2 * j + h + 1 < 2 * kMTW && wm + kWM * (j + h) < kMT) load_filter(2 * j + h + 1, knext);
-            prefetch_filter(2 * j + h + 1 + kL1Ahead);
+        for (int j = 0; j < kPass; ++j)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) load_filter(j0 + j < kMTW ? wm + kWM * (j0 + j) : kMT, h, kf[j][h]);
+      }
+      float acc[kPass][kNTW][4][4];
+#pragma unroll
+      for (int j = 0; j < kPass; ++j)
+#pragma unroll
+        for (int i = 0; i < kNTW; ++i)
+#pragma unroll
+          for (int q = 0; q < 4; ++q)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[j][i][q][e] = 0.0f;
+
+#pragma unroll(C::kTables ? C::kKSteps2 : 2)
+      for (int k0 = 0; k0 < N2; k0 += kK) {
+        uint32_t gr[kNTW][2], gi[kNTW][2];
+#pragma unroll
+        for (int i = 0; i < kNTW; ++i) {
+          if constexpr (C::kTables) {
+            const uint4 f = g2_lane[(kWN * i * C::kKSteps2 + k0 / kK) * 32];
+            gr[i][0] = f.x;
+            gr[i][1] = f.y;
+            gi[i][0] = kInv ? f.z ^ Op::kNegMask : f.z;
+            gi[i][1] = kInv ? f.w ^ Op::kNegMask : f.w;
+          } else {
+            lookup_b<Op>(gr[i], gi[i], g2_dir, (wn + kWN * i) * 8, k0, g, t4);
           }
+        }
 #pragma unroll
-          for (int i = 0; i < kNTW; ++i) {
-            const int m0 = (wn + kWN * i) * 8 + 2 * t4;
-            const int mh0 = m0 == 0 ? N2 / 2 : N2 - m0, mh1 = N2 - m0 - 1;
+        for (int j = 0; j < kPass; ++j) {
+          const int mt = wm + kWM * (j0 + j);
+          if (j0 + j < kMTW && mt < kMT) {
+            uint32_t ar[4], ai[4];
+            load_a<Op>(ar, are_a, mt * 16, k0);
+            load_a<Op>(ai, aim_a, mt * 16, k0);
+#pragma unroll
+            for (int i = 0; i < kNTW; ++i) {
+              Op::mma(acc[j][i][0], ar, gr[i]);
+              Op::mma(acc[j][i][1], ai, gi[i]);
+              Op::mma(acc[j][i][2], ai, gr[i]);
+              Op::mma(acc[j][i][3], ar, gi[i]);
+            }
+          }
+        }
+      }
+      __syncthreads();  // every warp is done reading this pass's rows of A
+
+      // combine into (column m, column n2-m); then filter product or inverse
+      // twiddle; write back in place
+#pragma unroll
+      for (int j = 0; j < kPass; ++j) {
+        const int mt = wm + kWM * (j0 + j);
+        if (j0 + j < kMTW && mt < kMT) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
             const int row = mt * 16 + g + 8 * h;
-            float2 lo[2], hi[2];
 #pragma unroll
-            for (int q = 0; q < 2; ++q) {
-              const int e = 2 * h + q;
-              const float P1 = acc[j][i][0][e], P2 = acc[j][i][1][e];
-              const float P3 = acc[j][i][2][e], P4 = acc[j][i][3][e];
-              if (m0 + q == 0) {
-                lo[q] = make_float2(P1, P3);
-                hi[q] = kInv ? make_float2(-P4, -P2) : make_float2(P4, P2);
-              } else {
-                lo[q] = make_float2(P1 - P2, P3 + P4);
-                hi[q] = make_float2(P1 + P2, P3 - P4);
+            for (int i = 0; i < kNTW; ++i) {
+              const int m0 = (wn + kWN * i) * 8 + 2 * t4;
+              const int mh0 = m0 == 0 ? N2 / 2 : N2 - m0, mh1 = N2 - m0 - 1;
+              float2 lo[2], hi[2];
+#pragma unroll
+              for (int q = 0; q < 2; ++q) {
+                const int e = 2 * h + q;
+                const float P1 = acc[j][i][0][e], P2 = acc[j][i][1][e];
+                const float P3 = acc[j][i][2][e], P4 = acc[j][i][3][e];
+                if (m0 + q == 0) {
+                  lo[q] = make_float2(P1, P3);
+                  hi[q] = kInv ? make_float2(-P4, -P2) : make_float2(P4, P2);
+                } else {
+                  lo[q] = make_float2(P1 - P2, P3 + P4);
+                  hi[q] = make_float2(P1 + P2, P3 - P4);
+                }
               }
+              if constexpr (!kInv) {
+                lo[0] = cmul(lo[0], kf[j][h][i][0]);
+                lo[1] = cmul(lo[1], kf[j][h][i][1]);
+                hi[0] = cmul(hi[0], kf[j][h][i][2]);
+                hi[1] = cmul(hi[1], kf[j][h][i][3]);
+              } else {
+                // w^(r m) for m = m0, m0+1; w^(r (n2 - m)) = w^(r n2) conj(w^(r m)),
+                // w^(r n2) = W1[r]; column n2/2 (m0 == 0): w^(r n2/2).
+                const float2 t0 = twiddle(row * m0);
+                const float2 t1 = cmul(t0, TL[row]);
+                const float2 wr = W1[row & (N1 - 1)];
+                const float2 th0 = m0 == 0 ? twiddle(row * (N2 / 2))
+                                           : cmul(wr, make_float2(t0.x, -t0.y));
+                const float2 th1 = cmul(wr, make_float2(t1.x, -t1.y));
+                // inverse: multiply by the conjugates, and by inverse stage 1's
+                // Hermitian weight of this row (1 for rows 0 and H, else 2)
+                const float wr2 = (row == 0 || row == kH) ? 1.0f : 2.0f;
+                lo[0] = cmul(lo[0], make_float2(wr2 * t0.x, -wr2 * t0.y));
+                lo[1] = cmul(lo[1], make_float2(wr2 * t1.x, -wr2 * t1.y));
+                hi[0] = cmul(hi[0], make_float2(wr2 * th0.x, -wr2 * th0.y));
+                hi[1] = cmul(hi[1], make_float2(wr2 * th1.x, -wr2 * th1.y));
+              }
+              store_pair<Op>(Are, row * kSD + m0, lo[0].x, lo[1].x);
+              store_pair<Op>(Aim, row * kSD + m0, lo[0].y, lo[1].y);
+              Are[row * kSD + mh0] = Op::cvt1(hi[0].x);
+              Aim[row * kSD + mh0] = Op::cvt1(hi[0].y);
+              Are[row * kSD + mh1] = Op::cvt1(hi[1].x);
+              Aim[row * kSD + mh1] = Op::cvt1(hi[1].y);
             }
-            if constexpr (!kInv) {
-              lo[0] = cmul(lo[0], kcur[i][0]);
-              lo[1] = cmul(lo[1], kcur[i][1]);
-              hi[0] = cmul(hi[0], kcur[i][2]);
-              hi[1] = cmul(hi[1], kcur[i][3]);
-            } else {
-              // w^(r m) for m = m0, m0+1; w^(r (n2 - m)) = w^(r n2) conj(w^(r m)),
-              // w^(r n2) = W1[r]; column n2/2 (m0 == 0): w^(r n2/2).
-              const float2 t0 = twiddle(row * m0);
-              const float2 t1 = cmul(t0, TL[row]);
-              const float2 wr = W1[row & (N1 - 1)];
-              const float2 th0 = m0 == 0 ? twiddle(row * (N2 / 2))
-                                         : cmul(wr, make_float2(t0.x, -t0.y));
-              const float2 th1 = cmul(wr, make_float2(t1.x, -t1.y));
-              // inverse: multiply by the conjugates, and by inverse stage 1's
-              // Hermitian weight of this row (1 for rows 0 and H, else 2)
-              const float wr2 = (row == 0 || row == kH) ? 1.0f : 2.0f;
-              lo[0] = cmul(lo[0], make_float2(wr2 * t0.x, -wr2 * t0.y));
-              lo[1] = cmul(lo[1], make_float2(wr2 * t1.x, -wr2 * t1.y));
-              hi[0] = cmul(hi[0], make_float2(wr2 * th0.x, -wr2 * th0.y));
-              hi[1] = cmul(hi[1], make_float2(wr2 * th1.x, -wr2 * th1.y));
-            }
-            store_pair<Op>(Are, row * kSD + m0, lo[0].x, lo[1].x);
-            store_pair<Op>(Aim, row * kSD + m0, lo[0].y, lo[1].y);
-            Are[row * kSD + mh0] = Op::cvt1(hi[0].x);
-            Aim[row * kSD + mh0] = Op::cvt1(hi[0].y);
-            Are[row * kSD + mh1] = Op::cvt1(hi[1].x);
-            Aim[row * kSD + mh1] = Op::cvt1(hi[1].y);
-          }
-          if constexpr (!kInv) {
-#pragma unroll
-            for (int i = 0; i < kNTW; ++i)
-#pragma unroll
-              for (int q = 0; q < 4; ++q) kcur[i][q] = knext[i][q];
           }
         }
       }
@@ -584,13 +603,16 @@ __global__ void __launch_bounds__(C::kThreads, 2) monarch_tc_kernel(const ConvFo
       for (int i = 0; i < kNTW; ++i)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[j][i][e] = 0.0f;
-#pragma unroll 1
+    const SmemView<Op> are_b = b_view<Op>(Are, kSD, lane), aim_b = b_view<Op>(Aim, kSD, lane);
+    const SmemView<Op> f1re_at = at_view<Op>(F1re, C::kSF1, lane);
+    const SmemView<Op> f1im_at = at_view<Op>(F1im, C::kSF1, lane);
+#pragma unroll(C::kTables ? 8 : 1)  // tf32's table lookups need the registers
     for (int k0 = 0; k0 < kRP; k0 += kK) {
       uint32_t bre[kNTW][2], bim[kNTW][2];
 #pragma unroll
       for (int i = 0; i < kNTW; ++i) {
-        load_b_kmajor<Op>(bre[i], Are, kSD, k0, (wn + kWN * i) * 8, lane);
-        load_b_kmajor<Op>(bim[i], Aim, kSD, k0, (wn + kWN * i) * 8, lane);
+        load_b_kmajor<Op>(bre[i], are_b, k0, (wn + kWN * i) * 8);
+        load_b_kmajor<Op>(bim[i], aim_b, k0, (wn + kWN * i) * 8);
       }
 #pragma unroll
       for (int j = 0; j < kMTW; ++j) {
@@ -598,8 +620,8 @@ __global__ void __launch_bounds__(C::kThreads, 2) monarch_tc_kernel(const ConvFo
         if (mt < C::kMT1 && mt * 16 < rows_io) {
           uint32_t cr[4], ci[4];
           if constexpr (C::kTables) {
-            load_a_trans<Op>(cr, F1re, C::kSF1, mt * 16, k0, lane);  // F1 is symmetric
-            load_a_trans<Op>(ci, F1im, C::kSF1, mt * 16, k0, lane);
+            load_a_trans<Op>(cr, f1re_at, mt * 16, k0);  // F1 is symmetric
+            load_a_trans<Op>(ci, f1im_at, mt * 16, k0);
           } else {
             lookup_a<Op>(cr, ci, fi1, mt * 16, k0, g, t4);
           }

@@ -212,6 +212,9 @@ struct Cfg {
   static constexpr size_t kG2Bytes = kTables ? size_t(N2 / 16) * kKSteps2 * 32 * 16 : 0;
 
   static constexpr int kWarps = 8, kThreads = 32 * kWarps;
+  // Stages 1 and 2 run their m tiles in passes of kPass, so that only one pass's
+  // accumulators are live: the registers this frees let loads run ahead of the MMAs.
+  static constexpr int kPass = 2;
   static constexpr int kMT = kRP / 16;                    // m16 tiles (rows k1)
   // stages 1 and inverse 1: n8 tiles over all n2 columns
   static constexpr int kNT = N2 / 8;
