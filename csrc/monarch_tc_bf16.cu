@@ -1,0 +1,13 @@
+// monarch_fftconv: the bf16 instances of the fused tensor-core Monarch kernel.
+// One unit per precision so that the builds run in parallel.
+// CUDA + CuTe headers only: never include torch here.
+
+#include "monarch_tensor_core_kernel.cuh"
+
+namespace monarch_fftconv {
+namespace tc {
+#define MONARCH_TC_INSTANCE(N1_, N2_) MONARCH_TC_INSTANTIATE_SPLIT(N1_, N2_, Precision::kBF16)
+MONARCH_TC_SPLITS(MONARCH_TC_INSTANCE)
+#undef MONARCH_TC_INSTANCE
+}  // namespace tc
+}  // namespace monarch_fftconv
