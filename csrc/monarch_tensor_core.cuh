@@ -200,6 +200,7 @@ struct Cfg {
   static constexpr int kN = N1 * N2;
   static constexpr int kH = N1 / 2;                       // Hermitian rows 0..kH
   static constexpr int kRP = ((kH + 1 + 15) / 16) * 16;   // rows padded to m16
+  static constexpr int kRowsLive8 = ((kH + 1 + 7) / 8) * 8; // rows written by the epilogues
   static constexpr int kK = Op::kK;
   static constexpr int kHK = cmax(kH, kK);                // rows of X (stage-1 K)
   static constexpr int kPadE = 16 / int(sizeof(S));
@@ -251,6 +252,7 @@ struct Cfg {
   static_assert((kPlane * sizeof(S)) % 16 == 0 && (kF1Plane * sizeof(S)) % 16 == 0 &&
                 (kDataElems * sizeof(S)) % 16 == 0, "align");
   static_assert(!kTables || kRows1 <= kHK, "inverse stage 1 reads F1 transposed");
+  static_assert(kRowsLive8 >= kHK, "X must not cover the always-zero padding rows");
   static_assert(kSmemBytes <= 113 * 1024, "two CTAs per SM");
 };
 

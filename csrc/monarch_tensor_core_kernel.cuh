@@ -293,6 +293,13 @@ __global__ void __launch_bounds__(C::kThreads, 2) monarch_tc_kernel(const ConvFo
     }
   }
 
+  // Rows past kRowsLive8 (whole 8-row halves of padding, past H) stay zero:
+  // written here once, skipped by every epilogue (and never covered by X).
+  for (int idx = tid; idx < (kRP - C::kRowsLive8) * kSD; idx += C::kThreads) {
+    Are[C::kRowsLive8 * kSD + idx] = S(0);
+    Aim[C::kRowsLive8 * kSD + idx] = S(0);
+  }
+
   // Twiddle w_N^(a), a = k1*n2_ < N, from two small tables.
   auto twiddle = [&](int a) { return cmul(TL[a & 63], TH[a >> 6]); };
 
@@ -399,6 +406,7 @@ __global__ void __launch_bounds__(C::kThreads, 2) monarch_tc_kernel(const ConvFo
         if (j0 + j < kMTW && mt < kMT) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
+            if (mt * 16 + 8 * h >= C::kRowsLive8) continue;  // padding rows only
             const int row = mt * 16 + g + 8 * h;
             const float2 al = twiddle(row * (8 * wn + 2 * t4));
             const float2 be = TL[row];
@@ -533,6 +541,7 @@ __global__ void __launch_bounds__(C::kThreads, 2) monarch_tc_kernel(const ConvFo
         if (j0 + j < kMTW && mt < kMT) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
+            if (mt * 16 + 8 * h >= C::kRowsLive8) continue;  // padding rows only
             const int row = mt * 16 + g + 8 * h;
 #pragma unroll
             for (int i = 0; i < kNTW; ++i) {
