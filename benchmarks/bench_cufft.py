@@ -44,6 +44,7 @@ import statistics
 import sys
 import time
 import traceback
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -827,7 +828,22 @@ def environment(device: str) -> Dict[str, Any]:
             text=True, timeout=5).stdout.strip() or None
     except Exception:  # noqa: BLE001
         env["git_commit"] = None
+    env["source_digest"] = source_digest()
     return env
+
+
+def source_digest() -> str:
+    """sha256 (12 hex digits) of the package and kernel sources this run imports and builds.
+    Ties results to code even where the checkout's git metadata is stale or absent (a copied
+    working tree on a device machine reports its copy's HEAD, not the code it carries)."""
+    import hashlib
+    h = hashlib.sha256()
+    for sub, pattern in (("monarch_fftconv", "*.py"), ("csrc", "*")):
+        for path in sorted((Path(_REPO) / sub).glob(pattern)):
+            if path.is_file():
+                h.update(path.name.encode())
+                h.update(path.read_bytes())
+    return h.hexdigest()[:12]
 
 
 def _fmt(v, spec: str = ".3g", none: str = "-") -> str:
@@ -981,7 +997,8 @@ def _run(args: argparse.Namespace) -> Dict[str, Any]:
     if mf_error:
         env["monarch_fftconv_import_error"] = mf_error
     print("=" * 100)
-    print("monarch_fftconv vs cuFFT benchmark")
+    print(f"monarch_fftconv vs cuFFT benchmark (sources {env['source_digest']}, "
+          f"git {env.get('git_commit') or '?'})")
     if device == "cuda":
         print(f"GPU: {env['gpu_name']} ({env['gpu_memory_gib']} GiB, sm_{env['gpu_capability']}, "
               f"L2 {env['l2_cache_bytes'] / 2**20:.0f} MiB) | torch {env['torch_version']} | "

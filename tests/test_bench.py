@@ -261,3 +261,15 @@ def test_target_table_says_met_or_missed_by_how_much(bench):
     assert "<= 0.35: met" in tf32 and "(<= 1e-03: MISSED)" in tf32
     assert "fp16" not in text  # not run: no row
     assert bench.format_targets([row("reference", 0.96, 4e-7, 5.0)]) == ""
+
+
+def test_source_digest_tracks_the_kernel_sources(bench, monkeypatch, tmp_path):
+    (tmp_path / "monarch_fftconv").mkdir()
+    (tmp_path / "csrc").mkdir()
+    (tmp_path / "monarch_fftconv" / "a.py").write_text("x = 1\n")
+    (tmp_path / "csrc" / "k.cu").write_text("// v1\n")
+    monkeypatch.setattr(bench, "_REPO", str(tmp_path))
+    first = bench.source_digest()
+    assert len(first) == 12 and first == bench.source_digest()
+    (tmp_path / "csrc" / "k.cu").write_text("// v2\n")
+    assert bench.source_digest() != first
