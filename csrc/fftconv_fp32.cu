@@ -269,20 +269,26 @@ __device__ __forceinline__ void fft_reg(cf (&v)[R]) {
 // v[r] *= w^r, r in [1, R); powers by a balanced product tree (depth ~log2 r).
 __host__ __device__ constexpr int hipow2(int r) { return r < 2 ? r : 2 * hipow2(r / 2); }
 
+// p[r] = w^r for r < R, each power the product of two earlier ones (product depth ~log2 r).
+template <int R>
+__device__ __forceinline__ void fill_powers(cf (&p)[R], cf w) {
+  p[0] = {1.f, 0.f};
+  if constexpr (R > 1) p[1] = w;
+  static_for<R>([&](auto I) {
+    constexpr int r = I.value;
+    if constexpr (r >= 2) {
+      constexpr int hi = hipow2(r);
+      if constexpr (hi == r) p[r] = cmul(p[r / 2], p[r / 2]);
+      else p[r] = cmul(p[hi], p[r - hi]);
+    }
+  });
+}
+
 template <int R>
 __device__ __forceinline__ void apply_pow(cf (&v)[R], cf w) {
   if constexpr (R <= 8) {
     cf p[R];
-    p[0] = {1.f, 0.f};
-    if constexpr (R > 1) p[1] = w;
-    static_for<R>([&](auto I) {
-      constexpr int r = I.value;
-      if constexpr (r >= 2) {
-        constexpr int hi = hipow2(r);
-        if constexpr (hi == r) p[r] = cmul(p[r / 2], p[r / 2]);
-        else p[r] = cmul(p[hi], p[r - hi]);
-      }
-    });
+    fill_powers<R>(p, w);
     static_for<R>([&](auto I) {
       if constexpr (I.value >= 1) v[I.value] = cmul(v[I.value], p[I.value]);
     });
@@ -291,16 +297,7 @@ __device__ __forceinline__ void apply_pow(cf (&v)[R], cf w) {
     constexpr int QA = R / 4;
     const cf p1 = w, p2 = cmul(w, w), p3 = cmul(p2, w);
     cf q[QA];
-    q[0] = {1.f, 0.f};
-    q[1] = cmul(p2, p2);
-    static_for<QA>([&](auto I) {
-      constexpr int a = I.value;
-      if constexpr (a >= 2) {
-        constexpr int hi = hipow2(a);
-        if constexpr (hi == a) q[a] = cmul(q[a / 2], q[a / 2]);
-        else q[a] = cmul(q[hi], q[a - hi]);
-      }
-    });
+    fill_powers<QA>(q, cmul(p2, p2));
     static_for<R>([&](auto I) {
       constexpr int r = I.value, a = r / 4, b = r % 4;
       if constexpr (r >= 1) {
