@@ -29,41 +29,36 @@ namespace tc {
 // ---------------------------------------------------------------------------
 template <Precision P> struct OpTraits;
 
-template <> struct OpTraits<Precision::kBF16> {
+// The two 16-bit types differ only in the conversion and the MMA atom.
+template <class ToBits, class Atom>
+struct OpTraits16 {
   using Storage = uint16_t;
   static constexpr int kK = 16;
   static constexpr bool kPair = true;
   static constexpr uint32_t kNegMask = 0x80008000u;  // negate both halves
-  __device__ __forceinline__ static Storage cvt1(float x) {
-    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
-  }
+  __device__ __forceinline__ static Storage cvt1(float x) { return ToBits::rn(x); }
   __device__ __forceinline__ static uint32_t pack2(float lo, float hi) {
     return uint32_t(cvt1(lo)) | (uint32_t(cvt1(hi)) << 16);
   }
   __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4],
                                              const uint32_t (&b)[2]) {
-    cute::SM80_16x8x16_F32BF16BF16F32_TN::fma(d[0], d[1], d[2], d[3], a[0], a[1], a[2], a[3],
-                                              b[0], b[1], d[0], d[1], d[2], d[3]);
+    Atom::fma(d[0], d[1], d[2], d[3], a[0], a[1], a[2], a[3], b[0], b[1], d[0], d[1], d[2], d[3]);
   }
 };
 
-template <> struct OpTraits<Precision::kFP16> {
-  using Storage = uint16_t;
-  static constexpr int kK = 16;
-  static constexpr bool kPair = true;
-  static constexpr uint32_t kNegMask = 0x80008000u;
-  __device__ __forceinline__ static Storage cvt1(float x) {
-    return __half_as_ushort(__float2half_rn(x));
-  }
-  __device__ __forceinline__ static uint32_t pack2(float lo, float hi) {
-    return uint32_t(cvt1(lo)) | (uint32_t(cvt1(hi)) << 16);
-  }
-  __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4],
-                                             const uint32_t (&b)[2]) {
-    cute::SM80_16x8x16_F32F16F16F32_TN::fma(d[0], d[1], d[2], d[3], a[0], a[1], a[2], a[3],
-                                            b[0], b[1], d[0], d[1], d[2], d[3]);
+struct BF16Bits {
+  __device__ __forceinline__ static uint16_t rn(float x) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
   }
 };
+struct FP16Bits {
+  __device__ __forceinline__ static uint16_t rn(float x) { return __half_as_ushort(__float2half_rn(x)); }
+};
+
+template <> struct OpTraits<Precision::kBF16>
+    : OpTraits16<BF16Bits, cute::SM80_16x8x16_F32BF16BF16F32_TN> {};
+template <> struct OpTraits<Precision::kFP16>
+    : OpTraits16<FP16Bits, cute::SM80_16x8x16_F32F16F16F32_TN> {};
 
 template <> struct OpTraits<Precision::kTF32> {
   using Storage = uint32_t;
