@@ -24,8 +24,8 @@ if os.environ.get("MONARCH_FFTCONV_BUILD_EXT") == "1":
     ext_modules = [
         CUDAExtension(
             "monarch_fftconv._C",
-            ["csrc/binding.cpp", *sorted(glob.glob("csrc/*.cu"))],
-            include_dirs=[str(Path("csrc").resolve()), *loader.cutlass_include_dirs()],
+            ["monarch_fftconv/csrc/binding.cpp", *sorted(glob.glob("monarch_fftconv/csrc/*.cu"))],
+            include_dirs=[str(Path("monarch_fftconv/csrc").resolve()), *loader.cutlass_include_dirs()],
             extra_compile_args={"cxx": loader.CXX_FLAGS, "nvcc": loader.NVCC_FLAGS},
             py_limited_api=False,
         )

@@ -838,7 +838,7 @@ def source_digest() -> str:
     working tree on a device machine reports its copy's HEAD, not the code it carries)."""
     import hashlib
     h = hashlib.sha256()
-    for sub, pattern in (("monarch_fftconv", "*.py"), ("csrc", "*")):
+    for sub, pattern in (("monarch_fftconv", "*.py"), ("monarch_fftconv/csrc", "*")):
         for path in sorted((Path(_REPO) / sub).glob(pattern)):
             if path.is_file():
                 h.update(path.name.encode())

@@ -2,7 +2,7 @@
 
 Nothing happens at import. The first CUDA call asks `load()`, which:
 1. uses an ahead-of-time build (`monarch_fftconv._C`, see setup.py) if one was installed;
-2. otherwise JIT-builds `csrc/` with ninja through torch.utils.cpp_extension (cached on disk);
+2. otherwise JIT-builds `monarch_fftconv/csrc/` with ninja through torch.utils.cpp_extension (cached on disk);
 3. otherwise returns None, and the caller falls back with one warning saying why.
 
 The extension registers `torch.ops.monarch_fftconv_cuda.{conv_forward, supports}`.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-CSRC = Path(__file__).resolve().parent.parent / "csrc"
+CSRC = Path(__file__).resolve().parent / "csrc"
 EXTENSION_NAME = "monarch_fftconv_cuda"
 BUILD_DIR_ENV = "MONARCH_FFTCONV_BUILD_DIR"
 CUTLASS_ENV = "CUTLASS_PATH"

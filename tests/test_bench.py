@@ -265,11 +265,11 @@ def test_target_table_says_met_or_missed_by_how_much(bench):
 
 def test_source_digest_tracks_the_kernel_sources(bench, monkeypatch, tmp_path):
     (tmp_path / "monarch_fftconv").mkdir()
-    (tmp_path / "csrc").mkdir()
+    (tmp_path / "monarch_fftconv" / "csrc").mkdir()
     (tmp_path / "monarch_fftconv" / "a.py").write_text("x = 1\n")
-    (tmp_path / "csrc" / "k.cu").write_text("// v1\n")
+    (tmp_path / "monarch_fftconv" / "csrc" / "k.cu").write_text("// v1\n")
     monkeypatch.setattr(bench, "_REPO", str(tmp_path))
     first = bench.source_digest()
     assert len(first) == 12 and first == bench.source_digest()
-    (tmp_path / "csrc" / "k.cu").write_text("// v2\n")
+    (tmp_path / "monarch_fftconv" / "csrc" / "k.cu").write_text("// v2\n")
     assert bench.source_digest() != first
