@@ -18,6 +18,11 @@ from collections.abc import Iterator
 import torch
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+
+# Relative L2 error against a float64 torch.fft reference that each precision promises
+# (docs/design.md, "Error budgets"). The one home of these numbers: tests, the benchmark
+# and the docs read them from here.
+ERROR_BUDGETS = {"fp32": 2e-6, "tf32": 1e-3, "fp16": 2e-3, "bf16": 1e-2}
 ENV_VAR = "MONARCH_FFTCONV_PRECISION"
 
 # Innermost last. A plain list rather than a ContextVar: torch.compile traces reads of it.

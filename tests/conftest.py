@@ -3,8 +3,7 @@ import os
 import pytest
 import torch
 
-# Budgets: relative L2 error against float64 torch.fft (docs/design.md, "Error budgets").
-BUDGETS = {"fp32": 2e-6, "tf32": 1e-3, "fp16": 2e-3, "bf16": 1e-2}
+from monarch_fftconv.policy import ERROR_BUDGETS as BUDGETS
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
