@@ -1,27 +1,31 @@
-"""Finding, building and loading the CUDA extension.
+"""Finding, building and loading the CUDA kernels, and what they cover.
 
-Nothing happens at import. The first CUDA call asks `load()`, which:
-1. uses an ahead-of-time build (`monarch_fftconv._C`, see setup.py) if one was installed;
-2. otherwise JIT-builds `monarch_fftconv/csrc/` with ninja through torch.utils.cpp_extension (cached on disk);
-3. otherwise returns None, and the caller falls back with one warning saying why.
+Nothing happens at import. The first CUDA call asks `coverage()`, which, once per process:
+1. loads an ahead-of-time build (`monarch_fftconv._C`, see setup.py) if one is installed;
+2. otherwise JIT-builds `monarch_fftconv/csrc/` with ninja through torch.utils.cpp_extension
+   (cached on disk);
+3. otherwise gives a reason, and the caller falls back with one warning saying why.
 
-The extension registers `torch.ops.monarch_fftconv_cuda.{conv_forward, supports}`.
+Loading registers the CUDA implementation of `monarch_fftconv::conv_forward` and the
+`monarch_fftconv::_kernel_coverage` query, which is read here once. `coverage(build=False)`
+never builds: `explain()` asks that way.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
 import importlib.util
 import os
 import shutil
+import threading
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 EXTENSION_NAME = "monarch_fftconv_cuda"
+AOT_MODULE = "monarch_fftconv._C"
 BUILD_DIR_ENV = "MONARCH_FFTCONV_BUILD_DIR"
 CUTLASS_ENV = "CUTLASS_PATH"
 
@@ -36,6 +40,17 @@ NVCC_FLAGS = [
     "-DNDEBUG",
 ]
 CXX_FLAGS = ["-O3", "-std=c++20"]
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """What the loaded kernels cover, for every precision."""
+
+    splits: frozenset[tuple[int, int]]  # Monarch splits (n1, n2)
+    io_dtypes: frozenset[torch.dtype]  # dtypes of u and y
+
+    def covers(self, factors: tuple[int, ...], dtype: torch.dtype) -> bool:
+        return dtype in self.io_dtypes and factors in self.splits
 
 
 def cutlass_include_dirs() -> list[str]:
@@ -56,6 +71,17 @@ def kernel_sources() -> list[Path]:
     return sorted(CSRC.glob("*.cu"))
 
 
+def binding_sources() -> list[Path]:
+    """Everything the extension is built from, binding first."""
+    return [CSRC / "binding.cpp", *kernel_sources()]
+
+
+def _aot_library() -> str | None:
+    """Path of the installed ahead-of-time build, if any."""
+    spec = importlib.util.find_spec(AOT_MODULE)
+    return spec.origin if spec is not None else None
+
+
 def unavailable_reason() -> str | None:
     """Why the CUDA kernels cannot be used here, or None if they can be tried."""
     if not torch.cuda.is_available():
@@ -63,7 +89,7 @@ def unavailable_reason() -> str | None:
     major, minor = torch.cuda.get_device_capability()
     if (major, minor) != (9, 0):
         return f"the kernels target Hopper (sm_90a); this GPU is sm_{major}{minor}"
-    if importlib.util.find_spec("monarch_fftconv._C") is not None:
+    if _aot_library() is not None:
         return None
     from torch.utils.cpp_extension import CUDA_HOME
 
@@ -83,7 +109,7 @@ def build(verbose: bool = False) -> None:
         Path(build_dir).mkdir(parents=True, exist_ok=True)
     jit_load(
         name=EXTENSION_NAME,
-        sources=[str(CSRC / "binding.cpp"), *map(str, kernel_sources())],
+        sources=[str(p) for p in binding_sources()],
         extra_include_paths=[str(CSRC), *cutlass_include_dirs()],
         extra_cflags=CXX_FLAGS,
         extra_cuda_cflags=NVCC_FLAGS,
@@ -93,23 +119,52 @@ def build(verbose: bool = False) -> None:
     )
 
 
-@functools.lru_cache(maxsize=None)
-def load(verbose: bool = False) -> bool:
-    """True once the kernels are registered; False (with one warning) if they can't be."""
+def _read_coverage() -> Coverage:
+    splits, io_dtypes = torch.ops.monarch_fftconv._kernel_coverage()
+    pairs = frozenset(zip(splits[0::2], splits[1::2]))
+    return Coverage(pairs, frozenset(getattr(torch, name) for name in io_dtypes))
+
+
+_lock = threading.Lock()
+_result: Coverage | str | None = None  # set once per process: the coverage, or why there is none
+
+
+def coverage(build: bool = True) -> Coverage | str | None:
+    """The loaded kernels' coverage, or a string saying why no kernel can run here.
+
+    The first call with build=True decides, once per process: it loads or builds the
+    extension, or warns once why it can't. With build=False nothing is built (explain() asks
+    that way): None then means "not loaded yet; the first CUDA call will build it"."""
+    global _result
+    if _result is not None:
+        return _result
+    if not build:
+        reason = unavailable_reason()
+        if reason is not None or _aot_library() is None:
+            return reason
+    with _lock:
+        if _result is None:
+            _result = _load()
+    return _result
+
+
+def _load() -> Coverage | str:
     reason = unavailable_reason()
     if reason is None:
-        if importlib.util.find_spec("monarch_fftconv._C") is not None:
-            importlib.import_module("monarch_fftconv._C")
-            return True
+        aot = _aot_library()
         try:
-            build(verbose)
-            return True
-        except Exception as exc:  # a failed build must not take the portable path down with it
-            reason = f"building the CUDA extension failed: {exc}"
-    warnings.warn(f"monarch_fftconv: CUDA kernels unavailable ({reason}); using the fallback path", stacklevel=3)
-    return False
+            if aot is not None:
+                torch.ops.load_library(aot)  # a TORCH_LIBRARY library: no module init to import
+            else:
+                build()
+            return _read_coverage()
+        except Exception as exc:  # a failed build must not take the fallback path down with it
+            reason = f"{'loading ' + aot if aot else 'building the CUDA extension'} failed: {exc}"
+    warnings.warn(f"monarch_fftconv: CUDA kernels unavailable ({reason}); using torch.fft", stacklevel=5)
+    return reason
 
 
-def loaded_reason() -> str | None:
-    """Like unavailable_reason(), but after trying to load: None means the kernels are live."""
-    return None if load() else (unavailable_reason() or "building the CUDA extension failed")
+def reset() -> None:
+    """Forget the decision (tests only: a loaded library stays loaded)."""
+    global _result
+    _result = None

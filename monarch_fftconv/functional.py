@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from . import ops, policy
+from . import policy
+from .backends import Backend, select_backend
 from .planner import compute_dtype, plan_for
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -54,42 +56,48 @@ def fftconv(u: Tensor, k: Tensor, *, D: Tensor | None = None, precision: str | N
     dtype, differentiable in u, k and D. `precision` is "fp32", "tf32", "bf16", "fp16" or
     None (see `monarch_fftconv.policy` for how None is resolved).
     """
-    return _fftconv(u, k, D, precision, module_precision=None)
+    return conv(u, k, D, precision)
 
 
-def _fftconv(u: Tensor, k: Tensor, D: Tensor | None, precision: str | None, module_precision: str | None) -> Tensor:
+SpectrumCache = Callable[[Backend, Tensor, str], Tensor]
+
+
+def conv(
+    u: Tensor,
+    k: Tensor,
+    D: Tensor | None,
+    precision: str | None,
+    module_precision: str | None = None,
+    cached_spectrum: SpectrumCache | None = None,
+) -> Tensor:
+    """The one call path, for `fftconv` and `FFTConv`: check, resolve the precision, pick
+    the backend, run it. `cached_spectrum(backend, k, precision)` (the module's cache)
+    supplies k's spectrum when autograd is not recording."""
     check_inputs(u, k, D)
     chosen, _ = policy.resolve(precision, u.dtype, module_precision)
+    backend = select_backend(u.device, u.dtype, chosen, plan_for(u.shape[-1]))
     skip = None if D is None else D.to(compute_dtype(u))
-    return ops.fftconv(u, k, skip, chosen)
+    if cached_spectrum is not None and not _records_grad(u, k, D):
+        return backend.conv(u, cached_spectrum(backend, k, chosen), skip, chosen)
+    return backend.fftconv(u, k, skip, chosen)
 
 
-def _forward_flops(backend: str, plan, batch: int, channels: int) -> int:
-    """Real flops of one forward call as the chosen algorithm does them (one FMA = 2)."""
-    n, sequences = plan.fft_size, batch * channels
-    # A radix FFT of N real points costs ~2.5·N·log2(N). On GPUs the filter spectrum is one
-    # cuFFT per channel; the portable engine transforms the filter with its own stages.
-    real_fft = 2.5 * n * (n.bit_length() - 1)
-    if backend == "portable":
-        return plan.flops_per_sequence() * sequences + plan.flops_per_sequence() // 2 * channels
-    if backend == "cuda-tensor-core":  # MMA flops as issued: padded tiles, conjugate columns
-        per_sequence = plan.tensor_core_flops_per_sequence()
-    else:  # radix FFTs (cuFFT, the fp32 kernel): forward, inverse, complex product
-        per_sequence = 2 * real_fft + 6 * (n // 2 + 1)
-    return int(sequences * per_sequence + channels * real_fft)
+def _records_grad(*tensors: Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def explain(u: Tensor, k: Tensor, *, D: Tensor | None = None, precision: str | None = None) -> dict[str, Any]:
     """Which backend and kernel `fftconv(u, k, D=D, precision=precision)` would use, and why.
+    Never builds the CUDA extension: before the first CUDA call has loaded it, the backend
+    is "pending".
 
     Keys: backend, kernel, reason, precision, precision_source, fft_size, factors, flops
-    (real flops of one forward call as the chosen algorithm does it)."""
+    (real flops of one forward call as the chosen algorithm does it; None when pending)."""
     check_inputs(u, k, D)
     chosen, source = policy.resolve(precision, u.dtype, None)
     plan = plan_for(u.shape[-1])
-    backend = ops.select_backend(u.device, u.dtype, chosen, plan)
+    backend = select_backend(u.device, u.dtype, chosen, plan, build=False)
     batch, channels, _ = u.shape
-    flops = _forward_flops(backend.name, plan, batch, channels)
     return {
         "backend": backend.name,
         "kernel": backend.kernel,
@@ -98,5 +106,5 @@ def explain(u: Tensor, k: Tensor, *, D: Tensor | None = None, precision: str | N
         "precision_source": source,
         "fft_size": plan.fft_size,
         "factors": plan.factors,
-        "flops": flops,
+        "flops": backend.flops(plan, batch, channels),
     }

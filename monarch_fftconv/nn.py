@@ -7,8 +7,8 @@ import weakref
 import torch
 from torch import Tensor, nn
 
-from . import ops, policy
-from .functional import _fftconv, check_inputs
+from . import functional, policy
+from .backends import Backend
 
 
 class FFTConv(nn.Module):
@@ -17,9 +17,10 @@ class FFTConv(nn.Module):
     Same parameter (`filter`, shape (channels, seq_len), randn init) as the plain torch.fft
     model it replaces, so its state_dict loads as is. Inputs may be shorter than seq_len.
 
-    Without autograd (inference), the filter spectrum is cached and recomputed whenever the
-    parameter changes: its `_version` (in-place updates such as optimizer steps), identity,
-    storage, device or dtype, the input length, or the precision.
+    Calls take the same path as `fftconv`. Without autograd (inference), the filter
+    spectrum is cached and recomputed whenever the parameter changes: its `_version`
+    (in-place updates such as optimizer steps), identity, storage, device or dtype, the
+    input length, the precision or the backend.
     """
 
     def __init__(self, channels: int, seq_len: int, *, precision: str | None = None, device=None, dtype=None):
@@ -38,20 +39,16 @@ class FFTConv(nn.Module):
         if length > self.seq_len:
             raise ValueError(f"input length {length} exceeds the module's seq_len {self.seq_len}")
         filt = self.filter if length == self.seq_len else self.filter[:, :length]
-        if torch.is_grad_enabled() and (self.filter.requires_grad or x.requires_grad):
-            return _fftconv(x, filt, None, None, module_precision=self.precision)
-        check_inputs(x, filt)
-        chosen, _ = policy.resolve(None, x.dtype, self.precision)
-        return ops.conv_forward(x, self._cached_spectrum(filt, length, chosen), None, chosen)
+        return functional.conv(x, filt, None, None, self.precision, cached_spectrum=self._cached_spectrum)
 
-    def _cached_spectrum(self, filt: Tensor, length: int, precision: str) -> Tensor:
+    def _cached_spectrum(self, backend: Backend, filt: Tensor, precision: str) -> Tensor:
         p = self.filter
         # The weak reference tells a replaced parameter apart even if its id() is reused;
         # _version counts in-place updates (optimizer steps); data_ptr catches `.data =`.
-        key = (p._version, p.data_ptr(), p.device, p.dtype, length, precision)
+        key = (p._version, p.data_ptr(), p.device, p.dtype, filt.shape[-1], precision, backend)
         if self._spectrum_source is None or self._spectrum_source() is not p or key != self._spectrum_key:
             with torch.no_grad():
-                self._spectrum = ops.filter_spectrum(filt.detach(), length, precision)
+                self._spectrum = backend.filter_spectrum(filt.detach(), filt.shape[-1], precision)
             self._spectrum_key, self._spectrum_source = key, weakref.ref(p)
         assert self._spectrum is not None
         return self._spectrum

@@ -90,16 +90,55 @@ def test_precision_flag_changes_the_result(gen):
     assert exact < 1e-5 < 1e-4 < coarse < BUDGETS["bf16"]
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("length, dtype", [(16384, torch.float32), (100, torch.float64)])
-def test_gpu_calls_no_kernel_covers_take_cufft(length, dtype, precision):
-    """Decided before any kernel is asked for, so it is checkable without a GPU."""
-    from monarch_fftconv.ops import select_backend
+@pytest.fixture
+def hopper_kernels(monkeypatch):
+    """Pretend the CUDA extension loaded with the kernels' coverage: the decision is then
+    checkable without a GPU."""
+    from monarch_fftconv import _extension, backends
+
+    splits = frozenset((n1, n2) for n1, n2 in [(16, 16), (32, 16), (32, 32), (64, 32), (64, 64), (128, 64), (128, 128)])
+    coverage = _extension.Coverage(splits, frozenset({torch.float32, torch.bfloat16, torch.float16}))
+    monkeypatch.setattr(_extension, "coverage", lambda build=True: coverage)
+    monkeypatch.setattr(backends, "_decisions", {})
+    return backends
+
+
+@pytest.mark.parametrize("precision, name", [("fp32", "cuda-fp32"), ("bf16", "cuda-tensor-core")])
+def test_gpu_calls_a_kernel_covers_take_it(hopper_kernels, precision, name):
     from monarch_fftconv.planner import plan_for
 
-    backend = select_backend(torch.device("cuda"), dtype, precision, plan_for(length))
-    assert backend.name == "torch.fft"
-    assert ("3 factors" in backend.reason) if length == 16384 else ("float64" in backend.reason)
+    for length in (129, 1000, 8192):
+        backend = hopper_kernels.select_backend(torch.device("cuda", 0), torch.float32, precision, plan_for(length))
+        assert backend.name == name
+        assert hopper_kernels.select_backend(torch.device("cuda", 0), torch.float32, precision, plan_for(length)) is backend
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("length, dtype, why", [(8193, torch.float32, "N=32768"), (100, torch.float64, "float64"),
+                                                (64, torch.float32, "N=128")])
+def test_gpu_calls_no_kernel_covers_take_cufft(hopper_kernels, length, dtype, why, precision):
+    from monarch_fftconv.planner import plan_for
+
+    backend = hopper_kernels.select_backend(torch.device("cuda", 0), dtype, precision, plan_for(length))
+    assert backend.name == "torch.fft" and why in backend.reason
+
+
+def test_gpu_without_kernels_takes_cufft_and_explain_never_builds(monkeypatch):
+    from monarch_fftconv import _extension, backends
+    from monarch_fftconv.planner import plan_for
+
+    monkeypatch.setattr(backends, "_decisions", {})
+    monkeypatch.setattr(_extension, "_result", None)
+    monkeypatch.setattr(_extension, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(_extension, "_aot_library", lambda: None)
+    monkeypatch.setattr(_extension, "build", lambda: pytest.fail("explain() must not build"))
+    pending = backends.select_backend(torch.device("cuda", 0), torch.float32, "fp32", plan_for(1000), build=False)
+    assert pending.name == "pending" and pending.flops(plan_for(1000), 1, 1) is None
+    assert backends._decisions == {}  # not remembered: the real call decides
+
+    monkeypatch.setattr(_extension, "unavailable_reason", lambda: "nvcc not found")
+    backend = backends.select_backend(torch.device("cuda", 0), torch.float32, "fp32", plan_for(1000), build=False)
+    assert backend.name == "torch.fft" and "nvcc not found" in backend.reason
 
 
 def test_explain_says_where_and_why(monkeypatch):
@@ -219,15 +258,27 @@ def test_missing_toolchain_falls_back_with_one_warning(monkeypatch):
     from monarch_fftconv import _extension
 
     monkeypatch.setattr(_extension, "unavailable_reason", lambda: "nvcc not found (set CUDA_HOME)")
-    _extension.load.cache_clear()
-    try:
-        with pytest.warns(UserWarning, match="nvcc not found") as record:
-            assert _extension.load() is False
-            assert _extension.load() is False  # cached: no second warning
-            assert _extension.loaded_reason() == "nvcc not found (set CUDA_HOME)"
-        assert len(record) == 1
-    finally:
-        _extension.load.cache_clear()
+    monkeypatch.setattr(_extension, "_result", None)
+    with pytest.warns(UserWarning, match="nvcc not found") as record:
+        assert _extension.coverage() == "nvcc not found (set CUDA_HOME)"
+        assert _extension.coverage() == "nvcc not found (set CUDA_HOME)"  # decided once: no second warning
+    assert len(record) == 1
+
+
+def test_failed_build_falls_back_with_one_warning_saying_what_failed(monkeypatch):
+    from monarch_fftconv import _extension
+
+    def broken_build(verbose=False):
+        raise RuntimeError("nvcc: error: something is wrong")
+
+    monkeypatch.setattr(_extension, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(_extension, "_aot_library", lambda: None)
+    monkeypatch.setattr(_extension, "build", broken_build)
+    monkeypatch.setattr(_extension, "_result", None)
+    with pytest.warns(UserWarning, match="building the CUDA extension failed: nvcc: error") as record:
+        reason = _extension.coverage()
+        assert _extension.coverage() is reason
+    assert len(record) == 1 and "something is wrong" in reason
 
 
 def test_cutlass_path_override(monkeypatch, tmp_path):

@@ -43,7 +43,9 @@ def test_opcheck(gen):
         torch.library.opcheck(ops.fftconv, (u.clone().requires_grad_(), k.clone().requires_grad_(), skip, "fp32"))
         torch.library.opcheck(ops.conv_forward, (u, ops.filter_spectrum(k, 40, "bf16"), skip, "bf16"))
     torch.library.opcheck(ops.filter_spectrum, (k, 40, "tf32"))
-    torch.library.opcheck(ops.fftconv_backward, (randn(gen, 2, 3, 40), u, k, None, "fp32"))
+    spectrum = ops.filter_spectrum(k, 40, "fp32")
+    for skip in (None, D):
+        torch.library.opcheck(ops.fftconv_backward, (randn(gen, 2, 3, 40), u, spectrum, skip, 30, "fp32"))
 
 
 def test_torch_compile_fullgraph(gen):

@@ -1,6 +1,10 @@
-// The one translation unit that speaks to torch: it validates tensors, fills the torch-free
-// ConvForwardParams of fftconv.h, and launches on the current stream. Per-op ATen headers
-// and c10 CUDA headers only (no torch/all.h): keeps the JIT build fast.
+// The one translation unit that speaks to torch. It registers the CUDA implementation of
+// the `monarch_fftconv::conv_forward` op (whose schema, CPU implementation and fake kernel
+// live in monarch_fftconv/ops.py), checks its tensors once, fills the torch-free
+// ConvForwardParams of fftconv.h and launches on the current stream. It also reports the
+// kernels' coverage, which Python reads once when it loads this library.
+//
+// Per-op ATen headers and c10 CUDA headers only (no torch/all.h): keeps the JIT build fast.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -8,6 +12,9 @@
 #include <torch/library.h>
 
 #include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "fftconv.h"
 
@@ -15,68 +22,56 @@ namespace mf = monarch_fftconv;
 
 namespace {
 
-mf::IOType io_type_of(const at::Tensor& t) {
-  switch (t.scalar_type()) {
+mf::IOType io_type_of(const at::Tensor& u) {
+  switch (u.scalar_type()) {
     case at::kFloat: return mf::IOType::kFloat32;
     case at::kBFloat16: return mf::IOType::kBFloat16;
     case at::kHalf: return mf::IOType::kFloat16;
     default:
-      TORCH_CHECK_TYPE(false, "monarch_fftconv: u must be float32, bfloat16 or float16, got ", t.scalar_type());
+      TORCH_CHECK_TYPE(false, "monarch_fftconv: u must be float32, bfloat16 or float16, got ", u.scalar_type());
   }
 }
 
-mf::Precision precision_of(int64_t code) {
-  TORCH_CHECK_VALUE(code >= 0 && code <= 3, "monarch_fftconv: unknown precision code ", code);
-  return static_cast<mf::Precision>(code);
+// The precision names of monarch_fftconv.policy.PRECISIONS.
+mf::Precision precision_of(c10::string_view name) {
+  if (name == "fp32") return mf::Precision::kFP32;
+  if (name == "tf32") return mf::Precision::kTF32;
+  if (name == "bf16") return mf::Precision::kBF16;
+  if (name == "fp16") return mf::Precision::kFP16;
+  TORCH_CHECK_VALUE(false, "monarch_fftconv: unknown precision '", std::string(name), "'");
 }
 
-// Shape-only params (null pointers): enough for the *_supports queries.
-mf::ConvForwardParams shape_params(int64_t fft_size, int64_t n1, int64_t n2, int64_t precision, int64_t io_type,
-                                   int64_t seq_len) {
-  mf::ConvForwardParams p{};
-  p.batch = 1;
-  p.channels = 1;
-  p.seq_len = seq_len;
-  p.fft_size = static_cast<int>(fft_size);
-  p.n1 = static_cast<int>(n1);
-  p.n2 = static_cast<int>(n2);
-  p.io_type = static_cast<mf::IOType>(io_type);
-  p.precision = precision_of(precision);
-  return p;
-}
+bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
-bool supports(const mf::ConvForwardParams& p) {
-  return p.precision == mf::Precision::kFP32 ? mf::conv_forward_fp32_supports(p)
-                                             : mf::conv_forward_tensor_core_supports(p);
-}
-
-bool supports_op(int64_t fft_size, int64_t n1, int64_t n2, int64_t precision, int64_t io_type, int64_t seq_len) {
-  return supports(shape_params(fft_size, n1, n2, precision, io_type, seq_len));
-}
-
+// The plan travels in the spectrum's shape, (C, n1/2 + 1, n2, 2): N = n1·n2 must be the
+// planner's N = 2·next_pow2(L) and (n1, n2) a split the kernels are built for.
 at::Tensor conv_forward(const at::Tensor& u, const at::Tensor& spectrum, const std::optional<at::Tensor>& skip,
-                        int64_t fft_size, int64_t n1, int64_t n2, int64_t precision) {
+                        c10::string_view precision) {
   TORCH_CHECK_VALUE(u.dim() == 3, "monarch_fftconv: u must be (B, C, L), got ", u.sizes());
   TORCH_CHECK_VALUE(u.stride(2) == 1, "monarch_fftconv: u must be contiguous along time");
   const int64_t batch = u.size(0), channels = u.size(1), seq_len = u.size(2);
-  TORCH_CHECK_VALUE(batch > 0 && channels > 0 && seq_len > 0, "monarch_fftconv: empty input ", u.sizes());
-  TORCH_CHECK_VALUE(2 * seq_len <= fft_size && n1 * n2 == fft_size, "monarch_fftconv: inconsistent plan: L=",
-                    seq_len, " N=", fft_size, " n1=", n1, " n2=", n2);
-  TORCH_CHECK_TYPE(spectrum.scalar_type() == at::kFloat, "monarch_fftconv: filter spectrum must be float32");
+  TORCH_CHECK_TYPE(spectrum.scalar_type() == at::kFloat, "monarch_fftconv: the filter spectrum must be float32");
   TORCH_CHECK_VALUE(spectrum.is_contiguous() && spectrum.dim() == 4 && spectrum.size(0) == channels &&
-                        spectrum.size(1) == n1 / 2 + 1 && spectrum.size(2) == n2 && spectrum.size(3) == 2,
-                    "monarch_fftconv: filter spectrum must be contiguous (C, n1/2+1, n2, 2) = (", channels, ", ",
-                    n1 / 2 + 1, ", ", n2, ", 2), got ", spectrum.sizes());
-  TORCH_CHECK_VALUE(spectrum.device() == u.device(), "monarch_fftconv: u and the filter spectrum are on ",
-                    u.device(), " and ", spectrum.device());
+                        spectrum.size(1) >= 2 && spectrum.size(3) == 2,
+                    "monarch_fftconv: the filter spectrum must be contiguous (C, n1/2+1, n2, 2) with C=", channels,
+                    ", got ", spectrum.sizes());
+  const int64_t n1 = 2 * (spectrum.size(1) - 1), n2 = spectrum.size(2), fft_size = n1 * n2;
+  TORCH_CHECK_VALUE(is_pow2(fft_size) && fft_size / 4 < seq_len && seq_len <= fft_size / 2,
+                    "monarch_fftconv: the spectrum's plan N=", fft_size, " (", n1, "x", n2,
+                    ") does not fit L=", seq_len, " (N must be 2·next_pow2(L))");
+  TORCH_CHECK_VALUE(mf::covers_split(static_cast<int>(n1), static_cast<int>(n2)),
+                    "monarch_fftconv: no CUDA kernel for the split ", n1, "x", n2);
+  TORCH_CHECK_VALUE(spectrum.device() == u.device(), "monarch_fftconv: u and the filter spectrum are on ", u.device(),
+                    " and ", spectrum.device());
   if (skip) {
     TORCH_CHECK_VALUE(skip->scalar_type() == at::kFloat && skip->is_contiguous() && skip->dim() == 1 &&
                           skip->size(0) == channels && skip->device() == u.device(),
-                      "monarch_fftconv: skip term D must be a contiguous float32 (C,) tensor on u's device");
+                      "monarch_fftconv: the skip term D must be a contiguous float32 (C,) tensor on u's device");
   }
 
   const c10::cuda::CUDAGuard guard(u.device());
   at::Tensor y = at::empty({batch, channels, seq_len}, u.options());
+  if (y.numel() == 0) return y;
 
   mf::ConvForwardParams p{};
   p.u = u.data_ptr();
@@ -93,8 +88,6 @@ at::Tensor conv_forward(const at::Tensor& u, const at::Tensor& spectrum, const s
   p.n2 = static_cast<int>(n2);
   p.io_type = io_type_of(u);
   p.precision = precision_of(precision);
-  TORCH_CHECK_VALUE(supports(p), "monarch_fftconv: no CUDA kernel for N=", fft_size, " precision code ", precision,
-                    " and dtype ", u.scalar_type());
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(u.device().index()).stream();
   const cudaError_t status = p.precision == mf::Precision::kFP32 ? mf::conv_forward_fp32(p, stream)
@@ -103,12 +96,20 @@ at::Tensor conv_forward(const at::Tensor& u, const at::Tensor& spectrum, const s
   return y;
 }
 
-}  // namespace
-
-TORCH_LIBRARY(monarch_fftconv_cuda, m) {
-  m.def("conv_forward(Tensor u, Tensor filter_spectrum, Tensor? skip, int fft_size, int n1, int n2, int precision)"
-        " -> Tensor");
-  m.def("supports(int fft_size, int n1, int n2, int precision, int io_type, int seq_len) -> bool", &supports_op);
+// (splits as a flat [n1, n2, n1, n2, ...] list, the io dtypes): what the kernels cover,
+// for every precision.
+std::tuple<std::vector<int64_t>, std::vector<std::string>> kernel_coverage() {
+  std::vector<int64_t> splits;
+#define MONARCH_FFTCONV_LIST(N1_, N2_) splits.insert(splits.end(), {N1_, N2_});
+  MONARCH_FFTCONV_SPLITS(MONARCH_FFTCONV_LIST)
+#undef MONARCH_FFTCONV_LIST
+  return {splits, {"float32", "bfloat16", "float16"}};
 }
 
-TORCH_LIBRARY_IMPL(monarch_fftconv_cuda, CUDA, m) { m.impl("conv_forward", &conv_forward); }
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(monarch_fftconv, m) {
+  m.def("_kernel_coverage() -> (int[] splits, str[] io_dtypes)", &kernel_coverage);
+}
+
+TORCH_LIBRARY_IMPL(monarch_fftconv, CUDA, m) { m.impl("conv_forward", &conv_forward); }

@@ -40,14 +40,27 @@ struct ConvForwardParams {
   Precision precision;
 };
 
-// Fused tensor-core Monarch kernel: precisions kTF32, kBF16, kFP16.
-// Returns cudaErrorInvalidValue for an unsupported configuration; otherwise the
-// launch status. Launches on `stream`.
-cudaError_t conv_forward_tensor_core(const ConvForwardParams& params, cudaStream_t stream);
-bool conv_forward_tensor_core_supports(const ConvForwardParams& params);
+// The Monarch splits (n1, n2) the kernels are built for: the planner's factorisation of
+// N = 256 .. 16384 (n1 >= n2, n1 <= 2·n2). The one list behind the kernels' coverage (the
+// binding reports it to Python once, at load), their dispatch and their instantiation.
+#define MONARCH_FFTCONV_SPLITS(X) X(16, 16) X(32, 16) X(32, 32) X(64, 32) X(64, 64) X(128, 64) X(128, 128)
 
-// Fused fp32-accurate kernel: precision kFP32.
+constexpr bool covers_split(int n1, int n2) {
+#define MONARCH_FFTCONV_COVERS(N1_, N2_) \
+  if (n1 == N1_ && n2 == N2_) return true;
+  MONARCH_FFTCONV_SPLITS(MONARCH_FFTCONV_COVERS)
+#undef MONARCH_FFTCONV_COVERS
+  return false;
+}
+
+// The launches. The binding has checked the tensors and the split against the coverage;
+// a launch only guards itself (cudaErrorInvalidValue) and otherwise returns the launch
+// status. Both launch on `stream`, with 64-bit element indexing.
+
+// Fused tensor-core Monarch kernel: precisions kTF32, kBF16, kFP16.
+cudaError_t conv_forward_tensor_core(const ConvForwardParams& params, cudaStream_t stream);
+
+// Fused fp32-accurate radix kernel: precision kFP32.
 cudaError_t conv_forward_fp32(const ConvForwardParams& params, cudaStream_t stream);
-bool conv_forward_fp32_supports(const ConvForwardParams& params);
 
 }  // namespace monarch_fftconv

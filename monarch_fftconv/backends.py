@@ -1,0 +1,154 @@
+"""Where a call runs: the backends, and the one place that chooses among them.
+
+A backend owns everything a call needs from it: the differentiable convolution, the filter
+spectrum in its own layout with the convolution from it (the module's inference cache), and
+the flop count of its algorithm. `select_backend` decides once per (device, dtype,
+precision, plan) and remembers the decision; `explain()` and the call share it.
+
+=====================  ==========================================================
+``portable``           the PyTorch Monarch engine (CPU tensors), emulated operand precision
+``cuda-fp32``          the fused fp32 radix kernel (Hopper, N = 256 .. 16384)
+``cuda-tensor-core``   the fused Monarch kernel on tensor cores (Hopper, N = 256 .. 16384)
+``torch.fft``          cuFFT in fp32 on GPUs where no kernel covers the call
+=====================  ==========================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from . import _extension, ops, torch_fft
+from .planner import MonarchPlan, plan_for
+
+
+def _radix_fft_flops(n: int) -> float:
+    """A radix FFT of n real points: ~2.5·n·log2(n) flops."""
+    return 2.5 * n * (n.bit_length() - 1)
+
+
+def _radix_conv_flops(plan: MonarchPlan, batch: int, channels: int) -> int:
+    """Forward and inverse real FFT and the complex product per sequence, one filter FFT
+    per channel."""
+    n = plan.fft_size
+    per_sequence = 2 * _radix_fft_flops(n) + 6 * (n // 2 + 1)
+    return int(batch * channels * per_sequence + channels * _radix_fft_flops(n))
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    kernel: str  # what runs, in words
+    reason: str  # why this backend
+
+    def fftconv(self, u: Tensor, k: Tensor, skip: Tensor | None, precision: str) -> Tensor:
+        """y = causal_conv(u, k) (+ skip·u), differentiable in u, k and skip."""
+        raise NotImplementedError
+
+    def filter_spectrum(self, k: Tensor, seq_len: int, precision: str) -> Tensor:
+        """k's spectrum in this backend's layout (not differentiable)."""
+        raise NotImplementedError
+
+    def conv(self, u: Tensor, spectrum: Tensor, skip: Tensor | None, precision: str) -> Tensor:
+        """y from a `filter_spectrum` (not differentiable in the spectrum)."""
+        raise NotImplementedError
+
+    def flops(self, plan: MonarchPlan, batch: int, channels: int) -> int | None:
+        """Real flops of one forward call as this backend's algorithm does it (FMA = 2)."""
+        raise NotImplementedError
+
+
+class _MonarchOps(Backend):
+    """Runs the monarch_fftconv ops; the dispatcher picks their CPU or CUDA implementation."""
+
+    def fftconv(self, u, k, skip, precision):
+        return ops.fftconv(u, k, skip, precision)[0]
+
+    def filter_spectrum(self, k, seq_len, precision):
+        return ops.filter_spectrum(k, seq_len, precision)
+
+    def conv(self, u, spectrum, skip, precision):
+        return ops.conv_forward(u, spectrum, skip, precision)
+
+
+class Portable(_MonarchOps):
+    def flops(self, plan, batch, channels):
+        per_sequence = plan.flops_per_sequence()
+        return per_sequence * batch * channels + per_sequence // 2 * channels
+
+
+class FusedFP32(_MonarchOps):
+    def flops(self, plan, batch, channels):
+        return _radix_conv_flops(plan, batch, channels)
+
+
+class FusedTensorCore(_MonarchOps):
+    def flops(self, plan, batch, channels):
+        # MMA flops as issued (padded tiles, conjugate columns), plus the filter's cuFFT
+        mma = plan.tensor_core_flops_per_sequence() * batch * channels
+        return int(mma + channels * _radix_fft_flops(plan.fft_size))
+
+
+class TorchFFT(Backend):
+    def fftconv(self, u, k, skip, precision):
+        return torch_fft.conv(u, torch_fft.filter_spectrum(k, plan_for(u.shape[-1])), skip, plan_for(u.shape[-1]))
+
+    def filter_spectrum(self, k, seq_len, precision):
+        return torch_fft.filter_spectrum(k, plan_for(seq_len))
+
+    def conv(self, u, spectrum, skip, precision):
+        return torch_fft.conv(u, spectrum, skip, plan_for(u.shape[-1]))
+
+    def flops(self, plan, batch, channels):
+        return _radix_conv_flops(plan, batch, channels)
+
+
+class Pending(Backend):
+    """explain() before the CUDA extension is loaded: it never builds, so it can't know yet."""
+
+    def flops(self, plan, batch, channels):
+        return None
+
+
+_decisions: dict[tuple, Backend] = {}
+
+
+def select_backend(
+    device: torch.device, dtype: torch.dtype, precision: str, plan: MonarchPlan, *, build: bool = True
+) -> Backend:
+    """The one place that decides where a call runs. With build=False (explain) the CUDA
+    extension is never built; the answer may then be `Pending`."""
+    key = (device, dtype, precision, plan)
+    if (decided := _decisions.get(key)) is not None:
+        return decided
+    backend = _decide(device, dtype, precision, plan, build)
+    if not isinstance(backend, Pending):
+        _decisions[key] = backend
+    return backend
+
+
+def _decide(device: torch.device, dtype: torch.dtype, precision: str, plan: MonarchPlan, build: bool) -> Backend:
+    factors = "x".join(map(str, plan.factors))
+    if device.type != "cuda":
+        return Portable("portable", f"PyTorch Monarch {factors}, {precision} operands",
+                        f"{device.type} tensors run the portable PyTorch path")
+    fallback = f"cuFFT rfft/irfft in fp32, N={plan.fft_size}"
+    coverage = _extension.coverage(build)
+    if coverage is None:
+        return Pending("pending", "decided by the first CUDA call, which loads or builds the CUDA extension",
+                       "the CUDA extension is not loaded yet, and explain() never builds it")
+    if isinstance(coverage, str):
+        return TorchFFT("torch.fft", fallback, f"no CUDA kernel: {coverage}")
+    if not coverage.covers(plan.factors, dtype):
+        sizes = "/".join(str(n1 * n2) for n1, n2 in sorted(coverage.splits))
+        dtypes = "/".join(sorted(str(d).removeprefix("torch.") for d in coverage.io_dtypes))
+        return TorchFFT("torch.fft", fallback,
+                        f"no CUDA kernel for N={plan.fft_size} ({factors}) with {str(dtype).removeprefix('torch.')}"
+                        f" I/O: the kernels cover N = {sizes} and {dtypes} I/O")
+    if precision == "fp32":
+        return FusedFP32("cuda-fp32", f"fused fp32 radix FFT conv, N={plan.fft_size}",
+                         "the fp32-accurate fused kernel covers this call")
+    return FusedTensorCore("cuda-tensor-core", f"fused Monarch {factors} on tensor cores, {precision} operands",
+                           "the fused tensor-core kernel covers this call")
