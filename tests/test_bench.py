@@ -1,25 +1,30 @@
-"""CPU tests of benchmarks/bench_cufft.py (the user-facing benchmark script)."""
+"""CPU tests of the benchmark: benchmarks/bench_cufft.py (the user-facing script) and the
+package benchmarks/fftconv_bench it runs."""
 import csv
 import importlib.util
 import json
 import os
+import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-_BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                      "benchmarks", "bench_cufft.py")
+_BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                           "benchmarks")
+_ENTRY_POINT = os.path.join(_BENCHMARKS, "bench_cufft.py")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_cufft", _BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_cufft"] = mod   # dataclasses need the module registered
-    spec.loader.exec_module(mod)
-    return mod
+    """The package's modules: bench.cli, bench.methods, bench.guard, ..."""
+    if _BENCHMARKS not in sys.path:
+        sys.path.insert(0, _BENCHMARKS)
+    from fftconv_bench import cli, guard, methods, outputs, report, runner, timing
+    return SimpleNamespace(cli=cli, guard=guard, methods=methods, outputs=outputs, report=report,
+                           runner=runner, timing=timing)
 
 
 def _monarch_importable() -> bool:
@@ -33,13 +38,13 @@ def _monarch_importable() -> bool:
 # ---------------------------------------------------------------- CLI
 
 def test_defaults(bench):
-    a = bench.parse_args([])
+    a = bench.cli.parse_args([])
     assert a.shapes is None and a.preset is None and not a.backward and a.out == "bench_out"
-    cfg = bench.resolve_config(bench.parse_args(["--device", "cpu"]))
-    assert cfg["device"] == "cpu" and cfg["shapes"] == bench.CPU_DEFAULT_SHAPES
-    assert cfg["reps"] == bench.CPU_DEFAULT_REPS
+    cfg = bench.cli.resolve_config(bench.cli.parse_args(["--device", "cpu"]))
+    assert cfg["device"] == "cpu" and cfg["shapes"] == bench.cli.CPU_DEFAULT_SHAPES
+    assert cfg["reps"] == bench.cli.CPU_DEFAULT_REPS
     if torch.cuda.is_available():
-        cfg = bench.resolve_config(bench.parse_args([]))
+        cfg = bench.cli.resolve_config(bench.cli.parse_args([]))
         assert cfg["shapes"] == [(16, 256, 8192)] and cfg["reps"] == 50
 
 
@@ -49,46 +54,64 @@ def test_defaults(bench):
     ("hyena", [(64, 768, 8192)]),
 ])
 def test_presets(bench, preset, expected):
-    cfg = bench.resolve_config(bench.parse_args(["--preset", preset, "--device", "cpu"]))
+    cfg = bench.cli.resolve_config(bench.cli.parse_args(["--preset", preset, "--device", "cpu"]))
     assert cfg["shapes"] == expected
 
 
 def test_shapes_parse(bench):
-    a = bench.parse_args(["--shapes", "16x256x8192,16x256x1024", "--backward", "--reps", "31",
+    a = bench.cli.parse_args(["--shapes", "16x256x8192,16x256x1024", "--backward", "--reps", "31",
                           "--compile", "--energy", "--out", "x"])
     assert a.shapes == [(16, 256, 8192), (16, 256, 1024)]
     assert a.backward and a.compile and a.energy and a.reps == 31 and a.out == "x"
-    assert bench.parse_shapes(" 2X4X2048 ,") == [(2, 4, 2048)]
+    assert bench.cli.parse_shapes(" 2X4X2048 ,") == [(2, 4, 2048)]
 
 
 @pytest.mark.parametrize("spec", ["16x256", "16x256x8192x2", "axbxc", "16x0x8192", "16x-1x8", "", ","])
 def test_bad_shape_raises_clear_error(bench, spec):
     with pytest.raises(ValueError, match="BxCxL|expected"):
-        bench.parse_shapes(spec)
+        bench.cli.parse_shapes(spec)
 
 
 def test_bad_shape_cli_exits_with_message(bench, capsys):
     with pytest.raises(SystemExit) as ei:
-        bench.parse_args(["--shapes", "16x256"])
+        bench.cli.parse_args(["--shapes", "16x256"])
     assert ei.value.code == 2
     assert "BxCxL" in capsys.readouterr().err
 
 
 def test_shapes_and_preset_are_exclusive(bench):
     with pytest.raises(SystemExit):
-        bench.parse_args(["--shapes", "1x2x256", "--preset", "seed"])
+        bench.cli.parse_args(["--shapes", "1x2x256", "--preset", "seed"])
+
+
+def test_entry_point_is_the_package_main(bench):
+    spec = importlib.util.spec_from_file_location("bench_cufft_entry", _ENTRY_POINT)
+    entry = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(entry)
+    assert entry.main is bench.cli.main
+
+
+def test_entry_point_runs_as_a_script(tmp_path):
+    # As benchmarks/run_gpu.sh calls it: a plain script run, from the repository root.
+    proc = subprocess.run(
+        [sys.executable, _ENTRY_POINT, "--quick", "--device", "cpu", "--no-plots",
+         "--methods", "reference", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, cwd=os.path.dirname(_BENCHMARKS))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "reference" in proc.stdout and "CPU FIGURES" in proc.stdout
+    assert json.loads((tmp_path / "results.json").read_text())["results"][0]["status"] == "ok"
 
 
 # ---------------------------------------------------------------- validity guard
 
 def test_invalid_guard(bench):
     floor = 1e-3
-    assert bench.validate_time(0.5e-3, floor) == "INVALID"     # faster than moving the bytes
-    assert bench.validate_time(0.0, floor) == "INVALID"
-    assert bench.validate_time(float("nan"), floor) == "INVALID"
-    assert bench.validate_time(2e-3, floor) == "OK"
-    assert bench.validate_time(floor, floor) == "OK"
-    assert bench.validate_time(1e-3, None) == "UNCHECKED"
+    assert bench.guard.validate_time(0.5e-3, floor) == "INVALID"     # faster than moving the bytes
+    assert bench.guard.validate_time(0.0, floor) == "INVALID"
+    assert bench.guard.validate_time(float("nan"), floor) == "INVALID"
+    assert bench.guard.validate_time(2e-3, floor) == "OK"
+    assert bench.guard.validate_time(floor, floor) == "OK"
+    assert bench.guard.validate_time(1e-3, None) == "UNCHECKED"
 
 
 def test_invalid_row_gets_no_speedup(bench):
@@ -96,31 +119,43 @@ def test_invalid_row_gets_no_speedup(bench):
                  pass_="fwd")]
     row = dict(shape="1x1x8", B=1, C=1, L=8, **{"pass": "fwd"}, reps=3, n_buffers=2,
                l2_flush=False, floor_ms=1.0, method="fake", backend="x", precision="fp32",
-               status="ok", median_ms=0.5, iqr_ms=0.0, validity=bench.validate_time(0.5e-3, 1e-3),
+               status="ok", median_ms=0.5, iqr_ms=0.0, validity=bench.guard.validate_time(0.5e-3, 1e-3),
                speedup_vs_reference=None, allclose=True, rel_err=0.0)
     assert row["validity"] == "INVALID"
-    table = bench.format_table([row])
+    table = bench.report.format_table([row])
     assert "INVALID" in table
     assert "4.00x" not in table
     del rows
 
 
+def test_precisions_and_budgets_come_from_the_package(bench):
+    from monarch_fftconv.policy import ERROR_BUDGETS, PRECISIONS
+    names = [m.name for m in bench.methods.make_methods()]
+    assert [n for n in names if n.startswith("monarch[")] == [f"monarch[{p}]" for p in PRECISIONS]
+    budget = ERROR_BUDGETS["bf16"]
+    assert bench.guard.error_budget_fields("monarch", "bf16", 0.5 * budget) == {
+        "error_budget": budget, "within_error_budget": True}
+    assert bench.guard.error_budget_fields("monarch", "bf16", 2 * budget)["within_error_budget"] is False
+    assert bench.guard.error_budget_fields("monarch", "bf16", float("nan"))["within_error_budget"] is False
+    assert bench.guard.error_budget_fields("reference", "fp32", 0.0)["error_budget"] is None
+
+
 def test_min_bytes_and_flops(bench):
-    assert bench.min_bytes(16, 256, 8192, backward=False) == 4 * (2 * 16 * 256 * 8192 + 256 * 8192)
-    assert bench.min_bytes(1, 1, 8, backward=True) == 4 * (4 * 8 + 2 * 8)
-    f_ref = bench.cufft_flops(16, 256, 8192, filter_fft=True, backward=False)
-    f_tuned = bench.cufft_flops(16, 256, 8192, filter_fft=False, backward=False)
+    assert bench.guard.min_bytes(16, 256, 8192, backward=False) == 4 * (2 * 16 * 256 * 8192 + 256 * 8192)
+    assert bench.guard.min_bytes(1, 1, 8, backward=True) == 4 * (4 * 8 + 2 * 8)
+    f_ref = bench.methods.cufft_flops(16, 256, 8192, filter_fft=True, backward=False)
+    f_tuned = bench.methods.cufft_flops(16, 256, 8192, filter_fft=False, backward=False)
     assert f_ref > f_tuned > 0
-    assert bench.cufft_flops(16, 256, 8192, filter_fft=True, backward=True) > f_ref
+    assert bench.methods.cufft_flops(16, 256, 8192, filter_fft=True, backward=True) > f_ref
 
 
 def test_measure_error(bench):
     ref = torch.randn(2, 3, 64, dtype=torch.float64)
-    e = bench.measure_error(ref.float(), ref)
+    e = bench.guard.measure_error(ref.float(), ref)
     assert e["rel_err"] < 1e-6 and e["allclose"]
-    e = bench.measure_error(ref + 1.0, ref)
+    e = bench.guard.measure_error(ref + 1.0, ref)
     assert e["rel_err"] > 0.1 and not e["allclose"]
-    e = bench.measure_error(torch.full_like(ref, float("nan")), ref)
+    e = bench.guard.measure_error(torch.full_like(ref, float("nan")), ref)
     assert not e["allclose"]
 
 
@@ -132,23 +167,23 @@ def test_reference_matches_direct_causal_conv(bench):
     for t in range(16):
         for s in range(t + 1):
             direct[..., t] += k[:, s] * u[..., t - s]
-    torch.testing.assert_close(bench.reference_conv(u, k), direct)
+    torch.testing.assert_close(bench.methods.reference_conv(u, k), direct)
 
 
 def test_failing_method_is_an_error_row(bench, tmp_path, monkeypatch):
-    real = bench.make_methods
+    real = bench.runner.make_methods
 
     def with_broken(**kw):
         ms = real(**kw)
 
         def boom(u, k, g):
             raise RuntimeError("boom from test")
-        ms.append(bench.Method("broken", "test", None, build=boom,
+        ms.append(bench.methods.Method("broken", "test", None, build=boom,
                                describe=lambda u, k: {"backend": "none"},
                                flops=lambda *a: None))
         return ms
-    monkeypatch.setattr(bench, "make_methods", with_broken)
-    res = bench.main(["--quick", "--device", "cpu", "--no-plots", "--methods", "reference",
+    monkeypatch.setattr(bench.runner, "make_methods", with_broken)
+    res = bench.cli.main(["--quick", "--device", "cpu", "--no-plots", "--methods", "reference",
                       "--out", str(tmp_path)])
     rows = {r["method"]: r for r in res["rows"]}
     assert rows["broken"]["status"] == "error" and "boom from test" in rows["broken"]["error"]
@@ -188,6 +223,11 @@ def _check_outputs(out, device, backward=False):
     if _monarch_importable():
         assert by["monarch[fp32]"]["status"] == "ok", by["monarch[fp32]"].get("error")
         assert by["monarch[fp32]"]["allclose"]
+        from monarch_fftconv.policy import ERROR_BUDGETS
+        for r in rows:
+            if r["family"] == "monarch" and r["status"] == "ok":
+                assert r["error_budget"] == ERROR_BUDGETS[r["precision"]]
+                assert isinstance(r["within_error_budget"], bool)
 
     with open(out / "results.csv", newline="") as f:
         crow = list(csv.reader(f))
@@ -207,16 +247,16 @@ def _check_outputs(out, device, backward=False):
 
 
 def test_quick_cpu_run_writes_outputs(bench, tmp_path, capsys):
-    res = bench.main(["--quick", "--device", "cpu", "--out", str(tmp_path)])
+    res = bench.cli.main(["--quick", "--device", "cpu", "--out", str(tmp_path)])
     stdout = capsys.readouterr().out
     assert "CPU FIGURES" in stdout and "median ms" in stdout
     meta = _check_outputs(tmp_path, "cpu")
-    assert meta["shapes"] == [list(s) for s in bench.QUICK_SHAPES]
+    assert meta["shapes"] == [list(s) for s in bench.cli.QUICK_SHAPES]
     assert res["paths"]["json"].endswith("results.json")
 
 
 def test_quick_cpu_backward(bench, tmp_path):
-    bench.main(["--quick", "--device", "cpu", "--backward", "--shapes", "1x2x128,1x2x256",
+    bench.cli.main(["--quick", "--device", "cpu", "--backward", "--shapes", "1x2x128,1x2x256",
                 "--out", str(tmp_path)])
     meta = _check_outputs(tmp_path, "cpu", backward=True)
     ref = next(r for r in meta["results"] if r["method"] == "reference")
@@ -225,7 +265,7 @@ def test_quick_cpu_backward(bench, tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_quick_gpu_run(bench, tmp_path):
-    bench.main(["--quick", "--device", "cuda", "--out", str(tmp_path)])
+    bench.cli.main(["--quick", "--device", "cuda", "--out", str(tmp_path)])
     meta = _check_outputs(tmp_path, "cuda")
     assert meta["gpu_name"]
     ref = next(r for r in meta["results"] if r["method"] == "reference")
@@ -236,8 +276,8 @@ def test_quick_gpu_run(bench, tmp_path):
 def test_invalid_guard_wired_into_run(bench, tmp_path, monkeypatch, capsys):
     # A (fake) copy bandwidth of 1 kB/s puts every shape's floor far above any real time:
     # every row must come out INVALID, with no speedup anywhere.
-    monkeypatch.setattr(bench, "copy_bandwidth", lambda device, nbytes=0, reps=0: 1e3)
-    res = bench.main(["--quick", "--device", "cpu", "--no-plots", "--methods",
+    monkeypatch.setattr(bench.runner, "copy_bandwidth", lambda device, nbytes=0, reps=0: 1e3)
+    res = bench.cli.main(["--quick", "--device", "cpu", "--no-plots", "--methods",
                       "reference,cufft-tuned", "--out", str(tmp_path)])
     assert "INVALID" in capsys.readouterr().out
     for r in res["rows"]:
@@ -246,30 +286,12 @@ def test_invalid_guard_wired_into_run(bench, tmp_path, monkeypatch, capsys):
     assert meta["n_invalid"] == 2
 
 
-def test_target_table_says_met_or_missed_by_how_much(bench):
-    def row(method, ms, err, tflops):
-        return {"shape": bench.TARGET_SHAPE, "pass": "fwd", "method": method, "status": "ok",
-                "median_ms": ms, "rel_err": err, "tflops": tflops, "floor_ms": 0.066,
-                "backend": "cuda-tensor-core", "validity": "OK"}
-
-    rows = [row("reference", 0.96, 4e-7, 5.0), row("monarch[bf16]", 0.48, 4e-3, 140.0),
-            row("monarch[tf32]", 0.30, 2e-3, 200.0)]
-    text = bench.format_targets(rows)
-    bf16 = next(line for line in text.splitlines() if line.startswith("bf16"))
-    tf32 = next(line for line in text.splitlines() if line.startswith("tf32"))
-    assert "MISSED by 2.40x" in bf16 and "(<= 1e-02: met)" in bf16 and "2.00x" in bf16
-    assert "<= 0.35: met" in tf32 and "(<= 1e-03: MISSED)" in tf32
-    assert "fp16" not in text  # not run: no row
-    assert bench.format_targets([row("reference", 0.96, 4e-7, 5.0)]) == ""
-
-
-def test_source_digest_tracks_the_kernel_sources(bench, monkeypatch, tmp_path):
+def test_source_digest_tracks_the_kernel_sources(bench, tmp_path):
     (tmp_path / "monarch_fftconv").mkdir()
     (tmp_path / "monarch_fftconv" / "csrc").mkdir()
     (tmp_path / "monarch_fftconv" / "a.py").write_text("x = 1\n")
     (tmp_path / "monarch_fftconv" / "csrc" / "k.cu").write_text("// v1\n")
-    monkeypatch.setattr(bench, "_REPO", str(tmp_path))
-    first = bench.source_digest()
-    assert len(first) == 12 and first == bench.source_digest()
+    first = bench.outputs.source_digest(tmp_path)
+    assert len(first) == 12 and first == bench.outputs.source_digest(tmp_path)
     (tmp_path / "monarch_fftconv" / "csrc" / "k.cu").write_text("// v2\n")
-    assert bench.source_digest() != first
+    assert bench.outputs.source_digest(tmp_path) != first

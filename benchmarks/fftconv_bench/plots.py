@@ -1,4 +1,5 @@
-"""PNG plots for benchmarks/bench_cufft.py (matplotlib, Agg backend)."""
+"""PNG plots of a run's rows (matplotlib, Agg backend): time vs L, speedup over the reference,
+error per method and precision."""
 from __future__ import annotations
 
 import math

@@ -1,0 +1,34 @@
+"""fftconv_bench: monarch_fftconv against cuFFT (torch.fft), honest, complete, pictured.
+
+Methods, side by side in one run (all take float32 u (B,C,L) and k (C,L), return float32 y):
+  reference          torch.fft exactly as commonly written: F.pad to 2L, rfft of u AND of k every
+                     call, irfft, slice [..., :L].
+  cufft-tuned        rfft(u, n=2L) with the filter spectrum rfft(k, n=2L) computed once outside
+                     the timed call (forward). With --backward the filter spectrum must be
+                     recomputed every call (it needs a gradient), so it is.
+  compile-reference  torch.compile of `reference` (--compile); compile time is not timed.
+  monarch[<p>]       monarch_fftconv.fftconv(u, k, precision=p) for each p in
+                     monarch_fftconv.PRECISIONS, labelled with the backend explain() reports.
+  monarch-module     monarch_fftconv.FFTConv (package-default precision), which caches the filter
+                     spectrum under no_grad: the like-for-like rival of cufft-tuned.
+
+Timing (GPU): CUDA events around each rep (one event pair per rep), warm-up first, median and IQR
+of --reps reps (default 50). Inputs rotate among enough buffer sets that their total exceeds twice
+the L2 cache; if that would need too many buffers (tiny shapes), a 256 MB buffer is written between
+reps instead, outside the timed region. Each rep times the whole call as a user makes it (Python
+dispatch and launches included). On a CPU-only machine the host timer time.perf_counter is used
+and the results say plainly that they are CPU figures.
+
+Validity, measured in the same run: relative L2 error of every method against float64 torch.fft
+on the same inputs, allclose(atol=1e-2, rtol=1e-2), and for monarch methods the error budget of
+their precision (monarch_fftconv.policy.ERROR_BUDGETS); the device copy bandwidth, and from it
+each shape's memory floor; a time under the floor is printed INVALID and gets no speedup.
+
+Modules: cli (arguments, run configuration, main), methods (what is timed), timing (the clocks),
+probes (peak memory, kernel launches, energy), guard (error check and memory floor), runner (one
+run: shapes x methods -> rows), report (the printed tables), outputs (environment, JSON, CSV),
+plots (PNGs).
+"""
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]

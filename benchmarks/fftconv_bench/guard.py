@@ -1,0 +1,118 @@
+"""Validity of every row, measured in the same run.
+
+Accuracy: relative L2 error of a method's outputs (y, and with --backward the grads) against
+torch.fft in float64 on the same inputs, allclose(atol=1e-2, rtol=1e-2), and for monarch methods
+the error budget of the precision the call ran at (monarch_fftconv.policy.ERROR_BUDGETS).
+Time: the memory floor, compulsory bytes / measured copy bandwidth; a time under it is a
+measurement or correctness bug, so the row is INVALID and gets no speedup.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from fftconv_bench.methods import ERROR_BUDGETS, reference_conv
+
+ATOL = RTOL = 1e-2
+Outputs64 = Tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]
+
+
+def min_bytes(B: int, C: int, L: int, *, backward: bool, elem: int = 4) -> int:
+    """Compulsory DRAM traffic of one call: the memory floor's numerator.
+
+    forward: u read + k read + y written. forward+backward: additionally grad_y read, grad_u and
+    grad_k written (u and k counted once: an ideal fused implementation reads them once).
+    """
+    activation, filt = B * C * L, C * L
+    if backward:
+        return elem * (4 * activation + 2 * filt)
+    return elem * (2 * activation + filt)
+
+
+def validate_time(time_s: Optional[float], floor_s: Optional[float]) -> str:
+    """'INVALID' if a measured time is under the memory floor (faster than just moving the
+    compulsory bytes at the measured copy bandwidth: a timing or correctness bug, not a win),
+    'OK' otherwise, 'UNCHECKED' when there is no floor or no time."""
+    if time_s is None or floor_s is None or not math.isfinite(floor_s) or floor_s <= 0:
+        return "UNCHECKED"
+    if not math.isfinite(time_s) or time_s < floor_s:
+        return "INVALID"
+    return "OK"
+
+
+def measure_error(out: torch.Tensor, ref: torch.Tensor, *, atol: float = ATOL,
+                  rtol: float = RTOL) -> Dict[str, Any]:
+    """Relative L2 error of `out` vs the float64 `ref`, and torch.allclose(atol, rtol)."""
+    out64 = out.detach().to(torch.float64)
+    ref64 = ref.detach().to(torch.float64)
+    if out64.shape != ref64.shape:
+        return {"rel_err": float("nan"), "max_abs_err": float("nan"), "allclose": False,
+                "shape_mismatch": f"{tuple(out64.shape)} vs {tuple(ref64.shape)}"}
+    finite = bool(torch.isfinite(out64).all())
+    ref_norm = torch.linalg.vector_norm(ref64).item()
+    err_norm = torch.linalg.vector_norm(out64 - ref64).item()
+    rel = err_norm / ref_norm if ref_norm > 0 else err_norm
+    return {"rel_err": rel if finite else float("inf"),
+            "max_abs_err": (out64 - ref64).abs().max().item() if finite else float("inf"),
+            "allclose": finite and bool(torch.allclose(out64, ref64, atol=atol, rtol=rtol))}
+
+
+def float64_reference(u: torch.Tensor, k: torch.Tensor, g: Optional[torch.Tensor]) -> Outputs64:
+    """y (and grads w.r.t. u, k when g is given) by torch.fft in float64 on the same inputs."""
+    u64 = u.detach().to(torch.float64).requires_grad_(g is not None)
+    k64 = k.detach().to(torch.float64).requires_grad_(g is not None)
+    with torch.set_grad_enabled(g is not None):
+        y = reference_conv(u64, k64)
+        if g is None:
+            return y.detach(), None, None
+        grad_u, grad_k = torch.autograd.grad(y, (u64, k64), g.to(torch.float64))
+    return y.detach(), grad_u, grad_k
+
+
+def outputs_error(outs: Any, refs: Outputs64) -> Dict[str, Any]:
+    """Error fields for one method's outputs (y, or (y, grad_u, grad_k)) vs float64."""
+    if not isinstance(outs, (tuple, list)):
+        outs = (outs,)
+    y_ref, grad_u_ref, grad_k_ref = refs
+    fields = measure_error(outs[0], y_ref)
+    if grad_u_ref is not None:
+        # Gradients: relative L2 error; allclose on each gradient scaled by its float64 RMS, since
+        # grad_k sums B·L products and has no natural O(1) scale for an absolute tolerance.
+        for name, out, ref in (("grad_u", outs[1], grad_u_ref), ("grad_k", outs[2], grad_k_ref)):
+            rms = ref.pow(2).mean().sqrt().clamp_min(1e-300)
+            err = measure_error(out.to(torch.float64) / rms, ref / rms)
+            fields[f"{name}_rel_err"] = err["rel_err"]
+            fields[f"{name}_allclose"] = err["allclose"]
+    return fields
+
+
+def error_budget_fields(family: str, precision: Optional[str],
+                        rel_err: Optional[float]) -> Dict[str, Any]:
+    """A monarch row's error budget (that of the precision its call ran at) and whether the
+    relative L2 error of y is within it; nothing for the torch.fft methods."""
+    budget = ERROR_BUDGETS.get(precision) if family == "monarch" else None
+    if budget is None:
+        return {"error_budget": None, "within_error_budget": None}
+    within = rel_err is not None and math.isfinite(rel_err) and rel_err <= budget
+    return {"error_budget": budget, "within_error_budget": within}
+
+
+def is_accurate(row: Dict[str, Any]) -> bool:
+    """allclose on y and, with --backward, on both grads."""
+    return bool(row.get("allclose") and row.get("grad_u_allclose", True)
+                and row.get("grad_k_allclose", True))
+
+
+def assign_speedups(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """speedup_vs_reference on every row of one shape: reference median / row median, only
+    where both are valid timings (error and INVALID rows, or an invalid reference: None)."""
+    def valid(r):
+        return r is not None and r["status"] == "ok" and r.get("validity") != "INVALID"
+
+    reference = next((r for r in rows if r["method"] == "reference" and r["status"] == "ok"), None)
+    for r in rows:
+        ok = valid(r) and valid(reference)
+        r["speedup_vs_reference"] = reference["median_ms"] / r["median_ms"] if ok else None
+    return list(rows)

@@ -1,0 +1,239 @@
+"""What is timed: the convolution methods, each bound to one input set as a zero-argument call.
+
+A method's `build(u, k, g)` returns the call a user makes: forward only when g is None, else one
+training step (forward and the grads w.r.t. u and the filter). Setup done in build (e.g. caching
+the filter spectrum) is not timed. Also the nominal flop count of the torch.fft methods; monarch
+methods take theirs from monarch_fftconv.explain().
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from fftconv_bench import REPO_ROOT
+
+
+def _import_monarch():
+    """The installed monarch_fftconv, else the one of the checkout this benchmark lives in."""
+    try:
+        import monarch_fftconv
+    except ImportError:
+        sys.path.append(str(REPO_ROOT))
+        import monarch_fftconv
+    return monarch_fftconv
+
+
+mf = _import_monarch()
+from monarch_fftconv.policy import ERROR_BUDGETS, PRECISIONS  # noqa: E402  (after the fallback)
+
+Tensor = torch.Tensor
+# build(u, k, grad_y or None) -> zero-argument call; describe(u, k) -> explain()-like dict;
+# flops(B, C, L, backward, description) -> flops of one call, or None when unknown.
+Build = Callable[[Tensor, Tensor, Optional[Tensor]], Callable[[], Any]]
+Describe = Callable[[Tensor, Tensor], Dict[str, Any]]
+Flops = Callable[[int, int, int, bool, Dict[str, Any]], Optional[float]]
+
+
+@dataclasses.dataclass
+class Method:
+    name: str                   # unique short id (CLI --methods, JSON, CSV)
+    family: str                 # reference | cufft | compile | monarch
+    precision: Optional[str]    # requested precision (None: package default / not applicable)
+    build: Build                # forward calls return y; training steps (y, grad_u, grad_k)
+    describe: Describe
+    flops: Flops
+
+
+@dataclasses.dataclass
+class Bound:
+    """One convolution bound to one input set."""
+    forward: Callable[[], Tensor]     # computes y from the bound inputs
+    leaves: Tuple[Tensor, Tensor]     # what a training step differentiates: (u, the filter)
+
+
+# ----------------------------------------------------------------------------------- torch.fft
+
+def reference_conv(u: Tensor, k: Tensor) -> Tensor:
+    """The reference, exactly as commonly written (filter FFT every call, explicit padding)."""
+    L = u.shape[-1]
+    u_f = torch.fft.rfft(F.pad(u, (0, L)))
+    k_f = torch.fft.rfft(F.pad(k, (0, L)))   # the benchmark uses Lk == L: both have n = 2L
+    return torch.fft.irfft(u_f * k_f, n=2 * L)[..., :L]
+
+
+def per_call_filter_fft_conv(u: Tensor, k: Tensor) -> Tensor:
+    """rfft(n=2L) without explicit padding, the filter transformed in the call."""
+    n = 2 * u.shape[-1]
+    return torch.fft.irfft(torch.fft.rfft(u, n=n) * torch.fft.rfft(k, n=n), n=n)[..., :u.shape[-1]]
+
+
+def _rfft_flops(n: int) -> float:
+    # Convention: a complex FFT of n points costs 5·n·log2(n) flops; a real-input FFT (or a
+    # Hermitian-output inverse) costs half of that, 2.5·n·log2(n). Padding/slicing are not flops.
+    return 2.5 * n * math.log2(n) if n > 1 else 0.0
+
+
+def cufft_flops(B: int, C: int, L: int, *, filter_fft: bool, backward: bool) -> float:
+    """Nominal flops of the torch.fft convolution with FFT size N = 2L.
+
+    forward:  per row (B·C rows): rfft(u) + irfft = 2 real FFTs, plus 6 flops per complex
+              multiply over N/2+1 bins; per channel: rfft(k) when the filter spectrum is not
+              cached (filter_fft=True).
+    backward: per row: rfft(grad_y) + irfft for grad_u = 2 real FFTs, 2 complex multiplies per
+              bin (grad_u and grad_k spectra); reduction of grad_k over the batch (2 flops per
+              bin per extra batch entry); per channel: irfft for grad_k; with a per-call filter
+              FFT, that's the one transform the backward of rfft(k) needs.
+    """
+    N = 2 * L
+    bins = N // 2 + 1
+    rows = B * C
+    flops = rows * (2 * _rfft_flops(N) + 6 * bins)
+    if filter_fft:
+        flops += C * _rfft_flops(N)
+    if backward:
+        flops += rows * (2 * _rfft_flops(N) + 2 * 6 * bins) + 2 * bins * (B - 1) * C
+        flops += C * _rfft_flops(N)
+    return flops
+
+
+def _leaf(t: Tensor) -> Tensor:
+    """A leaf requiring grad that shares the buffer's storage (no extra copy)."""
+    return t.detach().requires_grad_(True)
+
+
+def bind_function(fn: Callable[[Tensor, Tensor], Tensor]) -> Callable[..., Bound]:
+    """bind(u, k, training) for y = fn(u, k); training binds leaves requiring grad."""
+    def bind(u: Tensor, k: Tensor, training: bool) -> Bound:
+        if training:
+            u, k = _leaf(u), _leaf(k)
+        return Bound(lambda: fn(u, k), (u, k))
+    return bind
+
+
+def _bind_cufft_tuned(u: Tensor, k: Tensor, training: bool) -> Bound:
+    if training:   # the filter spectrum needs a gradient, so it is computed per call
+        return bind_function(per_call_filter_fft_conv)(u, k, True)
+    L = u.shape[-1]
+    k_f = torch.fft.rfft(k, n=2 * L)   # the cached filter spectrum: outside the timed call
+    return Bound(lambda: torch.fft.irfft(torch.fft.rfft(u, n=2 * L) * k_f, n=2 * L)[..., :L],
+                 (u, k))
+
+
+def _bind_compiled_reference() -> Callable[..., Bound]:
+    compiled: Dict[str, Callable] = {}
+
+    def bind(u: Tensor, k: Tensor, training: bool) -> Bound:
+        if "fn" not in compiled:
+            # Static shapes: each swept shape gets its own specialised graph (dynamo would
+            # otherwise switch to a dynamic-shape graph at the second shape).
+            try:
+                import torch._dynamo as dynamo
+                for knob in ("recompile_limit", "cache_size_limit"):
+                    if hasattr(dynamo.config, knob):
+                        setattr(dynamo.config, knob, max(64, getattr(dynamo.config, knob)))
+            except Exception:  # noqa: BLE001
+                pass
+            compiled["fn"] = torch.compile(reference_conv, dynamic=False)
+        return bind_function(compiled["fn"])(u, k, training)
+    return bind
+
+
+# ----------------------------------------------------------------------------- monarch_fftconv
+
+def _bind_module(u: Tensor, k: Tensor, training: bool) -> Bound:
+    B, C, L = u.shape
+    module = mf.FFTConv(C, L).to(device=u.device)
+    with torch.no_grad():
+        module.filter.copy_(k.reshape(module.filter.shape))
+    if training:
+        u = _leaf(u)
+        return Bound(lambda: module(u), (u, module.filter))
+
+    def inference():
+        with torch.no_grad():   # inference: the module caches the filter spectrum
+            return module(u)
+    return Bound(inference, (u, module.filter))
+
+
+def _monarch_flops(B: int, C: int, L: int, backward: bool, info: Dict[str, Any]) -> Optional[float]:
+    forward = info.get("flops")
+    if forward is None:
+        return None
+    if backward:   # explain() describes one forward call; count backward only if the package says
+        bwd = info.get("flops_backward")
+        return None if bwd is None else float(forward) + float(bwd)
+    return float(forward)
+
+
+def _explain(precision: Optional[str]) -> Describe:
+    def describe(u: Tensor, k: Tensor) -> Dict[str, Any]:
+        try:
+            info = mf.explain(u, k, precision=precision)
+            return dict(info) if isinstance(info, dict) else {"backend": str(info)}
+        except Exception as e:  # noqa: BLE001
+            return {"backend": "?", "precision": precision,
+                    "explain_error": f"{type(e).__name__}: {e}"}
+    return describe
+
+
+# ---------------------------------------------------------------------------- training steps
+
+def grad_step(bound: Bound, grad_y: Tensor) -> Callable[[], Any]:
+    """y, then torch.autograd.grad(y, (u, k), grad_y): fresh grads, nothing accumulated."""
+    def call():
+        y = bound.forward()
+        grad_u, grad_k = torch.autograd.grad(y, bound.leaves, grad_y)
+        return y, grad_u, grad_k
+    return call
+
+
+def _as_method(name: str, family: str, precision: Optional[str], bind: Callable[..., Bound],
+               describe: Describe, flops: Flops) -> Method:
+    def build(u: Tensor, k: Tensor, grad_y: Optional[Tensor]) -> Callable[[], Any]:
+        if grad_y is None:
+            return bind(u, k, False).forward
+        return grad_step(bind(u, k, True), grad_y)
+    return Method(name, family, precision, build, describe, flops)
+
+
+def _nominal(backend: str, kernel: str) -> Describe:
+    return lambda u, k: {"backend": backend, "kernel": kernel, "precision": "fp32"}
+
+
+def _cufft_flops(filter_fft_forward: bool) -> Flops:
+    # A per-call filter FFT in training either way: its gradient is needed.
+    return lambda B, C, L, bwd, info: cufft_flops(B, C, L, filter_fft=filter_fft_forward or bwd,
+                                                  backward=bwd)
+
+
+def make_methods(*, compile: bool = False, only: Optional[Sequence[str]] = None) -> List[Method]:
+    """All methods of the run, in table order (--methods `only` keeps that order)."""
+    methods = [
+        _as_method("reference", "reference", None, bind_function(reference_conv),
+                   _nominal("torch.fft", "cuFFT/pocketfft rfft+irfft, padded"), _cufft_flops(True)),
+        _as_method("cufft-tuned", "cufft", None, _bind_cufft_tuned,
+                   _nominal("torch.fft", "rfft(n=2L) + cached filter spectrum"),
+                   _cufft_flops(False)),
+    ]
+    if compile:
+        methods.append(_as_method("compile-reference", "compile", None, _bind_compiled_reference(),
+                                  _nominal("torch.compile", "inductor(reference)"),
+                                  _cufft_flops(True)))
+    for p in PRECISIONS:
+        fftconv_p = (lambda p: lambda u, k: mf.fftconv(u, k, precision=p))(p)
+        methods.append(_as_method(f"monarch[{p}]", "monarch", p, bind_function(fftconv_p),
+                                  _explain(p), _monarch_flops))
+    methods.append(_as_method("monarch-module", "monarch", None, _bind_module, _explain(None),
+                              _monarch_flops))
+    if only:
+        unknown = set(only) - {m.name for m in methods}
+        if unknown:
+            raise SystemExit(f"unknown method(s) {sorted(unknown)}; "
+                             f"known: {[m.name for m in methods]}")
+        methods = [m for m in methods if m.name in set(only)]
+    return methods

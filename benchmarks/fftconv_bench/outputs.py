@@ -1,0 +1,122 @@
+"""What the run leaves behind: environment metadata (with a digest of the sources measured),
+results.json (meta + rows), results.csv (one line per shape x method), and the PNG plots."""
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any, Dict, List, Sequence
+
+import torch
+
+from fftconv_bench import REPO_ROOT
+from fftconv_bench.timing import cache_bytes
+
+CPU_NOTE = ("CPU FIGURES, NOT GPU ONES: no CUDA device was used, so this run times the portable "
+            "PyTorch path of monarch_fftconv against torch.fft on the host (time.perf_counter "
+            "medians). These numbers say nothing about GPU performance.")
+
+CSV_FIELDS = ["shape", "B", "C", "L", "pass", "device", "method", "family", "backend", "kernel",
+              "requested_precision", "precision", "status", "median_ms", "q1_ms", "q3_ms",
+              "iqr_ms", "min_ms", "max_ms", "reps", "n_buffers", "l2_flush",
+              "cache_resident_inputs", "floor_ms",
+              "validity", "speedup_vs_reference", "min_bytes", "gbps", "flops", "tflops",
+              "rel_err", "max_abs_err", "allclose", "error_budget", "within_error_budget",
+              "grad_u_rel_err", "grad_u_allclose", "grad_k_rel_err", "grad_k_allclose",
+              "peak_extra_mb", "kernel_launches", "memops",
+              "energy_mj", "fft_size", "factors", "reason", "error"]
+
+
+def source_digest(repo: Path = REPO_ROOT) -> str:
+    """sha256 (12 hex digits) of the package and kernel sources this run imports and builds.
+    Ties results to code even where the checkout's git metadata is stale or absent (a copied
+    working tree on a device machine reports its copy's HEAD, not the code it carries)."""
+    digest = hashlib.sha256()
+    for sub, pattern in (("monarch_fftconv", "*.py"), ("monarch_fftconv/csrc", "*")):
+        for path in sorted((Path(repo) / sub).glob(pattern)):
+            if path.is_file():
+                digest.update(path.name.encode())
+                digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def _git_commit() -> Any:
+    try:
+        return subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=5).stdout.strip() or None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _gpu_environment() -> Dict[str, Any]:
+    idx = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(idx)
+    return dict(gpu_name=torch.cuda.get_device_name(idx),
+                gpu_memory_gib=round(props.total_memory / 2**30, 1),
+                gpu_sm_count=props.multi_processor_count,
+                gpu_capability=f"{props.major}.{props.minor}",
+                l2_cache_bytes=cache_bytes("cuda"),
+                cuda_matmul_allow_tf32=torch.backends.cuda.matmul.allow_tf32,
+                timer="cuda-events (one pair per rep)")
+
+
+def environment(device: str) -> Dict[str, Any]:
+    """Software, machine and source versions of this run."""
+    env = {"device": device, "torch_version": torch.__version__,
+           "cuda_version": torch.version.cuda, "python": platform.python_version(),
+           "platform": platform.platform(), "hostname": platform.node(),
+           "timestamp_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    if device == "cuda":
+        env.update(_gpu_environment())
+    else:
+        env.update(gpu_name=None, cpu=platform.processor() or platform.machine(),
+                   threads=torch.get_num_threads(), timer="time.perf_counter", note=CPU_NOTE)
+    env["git_commit"] = _git_commit()
+    env["source_digest"] = source_digest()
+    return env
+
+
+def json_safe(x: Any) -> Any:
+    """Plain JSON: non-finite floats as None / 'inf' / '-inf', tensors as numbers, else str."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    if isinstance(x, dict):
+        return {str(k): json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x
+    if isinstance(x, torch.Tensor) and x.numel() == 1:
+        return x.item()
+    return str(x)
+
+
+def write_csv(path: str, rows: Sequence[Dict[str, Any]]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in CSV_FIELDS})
+
+
+def write_outputs(out_dir: str, meta: Dict[str, Any], rows: Sequence[Dict[str, Any]]) -> Dict[str, str]:
+    """results.json (meta + rows) and results.csv (one row per method x shape x pass)."""
+    os.makedirs(out_dir, exist_ok=True)
+    json_path = os.path.join(out_dir, "results.json")
+    csv_path = os.path.join(out_dir, "results.csv")
+    with open(json_path, "w") as f:
+        json.dump(json_safe({**meta, "results": list(rows)}), f, indent=2, allow_nan=False)
+    write_csv(csv_path, rows)
+    return {"json": json_path, "csv": csv_path}
+
+
+def plot(out_dir: str, rows: Sequence[Dict[str, Any]], meta: Dict[str, Any]) -> List[str]:
+    """PNG plots: time vs L (log), speedup over the reference, error per precision."""
+    from fftconv_bench import plots   # matplotlib: imported only when plotting
+    return plots.make_plots(out_dir, rows, meta)

@@ -1,0 +1,137 @@
+"""What the run prints: its header (device, sources, copy bandwidth), progress, one plain-text
+table per shape, and the closing summary."""
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any, Dict, List, Sequence
+
+from fftconv_bench.guard import ATOL, RTOL, is_accurate
+from fftconv_bench.outputs import CPU_NOTE
+
+RULE = "=" * 100
+TABLE_COLUMNS = ["method", "backend", "prec", "median ms", "IQR ms", "check", "speedup", "GB/s",
+                 "TFLOP/s", "rel err", "allclose", "budget", "peak MB", "kernels", "mJ/call"]
+
+
+def format_value(value: Any, spec: str = ".3g", none: str = "-") -> str:
+    if value is None:
+        return none
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    try:
+        return format(value, spec)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def header_lines(env: Dict[str, Any], device: str) -> List[str]:
+    """The lines naming what ran where, printed before the first shape."""
+    lines = [RULE, f"monarch_fftconv vs cuFFT benchmark (sources {env['source_digest']}, "
+                   f"git {env.get('git_commit') or '?'})"]
+    if device == "cuda":
+        lines.append(f"GPU: {env['gpu_name']} ({env['gpu_memory_gib']} GiB, "
+                     f"sm_{env['gpu_capability']}, L2 {env['l2_cache_bytes'] / 2**20:.0f} MiB) | "
+                     f"torch {env['torch_version']} | CUDA {env['cuda_version']}")
+    else:
+        lines.append(f"DEVICE: CPU ({env['cpu']}, {env['threads']} threads) | "
+                     f"torch {env['torch_version']} | CUDA {env['cuda_version']}")
+        lines.append("*** " + CPU_NOTE + " ***")
+    return lines
+
+
+def _accuracy_cells(row: Dict[str, Any]) -> List[str]:
+    """rel err (with the grads' in brackets), allclose (y/grads), error budget."""
+    err = format_value(row.get("rel_err"), ".2e")
+    if "grad_u_rel_err" in row:
+        err += (f" (du {format_value(row['grad_u_rel_err'], '.1e')}, "
+                f"dk {format_value(row['grad_k_rel_err'], '.1e')})")
+    allclose = "yes" if row.get("allclose") else "NO"
+    if "grad_u_allclose" in row:
+        allclose += "/" + ("yes" if row["grad_u_allclose"] and row["grad_k_allclose"] else "NO")
+    budget = "-"
+    if row.get("error_budget") is not None:
+        budget = (("ok" if row.get("within_error_budget") else "OVER")
+                  + f" {row['error_budget']:.0e}")
+    return [err, allclose, budget]
+
+
+def _speedup_cell(row: Dict[str, Any]) -> str:
+    if row.get("validity") == "INVALID":
+        return "INVALID"
+    speedup = row.get("speedup_vs_reference")
+    if not speedup:
+        return "-"
+    return format_value(speedup, ".2f") + "x" + ("" if is_accurate(row) else "*")
+
+
+def table_cells(row: Dict[str, Any]) -> List[str]:
+    """One row of the printed table, aligned with TABLE_COLUMNS."""
+    name = [row["method"], row.get("backend") or "-", row.get("precision") or "-"]
+    if row["status"] != "ok":
+        return name + ["ERROR"] + [""] * (len(TABLE_COLUMNS) - 4)
+    return name + [
+        format_value(row["median_ms"], ".4f"), format_value(row["iqr_ms"], ".4f"),
+        row["validity"], _speedup_cell(row), format_value(row.get("gbps"), ".3g"),
+        format_value(row.get("tflops"), ".3g"), *_accuracy_cells(row),
+        format_value(row.get("peak_extra_mb"), ".1f"),
+        format_value(row.get("kernel_launches"), "d"), format_value(row.get("energy_mj"), ".2f")]
+
+
+def _aligned(columns: Sequence[str], cells: Sequence[Sequence[str]]) -> List[str]:
+    widths = [max(len(c), *(len(str(t[i])) for t in cells)) for i, c in enumerate(columns)]
+
+    def line(values):
+        return "  ".join(str(v).ljust(w) for v, w in zip(values, widths)).rstrip()
+    return [line(columns), line(["-" * w for w in widths])] + [line(t) for t in cells]
+
+
+def format_table(rows: Sequence[Dict[str, Any]]) -> str:
+    """Plain-text table for one shape/pass, with its footnotes."""
+    if not rows:
+        return ""
+    r0 = rows[0]
+    head = (f"{r0['shape']} (BxCxL, float32)  pass={r0['pass']}  reps={r0['reps']}  "
+            f"buffers={r0['n_buffers']}{' +L2 flush' if r0['l2_flush'] else ''}"
+            f"{' (inputs cache-resident: --quick)' if r0.get('cache_resident_inputs') else ''}  "
+            f"memory floor={format_value(r0['floor_ms'], '.4f')} ms")
+    cells = [table_cells(r) for r in rows]
+    out = [head] + _aligned(TABLE_COLUMNS, cells)
+    if any(c[TABLE_COLUMNS.index("speedup")].endswith("*") for c in cells):
+        out.append(f"  * fails allclose(atol={ATOL:g}, rtol={RTOL:g}) vs float64: the speedup is "
+                   "not at equal accuracy")
+    if any(r.get("validity") == "INVALID" for r in rows):
+        out.append("  INVALID: median time under the memory floor (compulsory bytes / measured "
+                   "copy bandwidth): a measurement or correctness bug, not a speedup")
+    out.extend(f"  ! {r['method']}: {r['error']}" for r in rows if r["status"] != "ok")
+    return "\n".join(out)
+
+
+class Progress:
+    """tqdm if importable, else a simple printed counter (both on stderr)."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.bar = total, 0, None
+        try:
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, file=sys.stderr, leave=False, dynamic_ncols=True)
+        except Exception:  # noqa: BLE001
+            self.bar = None
+
+    def step(self, desc: str) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.set_description(desc)
+            self.bar.update(1)
+        else:
+            print(f"  [{self.done}/{self.total}] {desc}", file=sys.stderr, flush=True)
+
+    def write(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

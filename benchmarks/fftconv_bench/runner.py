@@ -1,0 +1,249 @@
+"""One benchmark run: for each shape, random inputs and their float64 reference, then every
+method measured into one row (a failing method is an error row, not a crash); then the files."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import traceback
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from fftconv_bench import guard
+from fftconv_bench.methods import Method, make_methods, mf
+from fftconv_bench.outputs import CPU_NOTE, environment, plot, write_outputs
+from fftconv_bench.probes import EnergyMeter, count_kernel_launches, peak_extra_memory
+from fftconv_bench.report import Progress, RULE, format_table, header_lines
+from fftconv_bench.timing import (buffer_plan, cache_bytes, copy_bandwidth, flush_bytes,
+                                  milliseconds, summarize, time_back_to_back, warm_up)
+from fftconv_bench.cli import method_names
+
+Tensor = torch.Tensor
+InputSet = Tuple[Tensor, Tensor, Optional[Tensor]]   # (u, k, grad_y or None)
+
+
+@dataclasses.dataclass
+class Settings:
+    """What every shape of the run shares."""
+    device: str
+    reps: int
+    warmup: int
+    quick: bool
+    backward: bool
+    copy_bw: float                    # bytes/s, measured
+    energy: Optional[EnergyMeter]
+    profile: bool                     # count kernel launches
+    flush_l2: bool
+    seed: int
+
+    @property
+    def pass_name(self) -> str:
+        return "fwd+bwd" if self.backward else "fwd"
+
+
+@dataclasses.dataclass
+class ShapeInputs:
+    """One shape's input buffer sets, their float64 reference and the fields its rows share."""
+    input_sets: List[InputSet]
+    refs: guard.Outputs64
+    flush: Optional[Tensor]           # written between reps when rotation can't evict the inputs
+    floor_s: Optional[float]          # memory floor
+    min_bytes: int
+    common: Dict[str, Any]
+
+
+def _random_input_sets(shape: Tuple[int, int, int], n_sets: int, s: Settings) -> List[InputSet]:
+    B, C, L = shape
+    # Generated on the device (a 64x768x8192 tensor takes seconds on the host).
+    gen = torch.Generator(device=s.device).manual_seed(s.seed + 1000003 * L + 1009 * C + B)
+    sets = []
+    for _ in range(n_sets):
+        # u ~ N(0,1); k ~ N(0,1)/sqrt(L) so y = O(1), making atol=1e-2 meaningful.
+        u = torch.randn(B, C, L, generator=gen, device=s.device)
+        k = torch.randn(C, L, generator=gen, device=s.device) / math.sqrt(L)
+        g = torch.randn(B, C, L, generator=gen, device=s.device) if s.backward else None
+        sets.append((u, k, g))
+    return sets
+
+
+def prepare_shape(shape: Tuple[int, int, int], s: Settings) -> ShapeInputs:
+    B, C, L = shape
+    nbytes = guard.min_bytes(B, C, L, backward=s.backward)
+    floor_s = nbytes / s.copy_bw if s.copy_bw > 0 else None
+    set_bytes = 4 * (B * C * L * (2 if s.backward else 1) + C * L)
+    n_sets, need_flush = buffer_plan(set_bytes, cache_bytes(s.device))
+    flush = None
+    if s.flush_l2 or (need_flush and not s.quick):
+        flush = torch.empty(flush_bytes(s.device) // 4, dtype=torch.float32, device=s.device)
+    input_sets = _random_input_sets(shape, n_sets, s)
+    # True only when neither rotation nor a flush keeps the inputs out of the cache (--quick).
+    resident = flush is None and n_sets * set_bytes < 2 * cache_bytes(s.device)
+    common = {"B": B, "C": C, "L": L, "shape": f"{B}x{C}x{L}", "pass": s.pass_name,
+              "device": s.device, "reps": s.reps, "warmup": s.warmup, "n_buffers": n_sets,
+              "l2_flush": flush is not None, "cache_resident_inputs": resident,
+              "min_bytes": nbytes, "floor_ms": floor_s * 1e3 if floor_s else None}
+    return ShapeInputs(input_sets, guard.float64_reference(*input_sets[0]), flush, floor_s,
+                       nbytes, common)
+
+
+def _describe_into(row: Dict[str, Any], m: Method, u: Tensor, k: Tensor) -> Dict[str, Any]:
+    info = m.describe(u, k) or {}
+    row.update(backend=info.get("backend"), kernel=info.get("kernel"),
+               precision=info.get("precision", m.precision), reason=info.get("reason"),
+               fft_size=info.get("fft_size"), factors=info.get("factors"))
+    if info.get("explain_error"):
+        row["explain_error"] = info["explain_error"]
+    return info
+
+
+def _time_into(row: Dict[str, Any], calls: Sequence[Callable[[], Any]], x: ShapeInputs,
+               s: Settings) -> float:
+    """Times the calls; fills the timing, validity and GB/s fields; returns the median (s)."""
+    warm_up(calls, s.warmup, s.device)
+    summary = summarize(time_back_to_back(calls, reps=s.reps, device=s.device, flush=x.flush))
+    row.update(milliseconds(summary))
+    median_s = summary["median_s"]
+    row["validity"] = guard.validate_time(median_s, x.floor_s)
+    row["gbps"] = x.min_bytes / median_s / 1e9
+    return median_s
+
+
+def _probe_into(row: Dict[str, Any], calls: Sequence[Callable[[], Any]], median_s: float,
+                s: Settings) -> None:
+    """Peak memory, kernel launches and energy of the method (GPU only)."""
+    peak = peak_extra_memory(calls[0], s.device)
+    row["peak_extra_mb"] = None if peak is None else peak / 2**20
+    if s.profile:
+        try:
+            launches = count_kernel_launches(calls[0], s.device)
+        except Exception as e:  # noqa: BLE001
+            launches, row["profile_error"] = None, f"{type(e).__name__}: {e}"
+        if launches is not None:
+            row["kernel_launches"] = launches["kernels"]
+            row["memops"] = launches["memops"]
+    if s.energy is not None and s.energy.available:
+        row["energy_mj"] = s.energy.per_call_mj(calls, median_s)
+
+
+def measure_method(m: Method, x: ShapeInputs, s: Settings) -> Dict[str, Any]:
+    """One row: description, error vs float64, timings, floor check, flops, probes."""
+    row = dict(x.common, method=m.name, family=m.family, requested_precision=m.precision,
+               status="ok", error=None)
+    u0, k0, _ = x.input_sets[0]
+    try:
+        _describe_into(row, m, u0, k0)
+        calls = [m.build(u, k, g) for (u, k, g) in x.input_sets]
+        row.update(guard.outputs_error(calls[0](), x.refs))
+        info = _describe_into(row, m, u0, k0)   # again: a lazy kernel build may have run
+        row.update(guard.error_budget_fields(m.family, row.get("precision"), row.get("rel_err")))
+        median_s = _time_into(row, calls, x, s)
+        row["flops"] = m.flops(row["B"], row["C"], row["L"], s.backward, info)
+        row["tflops"] = row["flops"] / median_s / 1e12 if row["flops"] else None
+        _probe_into(row, calls, median_s, s)
+        del calls
+    except Exception as e:  # noqa: BLE001 -- a failing method is a row, not a crash
+        row["status"] = "error"
+        row["error"] = f"{type(e).__name__}: {e}".strip()[:500]
+        row["traceback"] = traceback.format_exc(limit=4)[-2000:]
+        if s.device == "cuda":
+            torch.cuda.empty_cache()
+    return row
+
+
+def run_shape(shape: Tuple[int, int, int], methods: Sequence[Method], s: Settings,
+              progress: Progress) -> List[Dict[str, Any]]:
+    x = prepare_shape(shape, s)
+    rows = []
+    for m in methods:
+        progress.step(f"{x.common['shape']} {s.pass_name} {m.name}")
+        rows.append(measure_method(m, x, s))
+    del x
+    if s.device == "cuda":
+        torch.cuda.empty_cache()
+    return guard.assign_speedups(rows)
+
+
+def _copy_bytes(device: str, quick: bool) -> int:
+    # Large enough to stream from DRAM (a 60 MB L2 must not hold src + dst).
+    if device == "cuda":
+        return (256 << 20) if quick else (1 << 30)
+    return (16 << 20) if quick else (256 << 20)
+
+
+def _meta(args: argparse.Namespace, cfg: Dict[str, Any], env: Dict[str, Any], s: Settings,
+          copy_bytes: int, rows: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    return {
+        "benchmark": "bench_cufft", **env, "args": dict(vars(args)),
+        "shapes": [list(shape) for shape in cfg["shapes"]], "reps": cfg["reps"],
+        "warmup": cfg["warmup"], "pass": s.pass_name,
+        "copy_bandwidth_gbps": s.copy_bw / 1e9, "copy_bytes": copy_bytes,
+        "tolerance": {"atol": guard.ATOL, "rtol": guard.RTOL},
+        "error_budgets": dict(guard.ERROR_BUDGETS),
+        "energy_note": s.energy.note if s.energy else "energy not requested (--energy)",
+        "gbps_definition": "compulsory bytes (min_bytes: u + k read, y written; with --backward "
+                           "also grad_y read, grad_u and grad_k written) / median time",
+        "flops_convention": (
+            "cuFFT methods: 2.5*N*log2(N) per real FFT of N=2L points + 6 per complex multiply; "
+            "monarch methods: explain()['flops'] (one forward call incl. the filter transform, "
+            "so slightly high for the cached monarch-module; fwd+bwd only if explain gives "
+            "'flops_backward')"),
+        "inputs": "u ~ N(0,1) (B,C,L) float32; k ~ N(0,1)/sqrt(L) (C,L) float32",
+        "n_invalid": sum(r.get("validity") == "INVALID" for r in rows),
+        "n_errors": sum(r["status"] != "ok" for r in rows)}
+
+
+def _start(args: argparse.Namespace, cfg: Dict[str, Any]) -> Tuple[Dict[str, Any], Settings, int]:
+    """Environment, copy bandwidth and energy meter, with the header printed as they come."""
+    device = cfg["device"]
+    env = environment(device)
+    env["monarch_fftconv_version"] = getattr(mf, "__version__", None)
+    print("\n".join(header_lines(env, device)))
+    if device == "cuda" and cfg["reps"] < 30 and not args.quick:
+        print(f"warning: --reps {cfg['reps']} < 30: medians/IQRs will be noisy")
+    copy_bytes = _copy_bytes(device, args.quick)
+    copy_bw = copy_bandwidth(device, copy_bytes)
+    print(f"copy bandwidth (measured, {copy_bytes >> 20} MiB {device} copy, read+write): "
+          f"{copy_bw / 1e9:.0f} GB/s; memory floor = compulsory bytes / that")
+    energy = EnergyMeter(device) if args.energy else None
+    if energy is not None:
+        print(energy.note)
+    print(RULE, flush=True)
+    settings = Settings(device=device, reps=cfg["reps"], warmup=cfg["warmup"], quick=args.quick,
+                        backward=args.backward, copy_bw=copy_bw, energy=energy,
+                        profile=not args.no_profile, flush_l2=args.flush_l2, seed=args.seed)
+    return env, settings, copy_bytes
+
+
+def _finish(args: argparse.Namespace, meta: Dict[str, Any],
+            rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Write results.json / results.csv and the plots; print where they went."""
+    paths = write_outputs(args.out, meta, rows)
+    plots: List[str] = []
+    if not args.no_plots:
+        try:
+            plots = plot(args.out, rows, meta)
+        except Exception as e:  # noqa: BLE001
+            print(f"warning: plotting failed: {type(e).__name__}: {e}")
+    print(f"{len(rows)} rows ({meta['n_errors']} errors, {meta['n_invalid']} INVALID) -> "
+          f"{paths['json']}, {paths['csv']}" + (f", {len(plots)} plots" if plots else ""))
+    if meta["device"] == "cpu":
+        print("reminder: " + CPU_NOTE)
+    return {"meta": meta, "rows": rows, "paths": paths, "plots": plots}
+
+
+def run(args: argparse.Namespace, cfg: Dict[str, Any]) -> Dict[str, Any]:
+    """The whole run for parsed args and their resolved config: {meta, rows, paths, plots}."""
+    torch.manual_seed(args.seed)
+    methods = make_methods(compile=args.compile, only=method_names(args.methods))
+    env, settings, copy_bytes = _start(args, cfg)
+    progress = Progress(len(cfg["shapes"]) * len(methods))
+    rows: List[Dict[str, Any]] = []
+    try:
+        for shape in cfg["shapes"]:
+            shape_rows = run_shape(shape, methods, settings, progress)
+            rows.extend(shape_rows)
+            progress.write("\n" + format_table(shape_rows) + "\n")
+    finally:
+        progress.close()
+    return _finish(args, _meta(args, cfg, env, settings, copy_bytes, rows), rows)

@@ -1,0 +1,113 @@
+"""The clocks: seconds per call, their median and IQR, the device copy bandwidth, and how many
+input buffer sets keep the inputs out of the cache.
+
+GPU: a CUDA event pair around each rep, so that an optional cache flush between reps (a write of
+a large buffer) stays outside the timed region. CPU: time.perf_counter around each call.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+Call = Callable[[], Any]
+MAX_BUFFERS = 64
+GPU_FLUSH_BYTES = 256 * 2**20   # > 4x a 60 MB L2
+HOST_CACHE_GUESS_BYTES = 32 * 2**20
+GPU_L2_FALLBACK_BYTES = 60 * 2**20
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def warm_up(calls: Sequence[Call], warmup: int, device: str) -> None:
+    """`warmup` calls, and every buffer set at least once (plans, caches, compilation)."""
+    for i in range(max(warmup, len(calls))):
+        calls[i % len(calls)]()
+    synchronize(device)
+
+
+def time_back_to_back(calls: Sequence[Call], *, reps: int, device: str,
+                      flush: Optional[torch.Tensor] = None) -> List[float]:
+    """Seconds per rep for `reps` calls, rotating through `calls` (one per input buffer set)."""
+    n = len(calls)
+    if device != "cuda":
+        return [_host_seconds(calls[i % n], flush) for i in range(reps)]
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        if flush is not None:
+            flush.zero_()
+        starts[i].record()
+        calls[i % n]()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)]
+
+
+def _host_seconds(call: Call, flush: Optional[torch.Tensor]) -> float:
+    if flush is not None:
+        flush.zero_()
+    t0 = time.perf_counter()
+    out = call()
+    t1 = time.perf_counter()
+    del out
+    return t1 - t0
+
+
+def summarize(times: Sequence[float]) -> Dict[str, float]:
+    """Median, quartiles, inter-quartile range, min and max (seconds)."""
+    ts = sorted(times)
+    if len(ts) >= 2:
+        q1, _, q3 = statistics.quantiles(ts, n=4, method="inclusive")
+    else:
+        q1 = q3 = ts[0]
+    return {"median_s": statistics.median(ts), "q1_s": q1, "q3_s": q3, "iqr_s": q3 - q1,
+            "min_s": ts[0], "max_s": ts[-1]}
+
+
+def milliseconds(summary: Dict[str, float], prefix: str = "") -> Dict[str, float]:
+    """{'median_s': x} -> {prefix + 'median_ms': 1e3 x}: the row fields of a summary."""
+    return {prefix + name[:-2] + "_ms": seconds * 1e3 for name, seconds in summary.items()}
+
+
+def copy_bandwidth(device: str, nbytes: int = 1 << 30, reps: int = 10) -> float:
+    """Device copy bandwidth in bytes/s: a large copy, (bytes read + bytes written) / time."""
+    n = nbytes // 4
+    src = torch.ones(n, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    copy = [lambda: dst.copy_(src)]
+    warm_up(copy, 2, device)
+    median_s = statistics.median(time_back_to_back(copy, reps=reps, device=device))
+    del copy, src, dst
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return 2 * n * 4 / median_s
+
+
+def cache_bytes(device: str) -> int:
+    """The GPU's L2 size; on the host a guess at the last-level cache."""
+    if device != "cuda":
+        return HOST_CACHE_GUESS_BYTES
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    l2 = getattr(props, "L2_cache_size", 0) or 0
+    return int(l2) if l2 > 0 else GPU_L2_FALLBACK_BYTES
+
+
+def flush_bytes(device: str) -> int:
+    """Size of the buffer written between reps to evict the inputs from the cache."""
+    return GPU_FLUSH_BYTES if device == "cuda" else 2 * cache_bytes(device)
+
+
+def buffer_plan(set_bytes: int, cache_size: int) -> Tuple[int, bool]:
+    """(number of input buffer sets, whether an explicit cache flush is needed): enough sets that
+    their total is >= 2x the cache; if that would take more than MAX_BUFFERS, flush instead."""
+    need = max(2, math.ceil(2 * cache_size / max(set_bytes, 1)))
+    if need <= MAX_BUFFERS:
+        return need, False
+    return 2, True
