@@ -124,7 +124,9 @@ def select_backend(
     if (decided := _decisions.get(key)) is not None:
         return decided
     backend = _decide(device, dtype, precision, plan, build)
-    if not isinstance(backend, Pending):
+    # Remembered by eager calls only: a compiled graph decides at trace time, where storing
+    # into a global would have to be replayed after the graph.
+    if not isinstance(backend, Pending) and not torch.compiler.is_compiling():
         _decisions[key] = backend
     return backend
 

@@ -11,7 +11,7 @@ import monarch_fftconv as mf
 from monarch_fftconv import ops, portable
 from monarch_fftconv.planner import plan_for
 
-from conftest import BUDGETS, randn, reference, rel_l2
+from helpers import BUDGETS, randn, reference, rel_l2
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -7,7 +7,7 @@ import monarch_fftconv as mf
 from monarch_fftconv import portable
 from monarch_fftconv.planner import plan_for
 
-from conftest import BUDGETS, randn, reference, rel_l2
+from helpers import BUDGETS, randn, reference, rel_l2
 
 SHAPES = [  # (B, C, L, Lk): seed scale, odd batch, non-power-of-two L, short filters
     (2, 4, 8192, 8192), (3, 5, 1000, 1000), (1, 3, 1, 1), (5, 2, 3, 2),

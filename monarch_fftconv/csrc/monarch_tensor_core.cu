@@ -32,15 +32,12 @@ LaunchFn pick_prec(Precision prec, IOType io) {
   }
 }
 
-// The static table of supported Monarch splits (MONARCH_TC_SPLITS).
+// The dispatch table over the kernels' splits (MONARCH_FFTCONV_SPLITS, fftconv.h).
 LaunchFn pick(const ConvForwardParams& p) {
-  if (p.io_type != IOType::kFloat32 && p.io_type != IOType::kBFloat16 &&
-      p.io_type != IOType::kFloat16)
-    return nullptr;
   switch (p.n1 * 1000 + p.n2) {
 #define MONARCH_TC_CASE(N1_, N2_) \
   case N1_ * 1000 + N2_: return pick_prec<N1_, N2_>(p.precision, p.io_type);
-    MONARCH_TC_SPLITS(MONARCH_TC_CASE)
+    MONARCH_FFTCONV_SPLITS(MONARCH_TC_CASE)
 #undef MONARCH_TC_CASE
     default: return nullptr;
   }
@@ -48,21 +45,12 @@ LaunchFn pick(const ConvForwardParams& p) {
 
 }  // namespace tc
 
-// Shapes and types only: the binding also asks with null pointers, before any tensor exists.
-bool conv_forward_tensor_core_supports(const ConvForwardParams& params) {
-  const ConvForwardParams& p = params;
-  if (p.batch < 1 || p.channels < 1) return false;
-  if (p.batch * p.channels > int64_t(0x7fffffff)) return false;
-  if (int64_t(p.n1) * p.n2 != p.fft_size) return false;
-  if (p.seq_len < 1 || p.seq_len > p.fft_size / 2) return false;
-  return tc::pick(p) != nullptr;
-}
-
 cudaError_t conv_forward_tensor_core(const ConvForwardParams& params, cudaStream_t stream) {
-  if (!conv_forward_tensor_core_supports(params)) return cudaErrorInvalidValue;
-  if (params.u == nullptr || params.y == nullptr || params.filter_spectrum == nullptr) return cudaErrorInvalidValue;
-  if (reinterpret_cast<uintptr_t>(params.filter_spectrum) % 8 != 0) return cudaErrorMisalignedAddress;
-  return tc::pick(params)(params, stream);
+  const tc::LaunchFn launch = tc::pick(params);
+  const bool valid = launch != nullptr && params.u != nullptr && params.y != nullptr &&
+                     params.filter_spectrum != nullptr && params.batch * params.channels <= int64_t(0x7fffffff) &&
+                     reinterpret_cast<uintptr_t>(params.filter_spectrum) % 8 == 0;
+  return valid ? launch(params, stream) : cudaErrorInvalidValue;
 }
 
 }  // namespace monarch_fftconv

@@ -1,4 +1,4 @@
-"""Gradients, custom-op registration, and torch.compile."""
+"""The torch ops: registration (opcheck), gradients through autograd, torch.compile."""
 
 import pytest
 import torch
@@ -6,7 +6,7 @@ import torch
 import monarch_fftconv as mf
 from monarch_fftconv import ops
 
-from conftest import randn, reference, rel_l2
+from helpers import randn, reference, rel_l2
 
 
 @pytest.mark.parametrize("batch, channels, length, filter_len", [(2, 3, 7, 7), (3, 2, 16, 5), (1, 1, 1, 1)])
@@ -60,3 +60,25 @@ def test_torch_compile_fullgraph(gen):
     torch.testing.assert_close(y, step(x))
     y.sum().backward()
     assert x.grad is not None and conv.filter.grad is not None
+
+
+def test_backward_reuses_the_saved_spectrum(gen):
+    """The forward computes k's spectrum once and saves it; the backward never recomputes it."""
+    u = randn(gen, 2, 3, 300).requires_grad_()
+    k = randn(gen, 3, 200).requires_grad_()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        y = mf.fftconv(u, k)
+        torch.autograd.grad(y, (u, k), torch.ones_like(y))
+    calls = [e.name for e in prof.events() if e.name.startswith("monarch_fftconv::")]
+    assert calls.count("monarch_fftconv::filter_spectrum") == 1, calls
+    assert calls.count("monarch_fftconv::fftconv_backward") == 1, calls
+
+
+def test_ops_dispatch_by_device():
+    """CPU implementations are registered on the monarch_fftconv ops themselves; CUDA ones
+    come from the extension (conv_forward) or Python (the rest)."""
+    for op in (ops.filter_spectrum, ops.conv_forward, ops.fftconv_backward):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(op._qualname, "CPU"), op._qualname
+    for op in (ops.filter_spectrum, ops.fftconv_backward):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(op._qualname, "CUDA"), op._qualname
+    assert not [name for name in torch._C._dispatch_get_all_op_names() if name.startswith("monarch_fftconv_cuda::")]

@@ -1,0 +1,183 @@
+"""The loader and the build: backend selection without a GPU, fallbacks that warn once, the
+nvcc compile check of every kernel unit (CI has nvcc but no GPU), and the packaging."""
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from monarch_fftconv import _extension
+
+NVCC = shutil.which("nvcc")
+SOURCES = _extension.kernel_sources()
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+@pytest.mark.skipif(not _extension.cutlass_include_dirs(), reason="CUTLASS headers not installed (nvidia-cutlass)")
+@pytest.mark.parametrize("source", SOURCES, ids=[s.name for s in SOURCES])
+def test_kernel_compiles(source, tmp_path):
+    includes = [f"-I{d}" for d in (_extension.CSRC, *_extension.cutlass_include_dirs())]
+    cmd = [NVCC, *_extension.NVCC_FLAGS, *includes, "-c", str(source), "-o", str(tmp_path / "k.o")]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+def test_kernel_sources_are_torch_free():
+    """Kernel units include no torch header: they compile ~10x faster that way."""
+    for path in [*SOURCES, *_extension.CSRC.glob("*.cuh"), *_extension.CSRC.glob("*.h")]:
+        text = path.read_text()
+        assert "#include <torch" not in text and "#include <ATen" not in text, path.name
+
+
+@pytest.fixture
+def hopper_kernels(monkeypatch):
+    """Pretend the CUDA extension loaded with the kernels' coverage: the decision is then
+    checkable without a GPU."""
+    from monarch_fftconv import _extension, backends
+
+    splits = frozenset((n1, n2) for n1, n2 in [(16, 16), (32, 16), (32, 32), (64, 32), (64, 64), (128, 64), (128, 128)])
+    coverage = _extension.Coverage(splits, frozenset({torch.float32, torch.bfloat16, torch.float16}))
+    monkeypatch.setattr(_extension, "coverage", lambda build=True: coverage)
+    monkeypatch.setattr(backends, "_decisions", {})
+    return backends
+
+
+@pytest.mark.parametrize("precision, name", [("fp32", "cuda-fp32"), ("bf16", "cuda-tensor-core")])
+def test_gpu_calls_a_kernel_covers_take_it(hopper_kernels, precision, name):
+    from monarch_fftconv.planner import plan_for
+
+    for length in (129, 1000, 8192):
+        backend = hopper_kernels.select_backend(torch.device("cuda", 0), torch.float32, precision, plan_for(length))
+        assert backend.name == name
+        assert hopper_kernels.select_backend(torch.device("cuda", 0), torch.float32, precision, plan_for(length)) is backend
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("length, dtype, why", [(8193, torch.float32, "N=32768"), (100, torch.float64, "float64"),
+                                                (64, torch.float32, "N=128")])
+def test_gpu_calls_no_kernel_covers_take_cufft(hopper_kernels, length, dtype, why, precision):
+    from monarch_fftconv.planner import plan_for
+
+    backend = hopper_kernels.select_backend(torch.device("cuda", 0), dtype, precision, plan_for(length))
+    assert backend.name == "torch.fft" and why in backend.reason
+
+
+def test_gpu_without_kernels_takes_cufft_and_explain_never_builds(monkeypatch):
+    from monarch_fftconv import _extension, backends
+    from monarch_fftconv.planner import plan_for
+
+    monkeypatch.setattr(backends, "_decisions", {})
+    monkeypatch.setattr(_extension, "_result", None)
+    monkeypatch.setattr(_extension, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(_extension, "_aot_library", lambda: None)
+    monkeypatch.setattr(_extension, "build", lambda: pytest.fail("explain() must not build"))
+    pending = backends.select_backend(torch.device("cuda", 0), torch.float32, "fp32", plan_for(1000), build=False)
+    assert pending.name == "pending" and pending.flops(plan_for(1000), 1, 1) is None
+    assert backends._decisions == {}  # not remembered: the real call decides
+
+    monkeypatch.setattr(_extension, "unavailable_reason", lambda: "nvcc not found")
+    backend = backends.select_backend(torch.device("cuda", 0), torch.float32, "fp32", plan_for(1000), build=False)
+    assert backend.name == "torch.fft" and "nvcc not found" in backend.reason
+
+
+def test_import_has_no_global_side_effects():
+    import subprocess
+    import sys
+
+    code = (
+        "import torch; s = torch.random.get_rng_state().clone();"
+        "import monarch_fftconv;"
+        "assert torch.equal(s, torch.random.get_rng_state()), 'RNG touched';"
+        "import sys; assert 'monarch_fftconv_cuda' not in str(torch.ops.loaded_libraries)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_missing_toolchain_falls_back_with_one_warning(monkeypatch):
+    from monarch_fftconv import _extension
+
+    monkeypatch.setattr(_extension, "unavailable_reason", lambda: "nvcc not found (set CUDA_HOME)")
+    monkeypatch.setattr(_extension, "_result", None)
+    with pytest.warns(UserWarning, match="nvcc not found") as record:
+        assert _extension.coverage() == "nvcc not found (set CUDA_HOME)"
+        assert _extension.coverage() == "nvcc not found (set CUDA_HOME)"  # decided once: no second warning
+    assert len(record) == 1
+
+
+def test_failed_build_falls_back_with_one_warning_saying_what_failed(monkeypatch):
+    from monarch_fftconv import _extension
+
+    def broken_build(verbose=False):
+        raise RuntimeError("nvcc: error: something is wrong")
+
+    monkeypatch.setattr(_extension, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(_extension, "_aot_library", lambda: None)
+    monkeypatch.setattr(_extension, "build", broken_build)
+    monkeypatch.setattr(_extension, "_result", None)
+    with pytest.warns(UserWarning, match="building the CUDA extension failed: nvcc: error") as record:
+        reason = _extension.coverage()
+        assert _extension.coverage() is reason
+    assert len(record) == 1 and "something is wrong" in reason
+
+
+def test_cutlass_path_override(monkeypatch, tmp_path):
+    from monarch_fftconv import _extension
+
+    (tmp_path / "include").mkdir()
+    monkeypatch.setenv(_extension.CUTLASS_ENV, str(tmp_path))
+    assert _extension.cutlass_include_dirs() == [str(tmp_path / "include")]
+
+
+# --------------------------------------------------------------------------- packaging
+
+REPO = Path(__file__).resolve().parent.parent
+INSTALLED_CHECK = """
+import sys
+from monarch_fftconv import _extension
+sources = _extension.binding_sources()
+assert all(p.is_file() for p in sources), [str(p) for p in sources if not p.is_file()]
+assert "site-packages" in str(_extension.CSRC), _extension.CSRC
+print(len(sources), _extension.CSRC)
+"""
+
+
+def _env_without_checkout() -> dict[str, str]:
+    """The environment minus any PYTHONPATH entry that points at this checkout."""
+    env = dict(os.environ)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != REPO]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
+
+
+def test_wheel_ships_the_kernel_sources(tmp_path):
+    """A regular (non-editable) install carries csrc/, so it can JIT-build the kernels."""
+    isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
+    # Built from a clean copy: a stale in-tree build/ could hide missing package data.
+    source = tmp_path / "src"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__",
+                                                               ".whl", "gpu_out", "bench_out"))
+    dist = tmp_path / "dist"
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, "-w", str(dist),
+                            str(source)], capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr[-3000:]
+    (wheel,) = dist.glob("monarch_fftconv-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = {f"monarch_fftconv/csrc/{p.name}" for p in _extension.CSRC.iterdir() if p.is_file()}
+    assert expected <= names and "monarch_fftconv/py.typed" in names, expected - names
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=300)
+    python = venv / "bin" / "python"
+    install = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+                             capture_output=True, text=True, timeout=300)
+    assert install.returncode == 0, install.stderr[-3000:]
+    check = subprocess.run([str(python), "-c", INSTALLED_CHECK], cwd=tmp_path, env=_env_without_checkout(),
+                           capture_output=True, text=True, timeout=300)
+    assert check.returncode == 0, check.stderr[-3000:]
+    assert str(venv) in check.stdout

@@ -1,0 +1,93 @@
+"""The nn.Module: drop-in for the plain torch.fft model, shorter inputs, the spectrum cache."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import monarch_fftconv as mf
+
+from helpers import BUDGETS, randn, reference, rel_l2
+
+
+class SeedModel(nn.Module):
+    """The plain torch.fft model FFTConv replaces (from the project brief)."""
+
+    def __init__(self, channels, seq_len):
+        super().__init__()
+        self.channels, self.seq_len, self.fft_size = channels, seq_len, 2 * seq_len
+        self.filter = nn.Parameter(torch.randn(channels, seq_len))
+
+    def forward(self, x):
+        x_f = torch.fft.rfft(F.pad(x, (0, self.seq_len)), dim=-1)
+        k_f = torch.fft.rfft(F.pad(self.filter, (0, self.seq_len)), dim=-1)
+        return torch.fft.irfft(x_f * k_f.unsqueeze(0), n=self.fft_size, dim=-1)[..., : self.seq_len]
+
+
+def test_seed_model_loads_and_matches(gen):
+    seed = SeedModel(4, 8192)
+    conv = mf.FFTConv(4, 8192)
+    conv.load_state_dict(seed.state_dict())
+    x = randn(gen, 2, 4, 8192)
+    with torch.no_grad():
+        expected = reference(x, seed.filter)
+        assert rel_l2(seed(x), expected) <= BUDGETS["fp32"]
+        assert rel_l2(conv(x), expected) <= BUDGETS["fp32"]
+    y = conv(x)  # with autograd
+    assert rel_l2(y, expected) <= BUDGETS["fp32"]
+
+
+def test_same_init_as_seed_model():
+    torch.manual_seed(123)
+    a = SeedModel(3, 50).filter
+    torch.manual_seed(123)
+    b = mf.FFTConv(3, 50).filter
+    assert torch.equal(a, b)
+
+
+def test_shorter_inputs(gen):
+    conv = mf.FFTConv(3, 1000)
+    x = randn(gen, 2, 3, 300)
+    with torch.no_grad():
+        assert rel_l2(conv(x), reference(x, conv.filter[:, :300])) <= BUDGETS["fp32"]
+        full = randn(gen, 2, 3, 1000)  # and the full length again, after the shorter call
+        assert rel_l2(conv(full), reference(full, conv.filter)) <= BUDGETS["fp32"]
+    with pytest.raises(ValueError, match="exceeds"):
+        conv(randn(gen, 2, 3, 1001))
+
+
+def test_inference_cache_follows_the_parameter(gen):
+    conv = mf.FFTConv(3, 512)
+    x = randn(gen, 2, 3, 512)
+    opt = torch.optim.SGD(conv.parameters(), lr=0.1)
+    with torch.no_grad():
+        before = conv(x)
+        assert torch.equal(conv(x), before)  # cached, same result
+    loss = conv(x).square().mean()
+    loss.backward()
+    opt.step()  # in-place update: bumps filter._version
+    with torch.no_grad():
+        after = conv(x)
+        assert not torch.allclose(after, before)
+        assert rel_l2(after, reference(x, conv.filter)) <= BUDGETS["fp32"]
+        conv.filter.mul_(2.0)  # any in-place change
+        assert rel_l2(conv(x), reference(x, conv.filter)) <= BUDGETS["fp32"]
+        conv.filter = nn.Parameter(torch.randn(3, 512))  # a new parameter object
+        assert rel_l2(conv(x), reference(x, conv.filter)) <= BUDGETS["fp32"]
+        conv.filter.data = torch.randn(3, 512)  # new storage behind the same parameter
+        assert rel_l2(conv(x), reference(x, conv.filter)) <= BUDGETS["fp32"]
+        conv.double()  # dtype change
+        assert conv(x.double()).dtype == torch.float64
+        assert rel_l2(conv(x.double()), reference(x, conv.filter)) <= 1e-12
+
+
+def test_module_precision_attribute(gen):
+    conv = mf.FFTConv(2, 256, precision="bf16")
+    x = randn(gen, 1, 2, 256)
+    with torch.no_grad():
+        coarse = rel_l2(conv(x), reference(x, conv.filter))
+        conv.precision = "fp32"
+        exact = rel_l2(conv(x), reference(x, conv.filter))
+    assert exact < 1e-5 < 1e-4 < coarse
+    with pytest.raises(ValueError):
+        mf.FFTConv(2, 256, precision="bf17")
