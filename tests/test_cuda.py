@@ -40,8 +40,8 @@ def emulate(u: torch.Tensor, k: torch.Tensor, precision: str, D=None) -> torch.T
 @pytest.mark.parametrize("length", KERNEL_LENGTHS)
 def test_kernel_every_size(length, precision, gen):
     u, k = randn(gen, 3, 5, length, device=DEVICE), randn(gen, 5, length, device=DEVICE)
-    assert mf.explain(u, k, precision=precision)["backend"] == expected_backend(precision)
     y = poisoned_call(lambda: mf.fftconv(u, k, precision=precision), u)
+    assert mf.explain(u, k, precision=precision)["backend"] == expected_backend(precision)
     assert torch.isfinite(y).all(), "unwritten (NaN) outputs"
     ref = reference(u, k)
     assert rel_l2(y, ref) <= BUDGETS[precision]
@@ -151,3 +151,61 @@ def test_64bit_indexing(gen):
     assert rel_l2(y[tail], reference(u[tail], k)) <= BUDGETS["bf16"] + 2.0 ** -8
     del u, y
     torch.cuda.empty_cache()
+
+
+def test_transposed_input(gen):
+    """(B, L, C) activations transposed to (B, C, L): time is strided, the result is right."""
+    x = randn(gen, 2, 3000, 6, device=DEVICE)
+    k = randn(gen, 6, 3000, device=DEVICE)
+    u = x.transpose(1, 2)
+    assert u.stride(-1) != 1
+    for precision in ("fp32", "bf16"):
+        assert rel_l2(mf.fftconv(u, k, precision=precision), reference(u, k)) <= BUDGETS[precision]
+
+
+def test_the_cuda_op_is_the_extensions(gen):
+    """conv_forward's CUDA kernel comes from the binding, on the same op as the CPU one."""
+    u, k = randn(gen, 2, 3, 1000, device=DEVICE), randn(gen, 3, 1000, device=DEVICE)
+    mf.fftconv(u, k)  # loads the extension
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("monarch_fftconv::conv_forward", "CUDA")
+    spectrum = ops.filter_spectrum(k, 1000, "fp32")
+    y = torch.ops.monarch_fftconv.conv_forward(u, spectrum, None, "fp32")
+    assert rel_l2(y, reference(u, k)) <= BUDGETS["fp32"]
+    with pytest.raises(ValueError, match="does not fit L"):
+        torch.ops.monarch_fftconv.conv_forward(u[..., :400], spectrum, None, "fp32")
+    with pytest.raises(ValueError, match="unknown precision"):
+        torch.ops.monarch_fftconv.conv_forward(u, spectrum, None, "fp8")
+
+
+def test_explain_never_builds_and_then_names_the_kernel():
+    """In a fresh process explain() says "pending" (it never builds); after one call it names
+    the kernel the call took."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, monarch_fftconv as mf\n"
+        "u, k = torch.randn(2, 3, 1000, device='cuda'), torch.randn(3, 1000, device='cuda')\n"
+        "before = mf.explain(u, k)['backend']\n"
+        "mf.fftconv(u, k)\n"
+        "print(before, mf.explain(u, k)['backend'], mf.explain(u, k, precision='bf16')['backend'])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=True)
+    assert out.stdout.split() == ["pending", "cuda-fp32", "cuda-tensor-core"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_compiled_training_step(precision, gen):
+    """torch.compile(fullgraph=True) of a module holding FFTConv, forward and backward,
+    matches eager."""
+    model = torch.nn.Sequential(mf.FFTConv(4, 2048, precision=precision), torch.nn.GELU()).to(DEVICE)
+    compiled = torch.compile(model, fullgraph=True)
+    x = randn(gen, 2, 4, 2048, device=DEVICE)
+    grads = []
+    for run in (model, compiled):
+        xg = x.clone().requires_grad_()
+        run(xg).square().mean().backward()
+        grads.append((xg.grad, model[0].filter.grad.clone()))
+        model.zero_grad()
+    for got, want in zip(*grads):
+        assert rel_l2(got, want) <= 1e-5

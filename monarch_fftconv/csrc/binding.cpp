@@ -45,16 +45,19 @@ bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
 // The plan travels in the spectrum's shape, (C, n1/2 + 1, n2, 2): N = n1·n2 must be the
 // planner's N = 2·next_pow2(L) and (n1, n2) a split the kernels are built for.
-at::Tensor conv_forward(const at::Tensor& u, const at::Tensor& spectrum, const std::optional<at::Tensor>& skip,
-                        c10::string_view precision) {
-  TORCH_CHECK_VALUE(u.dim() == 3, "monarch_fftconv: u must be (B, C, L), got ", u.sizes());
-  TORCH_CHECK_VALUE(u.stride(2) == 1, "monarch_fftconv: u must be contiguous along time");
+// u may have any batch and channel strides; a u that is not contiguous in time, and a
+// spectrum or skip term that is not contiguous float32, are copied once (the kernels
+// compute in fp32 whatever the caller's dtype).
+at::Tensor conv_forward(const at::Tensor& u_in, const at::Tensor& spectrum_in,
+                        const std::optional<at::Tensor>& skip_in, c10::string_view precision) {
+  TORCH_CHECK_VALUE(u_in.dim() == 3, "monarch_fftconv: u must be (B, C, L), got ", u_in.sizes());
+  const at::Tensor u = u_in.stride(2) == 1 ? u_in : u_in.contiguous();
+  const at::Tensor spectrum = spectrum_in.to(at::kFloat).contiguous();
   const int64_t batch = u.size(0), channels = u.size(1), seq_len = u.size(2);
-  TORCH_CHECK_TYPE(spectrum.scalar_type() == at::kFloat, "monarch_fftconv: the filter spectrum must be float32");
-  TORCH_CHECK_VALUE(spectrum.is_contiguous() && spectrum.dim() == 4 && spectrum.size(0) == channels &&
-                        spectrum.size(1) >= 2 && spectrum.size(3) == 2,
-                    "monarch_fftconv: the filter spectrum must be contiguous (C, n1/2+1, n2, 2) with C=", channels,
-                    ", got ", spectrum.sizes());
+  TORCH_CHECK_VALUE(spectrum.dim() == 4 && spectrum.size(0) == channels && spectrum.size(1) >= 2 &&
+                        spectrum.size(3) == 2,
+                    "monarch_fftconv: the filter spectrum must be (C, n1/2+1, n2, 2) with C=", channels, ", got ",
+                    spectrum.sizes());
   const int64_t n1 = 2 * (spectrum.size(1) - 1), n2 = spectrum.size(2), fft_size = n1 * n2;
   TORCH_CHECK_VALUE(is_pow2(fft_size) && fft_size / 4 < seq_len && seq_len <= fft_size / 2,
                     "monarch_fftconv: the spectrum's plan N=", fft_size, " (", n1, "x", n2,
@@ -63,10 +66,11 @@ at::Tensor conv_forward(const at::Tensor& u, const at::Tensor& spectrum, const s
                     "monarch_fftconv: no CUDA kernel for the split ", n1, "x", n2);
   TORCH_CHECK_VALUE(spectrum.device() == u.device(), "monarch_fftconv: u and the filter spectrum are on ", u.device(),
                     " and ", spectrum.device());
+  const std::optional<at::Tensor> skip =
+      skip_in ? std::optional(skip_in->to(at::kFloat).contiguous()) : std::nullopt;
   if (skip) {
-    TORCH_CHECK_VALUE(skip->scalar_type() == at::kFloat && skip->is_contiguous() && skip->dim() == 1 &&
-                          skip->size(0) == channels && skip->device() == u.device(),
-                      "monarch_fftconv: the skip term D must be a contiguous float32 (C,) tensor on u's device");
+    TORCH_CHECK_VALUE(skip->dim() == 1 && skip->size(0) == channels && skip->device() == u.device(),
+                      "monarch_fftconv: the skip term D must be (C,) on u's device, got ", skip->sizes());
   }
 
   const c10::cuda::CUDAGuard guard(u.device());

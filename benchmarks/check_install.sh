@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# On the GPU machine: the two ways a user installs the package, each into a fresh venv
+# (torch from the system site), run from outside the checkout.
+#   jit: a regular wheel carries monarch_fftconv/csrc/ and JIT-builds the kernels on first use;
+#   aot: MONARCH_FFTCONV_BUILD_EXT=1 compiles monarch_fftconv._C into the wheel, which loads
+#        with torch.ops.load_library and builds nothing.
+# Each prints the backend explain() names for fp32 and bf16, and the error against float64.
+#   bash benchmarks/check_install.sh [jit|aot ...]      (default: both)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+REPO=$PWD
+WORK=$(mktemp -d)
+# Keep the carried wheels' site (CUTLASS headers) but not the checkout on the path.
+PYTHONPATH=$(tr ':' '\n' <<<"${PYTHONPATH:-}" | grep -v -x -e "$REPO" -e '' | paste -sd: || true)
+export PYTHONPATH
+
+CHECK='
+import sys, torch, monarch_fftconv as mf
+from monarch_fftconv import _extension
+u, k = torch.randn(4, 8, 8192, device="cuda"), torch.randn(8, 8192, device="cuda") / 90
+n = 2 * u.shape[-1]
+ref = torch.fft.irfft(torch.fft.rfft(u.double(), n=n) * torch.fft.rfft(k.double(), n=n), n=n)[..., : u.shape[-1]]
+for precision in ("fp32", "bf16"):
+    y = mf.fftconv(u, k, precision=precision)
+    info = mf.explain(u, k, precision=precision)
+    err = ((y.double() - ref).norm() / ref.norm()).item()
+    print(f"{sys.argv[1]}: {precision}: {info[\"backend\"]} ({info[\"kernel\"]}), rel L2 {err:.2e}")
+    assert info["backend"].startswith("cuda-"), info
+print(f"{sys.argv[1]}: package at {mf.__file__}; AOT library {_extension._aot_library()}")
+print(f"{sys.argv[1]}: loaded libraries {sorted(torch.ops.loaded_libraries)}")
+assert "site-packages" in mf.__file__
+'
+
+for mode in "${@:-jit aot}"; do
+  for m in $mode; do
+    echo "== $m install"
+    start=$(date +%s)
+    if [ "$m" = aot ]; then
+      MONARCH_FFTCONV_BUILD_EXT=1 python3 -m pip wheel -q --no-deps --no-build-isolation -w "$WORK/dist-$m" "$REPO"
+    else
+      python3 -m pip wheel -q --no-deps --no-build-isolation -w "$WORK/dist-$m" "$REPO"
+    fi
+    python3 -m venv --system-site-packages "$WORK/venv-$m"
+    "$WORK/venv-$m/bin/python" -m pip install -q --no-deps --no-index "$WORK"/dist-"$m"/*.whl
+    (cd "$WORK" && MONARCH_FFTCONV_BUILD_DIR="$WORK/jit-build-$m" "$WORK/venv-$m/bin/python" -c "$CHECK" "$m")
+    [ "$m" = aot ] && ! ls "$WORK/jit-build-$m" >/dev/null 2>&1 && echo "aot: no JIT build directory was created"
+    echo "$m: install + first call took $(( $(date +%s) - start )) s"
+  done
+done
