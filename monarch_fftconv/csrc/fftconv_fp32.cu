@@ -155,30 +155,10 @@ __device__ __forceinline__ cf tw_const(cf d, int k, int n) {
 }
 
 // ------------------------------------------------------------------------------------
-// in-register radix-R DFT (R <= 32): radix-2 decimation in frequency, then the bit
-// reversal (free: it only renames registers). HZ: inputs v[R/2..R) are known zeros.
+// in-register radix-R DFT (R <= 32): the inputs in bit-reversed order (free: it only renames
+// registers), then radix-2 decimation-in-time stages, outputs in natural order.
+// HZ: inputs v[R/2..R) are known zeros.
 // ------------------------------------------------------------------------------------
-template <int R, int H, bool INV, bool HZ>
-__device__ __forceinline__ void dif_stages(cf (&v)[R]) {
-  if constexpr (H >= 1) {
-#pragma unroll
-    for (int base = 0; base < R; base += 2 * H) {
-#pragma unroll
-      for (int k = 0; k < H; ++k) {
-        const cf a = v[base + k];
-        if constexpr (HZ) {
-          v[base + k + H] = tw_const<INV>(a, k, 2 * H);
-        } else {
-          const cf b = v[base + k + H];
-          v[base + k] = cadd(a, b);
-          v[base + k + H] = tw_const<INV>(csub(a, b), k, 2 * H);
-        }
-      }
-    }
-    dif_stages<R, H / 2, INV, false>(v);
-  }
-}
-
 __host__ __device__ constexpr int bitrev(int i, int bits) {
   int r = 0;
   for (int b = 0; b < bits; ++b) r |= ((i >> b) & 1) << (bits - 1 - b);
@@ -244,26 +224,14 @@ __device__ __forceinline__ void dit_stages(cf (&t)[R]) {
   }
 }
 
-#ifndef FFTCONV_FP32_DIT
-#define FFTCONV_FP32_DIT 1
-#endif
-
 template <int R, bool INV, bool HZ = false>
 __device__ __forceinline__ void fft_reg(cf (&v)[R]) {
   constexpr int LR = ilog2(R);
-#if FFTCONV_FP32_DIT
-  // bit-reversed input order (a renaming), then DIT stages in place: natural output.
   // HZ: inputs R/2..R-1 are zero, i.e. the odd slots after the bit reversal.
   cf t[R];
   static_for<R>([&](auto I) { t[I.value] = v[bitrev(I.value, LR)]; });
   dit_stages<R, 1, INV, HZ>(t);
   static_for<R>([&](auto I) { v[I.value] = t[I.value]; });
-#else
-  dif_stages<R, R / 2, INV, HZ>(v);
-  cf t[R];
-  static_for<R>([&](auto I) { t[I.value] = v[bitrev(I.value, LR)]; });
-  static_for<R>([&](auto I) { v[I.value] = t[I.value]; });
-#endif
 }
 
 // v[r] *= w^r, r in [1, R); powers by a balanced product tree (depth ~log2 r).
@@ -416,38 +384,18 @@ struct Plan {
   static_assert(LR2 >= 0 && LR1 <= 5 && LR2 <= 5, "bad plan");
 };
 
-// 1: vectorised pair loads/stores, 32-bit bounds, incremental filter indexing; 0: plain path
-#ifndef FFTCONV_FP32_FAST
-#define FFTCONV_FP32_FAST 1
-#endif
+// CTAs per SM the register allocation is sized for: 2 -> at most 128 registers per thread
+constexpr int kMinCtasPerSm = 2;
 
-// 1: the next sequence's u is prefetched into shared memory (cp.async) while the current one
-// is transformed; needs FFTCONV_FP32_FAST. The host turns it off when it would cost occupancy.
-#ifndef FFTCONV_FP32_PREFETCH
-#define FFTCONV_FP32_PREFETCH 1
-#endif
-#if !FFTCONV_FP32_FAST
-#undef FFTCONV_FP32_PREFETCH
-#define FFTCONV_FP32_PREFETCH 0
-#endif
+// The mid pass fences the outputs of every second frequency pair, so that the pairs' products
+// are not all interleaved (register budget).
+constexpr int kPairsPerFence = 2;
 
-// 1: the skip term is folded into the filter: y = u * (k + D·δ), i.e. K[f] += D/N for every f,
-// which costs next to nothing (the direct y += D·u[t] re-reads u from global memory at the end
-// of each sequence: 0.30 -> 0.43 ms at B=16, C=256, L=8192). 0: the direct form. (A runtime
-// field, KArgs::skip_fold, so that both forms are compiled: keeping the direct form's code in
-// the kernel also keeps the register allocation that was measured.)
-#ifndef FFTCONV_FP32_SKIP_IN_SPECTRUM
-#define FFTCONV_FP32_SKIP_IN_SPECTRUM 1
-#endif
-
-// CTAs per SM the register allocation is sized for (2 -> at most 128 registers per thread)
-#ifndef FFTCONV_FP32_MIN_BLOCKS
-#define FFTCONV_FP32_MIN_BLOCKS 2
-#endif
-
-#ifndef PAIR_FENCE
-#define PAIR_FENCE 2
-#endif
+// The next sequence's u is prefetched into shared memory (cp.async) while the current one is
+// transformed for 2-byte io only: for fp32 io it was slower (docs/performance.md). The host
+// also leaves it off where the buffer would cost occupancy (KArgs::prefetch).
+template <typename IO>
+constexpr bool kPrefetchU = sizeof(IO) == 2;
 
 struct KArgs {
   const void* u;
@@ -560,7 +508,7 @@ __device__ __forceinline__ void prefetch_u(IO* buf, const IO* src, int L, int tx
 }
 
 template <int LOGM, typename IO>
-__global__ void __launch_bounds__(Plan<LOGM>::THREADS, FFTCONV_FP32_MIN_BLOCKS) fftconv_fp32_kernel(const KArgs a) {
+__global__ void __launch_bounds__(Plan<LOGM>::THREADS, kMinCtasPerSm) fftconv_fp32_kernel(const KArgs a) {
   using P = Plan<LOGM>;
   constexpr int M = P::M, T = P::T, SPB = P::SPB;
   extern __shared__ float4 smem_raw[];
@@ -593,17 +541,13 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, FFTCONV_FP32_MIN_BLOCKS) 
 
   const int64_t nseq = a.B * a.C;
   const int64_t L = a.L;
-#if FFTCONV_FP32_PREFETCH
-  // measured on H200: the prefetch pays for 2-byte io (bf16 0.357 -> 0.310 ms at B=16, C=256,
-  // L=8192) and costs ~3% for fp32, so fp32 compiles without it
-  constexpr bool kPF = sizeof(IO) == 2;
   // pf_cur: this slot's next sequence has its u staged in ubuf
   auto seq_ptr = [&](int64_t sq) {
     const int64_t bq = sq % a.B, cq = sq / a.B;
     return static_cast<const IO*>(a.u) + bq * a.ubs + cq * a.ucs;
   };
   bool pf_cur = false;
-  if (kPF && a.prefetch) {
+  if (kPrefetchU<IO> && a.prefetch) {
     const int64_t s0 = (int64_t)blockIdx.x * SPB + ty;
     if (s0 < nseq) {
       const IO* p0 = seq_ptr(s0);
@@ -611,7 +555,6 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, FFTCONV_FP32_MIN_BLOCKS) 
       if (pf_cur) prefetch_u<IO, T>(ubuf, p0, (int)L, tx);
     }
   }
-#endif
   for (int64_t sb = (int64_t)blockIdx.x * SPB; sb < nseq; sb += (int64_t)gridDim.x * SPB) {
     const int64_t s = sb + ty;
     const bool valid = s < nseq;
@@ -622,32 +565,26 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, FFTCONV_FP32_MIN_BLOCKS) 
     }
     const IO* u = static_cast<const IO*>(a.u) + b * a.ubs + c * a.ucs;
     IO* y = static_cast<IO*>(a.y) + (b * a.C + c) * L;  // y is contiguous (B, C, L)
-#if FFTCONV_FP32_FAST
     // valid length as int (L <= N/2 <= 8192); an invalid slot reads and writes nothing
     const int Lv = valid ? (int)L : 0;
     const bool upair = (reinterpret_cast<uintptr_t>(u) & (2 * sizeof(IO) - 1)) == 0;
     const bool ypair = (reinterpret_cast<uintptr_t>(y) & (2 * sizeof(IO) - 1)) == 0;
-#endif
 
     // ================= forward p1: global -> smem, radix R1, NS = 1, upper half zero
     {
       constexpr int R = P::R1, NB = 32 / R;
       cf v[NB][R];
-#if FFTCONV_FP32_PREFETCH
-      if (kPF && a.prefetch) {
+      if (kPrefetchU<IO> && a.prefetch) {
         cp_async_wait_all();
         __syncthreads();  // every thread's part of the staged u is visible
       }
-      const bool from_smem = kPF && pf_cur;
-#endif
+      const bool from_smem = kPrefetchU<IO> && pf_cur;
 #pragma unroll
       for (int q = 0; q < NB; ++q) {
         const int j = tx + q * T;
 #pragma unroll
         for (int r = 0; r < R / 2; ++r) {
-#if FFTCONV_FP32_FAST
           const int t0 = 2 * (j + r * (M / R));
-#if FFTCONV_FP32_PREFETCH
           if (from_smem) {
             if (t0 + 1 < Lv) {
               float2 x2;
@@ -663,20 +600,13 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, FFTCONV_FP32_MIN_BLOCKS) 
               v[q][r].x = t0 < Lv ? io_to_float(ubuf[t0]) : 0.f;
               v[q][r].y = 0.f;
             }
-          } else
-#endif
-          if (upair && t0 + 1 < Lv) {
+          } else if (upair && t0 + 1 < Lv) {
             const float2 x2 = io_load2<IO>(u + t0);
             v[q][r] = {x2.x, x2.y};
           } else {
             v[q][r].x = t0 < Lv ? io_load<IO>(u + t0) : 0.f;
             v[q][r].y = t0 + 1 < Lv ? io_load<IO>(u + t0 + 1) : 0.f;
           }
-#else
-          const int64_t t0 = 2 * (int64_t)(j + r * (M / R));
-          v[q][r].x = (valid && t0 < L) ? io_load<IO>(u + t0) : 0.f;
-          v[q][r].y = (valid && t0 + 1 < L) ? io_load<IO>(u + t0 + 1) : 0.f;
-#endif
         }
 #pragma unroll
         for (int r = R / 2; r < R; ++r) v[q][r] = {0.f, 0.f};
@@ -745,10 +675,9 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, FFTCONV_FP32_MIN_BLOCKS) 
         for (int e = tx; e < total; e += T) stage[(e >> a.ln2) * rowp + (e & (a.n2 - 1))].x += dsk;
       }
       __syncthreads();
-#if FFTCONV_FP32_PREFETCH
       // p1 has consumed ubuf: stage the next sequence's u while this one finishes
       pf_cur = false;
-      if (kPF && a.prefetch) {
+      if (kPrefetchU<IO> && a.prefetch) {
         const int64_t sn = s + (int64_t)gridDim.x * SPB;
         if (sn < nseq) {
           const IO* pn = seq_ptr(sn);
@@ -756,12 +685,10 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, FFTCONV_FP32_MIN_BLOCKS) 
           if (pf_cur) prefetch_u<IO, T>(ubuf, pn, (int)L, tx);
         }
       }
-#endif
 
       const float2 p0 = twPost[j0], p1 = twPost[j1];
       const cf wp0 = {p0.x, p0.y}, wp1 = {p1.x, p1.y};
       cf A2[16], B2[16];
-#if FFTCONV_FP32_FAST
       if (!z && a.n1 <= NS) {
         // pairs (A[i], B[15-i]): k = j0 + i·NS, M-k = (M - j0) - i·NS. n1 | NS, so along i
         // the filter row k1 (and so the conjugation) is fixed and k2 moves by ±NS/n1.
@@ -770,11 +697,9 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, FFTCONV_FP32_MIN_BLOCKS) 
         for (int i = 0; i < 16; ++i) {
           pair_fn(A[i], Bv[15 - i], kp.at(stage, i), kq.at(stage, i), tw_const<false>(wp0, i, 32), A2[i],
                   B2[15 - i]);
-          if (i % PAIR_FENCE == PAIR_FENCE - 1) { fence(A2[i]); fence(B2[15 - i]); }
+          if (i % kPairsPerFence == kPairsPerFence - 1) { fence(A2[i]); fence(B2[15 - i]); }
         }
-      } else
-#endif
-      if (!z) {
+      } else if (!z) {
         // pairs (A[i], B[15-i]): k = j0 + i·NS, M-k = j1 + (15-i)·NS
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
@@ -782,7 +707,7 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, FFTCONV_FP32_MIN_BLOCKS) 
           fence(fP);
           pair_fn(A[i], Bv[15 - i], kspec(stage, fP, a), kspec(stage, M - fP, a), tw_const<false>(wp0, i, 32),
                   A2[i], B2[15 - i]);
-          if (i % PAIR_FENCE == PAIR_FENCE - 1) { fence(A2[i]); fence(B2[15 - i]); }
+          if (i % kPairsPerFence == kPairsPerFence - 1) { fence(A2[i]); fence(B2[15 - i]); }
         }
       } else {
         // thread 0 owns the self-paired butterflies j0 = 0 and j1 = M/32
@@ -797,7 +722,7 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, FFTCONV_FP32_MIN_BLOCKS) 
           fence(fP);
           pair_fn(A[i], A[16 - i], kspec(stage, fP, a), kspec(stage, M - fP, a), tw_const<false>(wp0, i, 32),
                   A2[i], A2[16 - i]);
-          if (i % PAIR_FENCE == PAIR_FENCE - 1) { fence(A2[i]); fence(A2[16 - i]); }
+          if (i % kPairsPerFence == kPairsPerFence - 1) { fence(A2[i]); fence(A2[16 - i]); }
         }
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
@@ -805,7 +730,7 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, FFTCONV_FP32_MIN_BLOCKS) 
           fence(fP);
           pair_fn(Bv[i], Bv[15 - i], kspec(stage, fP, a), kspec(stage, M - fP, a), tw_const<false>(wp1, i, 32),
                   B2[i], B2[15 - i]);
-          if (i % PAIR_FENCE == PAIR_FENCE - 1) { fence(B2[i]); fence(B2[15 - i]); }
+          if (i % kPairsPerFence == kPairsPerFence - 1) { fence(B2[i]); fence(B2[15 - i]); }
         }
       }
       fence(A2);
@@ -848,7 +773,6 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, FFTCONV_FP32_MIN_BLOCKS) 
         fft_reg<R, true>(v[q]);
         fence(v[q]);
       }
-#if FFTCONV_FP32_FAST
       {
         const bool direct_skip = a.skip != nullptr && !a.skip_fold;
         const float sk = (direct_skip && valid) ? a.skip[c] : 0.f;
@@ -881,27 +805,6 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, FFTCONV_FP32_MIN_BLOCKS) 
           }
         }
       }
-#else
-      if (valid) {
-        const bool direct_skip = a.skip != nullptr && !a.skip_fold;
-        const float sk = direct_skip ? a.skip[c] : 0.f;
-#pragma unroll
-        for (int q = 0; q < NB; ++q) {
-          const int j = tx + q * T;
-#pragma unroll
-          for (int r = 0; r < R / 2; ++r) {
-            const int64_t t0 = 2 * (int64_t)(j + r * NS);
-            float y0 = v[q][r].x, y1 = v[q][r].y;
-            if (direct_skip) {
-              if (t0 < L) y0 = fmaf(sk, io_load<IO>(u + t0), y0);
-              if (t0 + 1 < L) y1 = fmaf(sk, io_load<IO>(u + t0 + 1), y1);
-            }
-            if (t0 < L) io_store<IO>(y + t0, y0);
-            if (t0 + 1 < L) io_store<IO>(y + t0 + 1, y1);
-          }
-        }
-      }
-#endif
     }
   }
 }
@@ -955,7 +858,7 @@ cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream) {
   a.ucs = p.u_channel_stride;
   a.K = reinterpret_cast<const float2*>(p.filter_spectrum);
   a.skip = p.skip;
-  a.skip_fold = FFTCONV_FP32_SKIP_IN_SPECTRUM;
+  a.skip_fold = 1;
   a.y = p.y;
   a.B = p.batch;
   a.C = p.channels;
@@ -970,7 +873,7 @@ cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream) {
   if (nseq == 0) return cudaSuccess;
   const size_t smem0 = smem_bytes<LOGM>(p.n1, p.n2);
   const size_t smem_pf = smem0 + (size_t)P::SPB * P::M * sizeof(IO);  // + the u prefetch buffers
-  const bool try_pf = FFTCONV_FP32_PREFETCH && sizeof(IO) == 2 && smem_pf <= kMaxSmem;
+  const bool try_pf = kPrefetchU<IO> && smem_pf <= kMaxSmem;
   auto kern = fftconv_fp32_kernel<LOGM, IO>;
   cudaError_t err =
       cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(try_pf ? smem_pf : smem0));
