@@ -170,6 +170,53 @@ def test_reference_matches_direct_causal_conv(bench):
     torch.testing.assert_close(bench.methods.reference_conv(u, k), direct)
 
 
+def test_backward_methods_accumulate_into_grad(bench):
+    torch.manual_seed(0)
+    u, k, g = torch.randn(1, 2, 32), torch.randn(2, 32), torch.randn(1, 2, 32)
+    by = {m.name: m for m in bench.methods.make_methods(backward=True)}
+    assert by["reference"].train_step == "autograd.grad"
+    assert by["reference.backward"].train_step == "backward+accumulate"
+    _, grad_u, grad_k = by["reference"].build(u, k, g)()
+    step = by["reference.backward"].build(u, k, g)
+    _, acc_u, acc_k = step()
+    torch.testing.assert_close(acc_u, grad_u)
+    torch.testing.assert_close(acc_k, grad_k)
+    _, acc_u2, acc_k2 = step()                   # the same leaves: their .grad keeps adding up
+    torch.testing.assert_close(acc_u2, 2 * grad_u)
+    torch.testing.assert_close(acc_k2, 2 * grad_k)
+    assert not any(m.name.endswith(".backward") for m in bench.methods.make_methods())
+
+
+def test_module_backward_accumulates_into_the_filter_grad(bench):
+    torch.manual_seed(0)
+    u, k, g = torch.randn(1, 2, 32), torch.randn(2, 32) / 32 ** 0.5, torch.randn(1, 2, 32)
+    step = next(m for m in bench.methods.make_methods(backward=True)
+                if m.name == "monarch-module.backward").build(u, k, g)
+    _, _, first = step()
+    first = first.clone()
+    _, _, second = step()
+    torch.testing.assert_close(second, 2 * first)
+
+
+def test_both_clocks_time_every_rep(bench):
+    calls = []
+
+    def work():
+        calls.append(1)
+        return torch.randn(64).sum()
+    for clock in (bench.timing.time_back_to_back, bench.timing.time_per_call_latency):
+        calls.clear()
+        times = clock([work, work], reps=5, device="cpu")
+        assert len(times) == 5 and len(calls) == 5
+        assert all(0 < t < float("inf") for t in times)
+
+
+def test_worst_validity(bench):
+    worst = bench.guard.worst_validity
+    assert worst("OK", "INVALID") == "INVALID" and worst("INVALID", "OK") == "INVALID"
+    assert worst("OK", "UNCHECKED") == "OK" and worst("UNCHECKED", "UNCHECKED") == "UNCHECKED"
+
+
 def test_failing_method_is_an_error_row(bench, tmp_path, monkeypatch):
     real = bench.runner.make_methods
 
@@ -179,12 +226,12 @@ def test_failing_method_is_an_error_row(bench, tmp_path, monkeypatch):
         def boom(u, k, g):
             raise RuntimeError("boom from test")
         ms.append(bench.methods.Method("broken", "test", None, build=boom,
-                               describe=lambda u, k: {"backend": "none"},
-                               flops=lambda *a: None))
+                                       describe=lambda u, k: {"backend": "none"},
+                                       flops=lambda *a: None))
         return ms
     monkeypatch.setattr(bench.runner, "make_methods", with_broken)
     res = bench.cli.main(["--quick", "--device", "cpu", "--no-plots", "--methods", "reference",
-                      "--out", str(tmp_path)])
+                          "--out", str(tmp_path)])
     rows = {r["method"]: r for r in res["rows"]}
     assert rows["broken"]["status"] == "error" and "boom from test" in rows["broken"]["error"]
     assert rows["reference"]["status"] == "ok"
@@ -192,34 +239,53 @@ def test_failing_method_is_an_error_row(bench, tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------- end-to-end quick CPU run
 
-def _check_outputs(out, device, backward=False):
-    meta = json.loads((out / "results.json").read_text())
+TIMING_FIELDS = ("median_ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "latency_median_ms",
+                 "latency_q1_ms", "latency_q3_ms", "latency_min_ms", "latency_max_ms")
+
+
+def _positive_finite(value) -> bool:
+    return isinstance(value, (int, float)) and 0 < value < float("inf")
+
+
+def _check_meta(meta, device):
     for key in ("device", "torch_version", "cuda_version", "gpu_name", "copy_bandwidth_gbps",
-                "results", "reps", "shapes"):
+                "results", "reps", "shapes", "source_digest", "timing"):
         assert key in meta, key
     assert meta["device"] == device
     assert meta["copy_bandwidth_gbps"] > 0
     if device == "cpu":
         assert "cpu figures" in meta["note"].lower() and "not gpu" in meta["note"].lower()
-    rows = meta["results"]
+
+
+def _check_row(r, backward):
+    assert r["status"] in ("ok", "error")
+    assert r["pass"] == ("fwd+bwd" if backward else "fwd")
+    if r["status"] != "ok":
+        return
+    # Both timings, back-to-back (throughput) and per-call latency, on every row.
+    for field in TIMING_FIELDS:
+        assert _positive_finite(r[field]), (r["method"], field, r[field])
+    assert r["iqr_ms"] >= 0 and r["latency_iqr_ms"] >= 0
+    assert r["validity"] in ("OK", "INVALID", "UNCHECKED")
+    assert r["rel_err"] is not None and r["rel_err"] >= 0
+    assert isinstance(r["allclose"], bool)
+    assert r["floor_ms"] > 0 and r["gbps"] > 0
+    if r["validity"] == "INVALID":
+        assert r["speedup_vs_reference"] is None
+        assert r["latency_speedup_vs_reference"] is None
+
+
+def _check_rows(rows, backward):
     methods = {r["method"] for r in rows}
     assert {"reference", "cufft-tuned"} <= methods
     assert {f"monarch[{p}]" for p in ("fp32", "tf32", "bf16", "fp16")} <= methods
     for r in rows:
-        assert r["status"] in ("ok", "error")
-        assert r["pass"] == ("fwd+bwd" if backward else "fwd")
-        if r["status"] == "ok":
-            assert r["median_ms"] > 0 and r["q1_ms"] > 0 and r["iqr_ms"] >= 0
-            assert r["validity"] in ("OK", "INVALID", "UNCHECKED")
-            assert r["rel_err"] is not None and r["rel_err"] >= 0
-            assert isinstance(r["allclose"], bool)
-            assert r["floor_ms"] > 0 and r["gbps"] > 0
-            if r["validity"] == "INVALID":
-                assert r["speedup_vs_reference"] is None
+        _check_row(r, backward)
     by = {r["method"]: r for r in rows}
     for m in ("reference", "cufft-tuned"):
         assert by[m]["status"] == "ok" and by[m]["allclose"] and by[m]["rel_err"] < 1e-5
     assert by["reference"]["speedup_vs_reference"] == pytest.approx(1.0)
+    assert by["reference"]["latency_speedup_vs_reference"] == pytest.approx(1.0)
     if _monarch_importable():
         assert by["monarch[fp32]"]["status"] == "ok", by["monarch[fp32]"].get("error")
         assert by["monarch[fp32]"]["allclose"]
@@ -229,38 +295,60 @@ def _check_outputs(out, device, backward=False):
                 assert r["error_budget"] == ERROR_BUDGETS[r["precision"]]
                 assert isinstance(r["within_error_budget"], bool)
 
-    with open(out / "results.csv", newline="") as f:
+
+def _check_csv(path, rows):
+    with open(path, newline="") as f:
         crow = list(csv.reader(f))
     assert crow[0][:3] == ["shape", "B", "C"] and "median_ms" in crow[0]
+    assert "latency_median_ms" in crow[0] and "train_step" in crow[0]
     assert len(crow) == 1 + len(rows)
-    with open(out / "results.csv", newline="") as f:
+    with open(path, newline="") as f:
         for r in csv.DictReader(f):
             if r["status"] == "ok":
-                assert float(r["median_ms"]) > 0
+                assert all(_positive_finite(float(r[field])) for field in TIMING_FIELDS), r
 
-    pngs = sorted(out.glob("*.png"))
-    names = {p.name.split("_f")[0] for p in pngs}
-    assert {"time_vs_L", "speedup", "error"} <= names, names
-    for p in pngs:
-        assert p.read_bytes()[:8] == PNG_MAGIC
+
+def _check_outputs(out, device, backward=False, plots=True):
+    meta = json.loads((out / "results.json").read_text())
+    _check_meta(meta, device)
+    _check_rows(meta["results"], backward)
+    _check_csv(out / "results.csv", meta["results"])
+    if plots:
+        pngs = sorted(out.glob("*.png"))
+        names = {p.name.split("_f")[0] for p in pngs}
+        assert {"time_vs_L", "speedup", "error"} <= names, names
+        for p in pngs:
+            assert p.read_bytes()[:8] == PNG_MAGIC
     return meta
 
 
 def test_quick_cpu_run_writes_outputs(bench, tmp_path, capsys):
     res = bench.cli.main(["--quick", "--device", "cpu", "--out", str(tmp_path)])
     stdout = capsys.readouterr().out
-    assert "CPU FIGURES" in stdout and "median ms" in stdout
+    assert "CPU FIGURES" in stdout and "b2b ms" in stdout and "latency ms" in stdout
     meta = _check_outputs(tmp_path, "cpu")
     assert meta["shapes"] == [list(s) for s in bench.cli.QUICK_SHAPES]
     assert res["paths"]["json"].endswith("results.json")
+    assert not any(r["method"].endswith(".backward") for r in meta["results"])
+    assert {r["train_step"] for r in meta["results"]} == {None}
 
 
 def test_quick_cpu_backward(bench, tmp_path):
     bench.cli.main(["--quick", "--device", "cpu", "--backward", "--shapes", "1x2x128,1x2x256",
-                "--out", str(tmp_path)])
+                    "--out", str(tmp_path)])
     meta = _check_outputs(tmp_path, "cpu", backward=True)
-    ref = next(r for r in meta["results"] if r["method"] == "reference")
-    assert ref["grad_u_rel_err"] < 1e-5 and ref["grad_k_allclose"]
+    by = {(r["shape"], r["method"]): r for r in meta["results"]}
+    for shape in ("1x2x128", "1x2x256"):
+        for name in ("reference", "reference.backward"):
+            # .backward: grads accumulated into .grad; the error check sees the first call's.
+            ref = by[(shape, name)]
+            assert ref["grad_u_rel_err"] < 1e-5 and ref["grad_k_allclose"], name
+        assert by[(shape, "reference")]["train_step"] == "autograd.grad"
+        assert by[(shape, "reference.backward")]["train_step"] == "backward+accumulate"
+        assert by[(shape, "reference.backward")]["speedup_vs_reference"] == pytest.approx(1.0)
+        assert (shape, "monarch-module.backward") in by
+        assert {f"monarch[{p}].backward" for p in ("fp32", "tf32", "bf16", "fp16")} <= {
+            m for (s, m) in by if s == shape}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -278,10 +366,11 @@ def test_invalid_guard_wired_into_run(bench, tmp_path, monkeypatch, capsys):
     # every row must come out INVALID, with no speedup anywhere.
     monkeypatch.setattr(bench.runner, "copy_bandwidth", lambda device, nbytes=0, reps=0: 1e3)
     res = bench.cli.main(["--quick", "--device", "cpu", "--no-plots", "--methods",
-                      "reference,cufft-tuned", "--out", str(tmp_path)])
+                          "reference,cufft-tuned", "--out", str(tmp_path)])
     assert "INVALID" in capsys.readouterr().out
     for r in res["rows"]:
         assert r["validity"] == "INVALID" and r["speedup_vs_reference"] is None
+        assert r["latency_speedup_vs_reference"] is None
     meta = json.loads((tmp_path / "results.json").read_text())
     assert meta["n_invalid"] == 2
 

@@ -11,13 +11,19 @@ Methods, side by side in one run (all take float32 u (B,C,L) and k (C,L), return
                      monarch_fftconv.PRECISIONS, labelled with the backend explain() reports.
   monarch-module     monarch_fftconv.FFTConv (package-default precision), which caches the filter
                      spectrum under no_grad: the like-for-like rival of cufft-tuned.
+With --backward every method is a training step, timed two ways: `<method>` takes the grads with
+torch.autograd.grad(y, (u, k), g); `<method>.backward` calls y.backward(g), accumulating into the
+.grad of leaf tensors that keep their grads across reps, as an optimizer loop does.
 
-Timing (GPU): CUDA events around each rep (one event pair per rep), warm-up first, median and IQR
-of --reps reps (default 50). Inputs rotate among enough buffer sets that their total exceeds twice
-the L2 cache; if that would need too many buffers (tiny shapes), a 256 MB buffer is written between
-reps instead, outside the timed region. Each rep times the whole call as a user makes it (Python
-dispatch and launches included). On a CPU-only machine the host timer time.perf_counter is used
-and the results say plainly that they are CPU figures.
+Timing: two figures per method, each the median and IQR of --reps reps (default 50) after a
+warm-up, each rep the whole call as a user makes it (Python dispatch and launches included).
+Back-to-back (throughput): calls enqueued one after another, a CUDA event pair around each.
+Per-call latency: one call at a time on an idle GPU (synchronized before each), host overhead
+on the critical path; at small sizes it can far exceed the back-to-back time (see timing.py).
+Inputs rotate among enough buffer sets that their total exceeds twice the L2 cache; if that would
+need too many buffers (tiny shapes), a 256 MB buffer is written between reps instead, outside the
+timed region. On a CPU-only machine both figures come from the host timer time.perf_counter and
+the results say plainly that they are CPU figures.
 
 Validity, measured in the same run: relative L2 error of every method against float64 torch.fft
 on the same inputs, allclose(atol=1e-2, rtol=1e-2), and for monarch methods the error budget of

@@ -64,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="seed: 16x256x8192; lengths: B=16,C=256,L=1024..16384; hyena: 64x768x8192")
     p.add_argument("--backward", action="store_true",
-                   help="time forward+backward (grads w.r.t. u and k) instead of forward only")
+                   help="time a training step, forward+backward (grads w.r.t. u and k), "
+                        "instead of forward only: each method by torch.autograd.grad and, as "
+                        "<method>.backward, by y.backward with accumulation into .grad")
     p.add_argument("--compile", action="store_true", help="also time torch.compile(reference)")
     p.add_argument("--energy", action="store_true", help="measure energy per call with NVML")
     p.add_argument("--reps", type=int, default=None,

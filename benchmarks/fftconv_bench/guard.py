@@ -42,6 +42,14 @@ def validate_time(time_s: Optional[float], floor_s: Optional[float]) -> str:
     return "OK"
 
 
+def worst_validity(*verdicts: str) -> str:
+    """INVALID over OK over UNCHECKED: one verdict for several timings of one row."""
+    for verdict in ("INVALID", "OK"):
+        if verdict in verdicts:
+            return verdict
+    return "UNCHECKED"
+
+
 def measure_error(out: torch.Tensor, ref: torch.Tensor, *, atol: float = ATOL,
                   rtol: float = RTOL) -> Dict[str, Any]:
     """Relative L2 error of `out` vs the float64 `ref`, and torch.allclose(atol, rtol)."""
@@ -106,13 +114,17 @@ def is_accurate(row: Dict[str, Any]) -> bool:
 
 
 def assign_speedups(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """speedup_vs_reference on every row of one shape: reference median / row median, only
-    where both are valid timings (error and INVALID rows, or an invalid reference: None)."""
+    """speedup_vs_reference (back-to-back) and latency_speedup_vs_reference on every row of one
+    shape: reference median / row median, against the reference row of the same training step,
+    only where both are valid timings (error and INVALID rows, or an invalid reference: None)."""
     def valid(r):
         return r is not None and r["status"] == "ok" and r.get("validity") != "INVALID"
 
-    reference = next((r for r in rows if r["method"] == "reference" and r["status"] == "ok"), None)
     for r in rows:
+        reference = next((ref for ref in rows if ref.get("family") == "reference"
+                          and ref.get("train_step") == r.get("train_step")), None)
         ok = valid(r) and valid(reference)
-        r["speedup_vs_reference"] = reference["median_ms"] / r["median_ms"] if ok else None
+        for field, median in (("speedup_vs_reference", "median_ms"),
+                              ("latency_speedup_vs_reference", "latency_median_ms")):
+            r[field] = reference[median] / r[median] if ok else None
     return list(rows)

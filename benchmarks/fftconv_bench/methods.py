@@ -2,8 +2,13 @@
 
 A method's `build(u, k, g)` returns the call a user makes: forward only when g is None, else one
 training step (forward and the grads w.r.t. u and the filter). Setup done in build (e.g. caching
-the filter spectrum) is not timed. Also the nominal flop count of the torch.fft methods; monarch
-methods take theirs from monarch_fftconv.explain().
+the filter spectrum) is not timed. A training step comes two ways, one method each:
+  `<name>`           torch.autograd.grad(y, (u, k), g): fresh gradient tensors every call;
+  `<name>.backward`  y.backward(g) into the .grad of leaf tensors that keep their grads across
+                     calls, so each call also adds into the existing .grad (gradient
+                     accumulation, as an optimizer loop without zero_grad between micro-batches).
+Also the nominal flop count of the torch.fft methods; monarch methods take theirs from
+monarch_fftconv.explain().
 """
 from __future__ import annotations
 
@@ -29,7 +34,9 @@ def _import_monarch():
 
 
 mf = _import_monarch()
-from monarch_fftconv.policy import ERROR_BUDGETS, PRECISIONS  # noqa: E402  (after the fallback)
+# The package's precision vocabulary and error budgets (the guard reads the budgets from here):
+# imported after the fallback above, never restated in the benchmark.
+from monarch_fftconv.policy import ERROR_BUDGETS, PRECISIONS  # noqa: E402,F401
 
 Tensor = torch.Tensor
 # build(u, k, grad_y or None) -> zero-argument call; describe(u, k) -> explain()-like dict;
@@ -41,12 +48,14 @@ Flops = Callable[[int, int, int, bool, Dict[str, Any]], Optional[float]]
 
 @dataclasses.dataclass
 class Method:
+    """One row of a shape's table: a convolution, forward only or as one kind of training step."""
     name: str                   # unique short id (CLI --methods, JSON, CSV)
     family: str                 # reference | cufft | compile | monarch
     precision: Optional[str]    # requested precision (None: package default / not applicable)
     build: Build                # forward calls return y; training steps (y, grad_u, grad_k)
     describe: Describe
     flops: Flops
+    train_step: Optional[str] = None   # None (forward) or a key of TRAIN_STEPS
 
 
 @dataclasses.dataclass
@@ -54,6 +63,17 @@ class Bound:
     """One convolution bound to one input set."""
     forward: Callable[[], Tensor]     # computes y from the bound inputs
     leaves: Tuple[Tensor, Tensor]     # what a training step differentiates: (u, the filter)
+
+
+@dataclasses.dataclass
+class Convolution:
+    """A way of computing y, before it is made a forward-only or a training-step method."""
+    name: str
+    family: str
+    precision: Optional[str]
+    bind: Callable[[Tensor, Tensor, bool], Bound]   # (u, k, training) -> Bound
+    describe: Describe
+    flops: Flops
 
 
 # ----------------------------------------------------------------------------------- torch.fft
@@ -192,13 +212,35 @@ def grad_step(bound: Bound, grad_y: Tensor) -> Callable[[], Any]:
     return call
 
 
-def _as_method(name: str, family: str, precision: Optional[str], bind: Callable[..., Bound],
-               describe: Describe, flops: Flops) -> Method:
+def accumulate_step(bound: Bound, grad_y: Tensor) -> Callable[[], Any]:
+    """y, then y.backward(grad_y): the grads add into the leaves' .grad, kept across calls.
+    Returns the .grad tensors, which hold the true grads after the first call only."""
+    u, k = bound.leaves
+
+    def call():
+        y = bound.forward()
+        y.backward(grad_y)
+        return y, u.grad, k.grad
+    return call
+
+
+# train_step key -> (method name suffix, step builder)
+TRAIN_STEPS: Dict[str, Tuple[str, Callable[[Bound, Tensor], Callable[[], Any]]]] = {
+    "autograd.grad": ("", grad_step),
+    "backward+accumulate": (".backward", accumulate_step),
+}
+
+
+def as_method(conv: Convolution, train_step: Optional[str] = None) -> Method:
+    """The forward-only method of `conv` (train_step None), or one of its training steps."""
+    suffix, make_step = TRAIN_STEPS[train_step] if train_step else ("", None)
+
     def build(u: Tensor, k: Tensor, grad_y: Optional[Tensor]) -> Callable[[], Any]:
-        if grad_y is None:
-            return bind(u, k, False).forward
-        return grad_step(bind(u, k, True), grad_y)
-    return Method(name, family, precision, build, describe, flops)
+        if grad_y is None or make_step is None:
+            return conv.bind(u, k, False).forward
+        return make_step(conv.bind(u, k, True), grad_y)
+    return Method(conv.name + suffix, conv.family, conv.precision, build, conv.describe,
+                  conv.flops, train_step)
 
 
 def _nominal(backend: str, kernel: str) -> Describe:
@@ -211,25 +253,38 @@ def _cufft_flops(filter_fft_forward: bool) -> Flops:
                                                   backward=bwd)
 
 
-def make_methods(*, compile: bool = False, only: Optional[Sequence[str]] = None) -> List[Method]:
-    """All methods of the run, in table order (--methods `only` keeps that order)."""
-    methods = [
-        _as_method("reference", "reference", None, bind_function(reference_conv),
-                   _nominal("torch.fft", "cuFFT/pocketfft rfft+irfft, padded"), _cufft_flops(True)),
-        _as_method("cufft-tuned", "cufft", None, _bind_cufft_tuned,
-                   _nominal("torch.fft", "rfft(n=2L) + cached filter spectrum"),
-                   _cufft_flops(False)),
+def convolutions(*, compile: bool = False) -> List[Convolution]:
+    """Every way of computing y that the run compares, in table order."""
+    convs = [
+        Convolution("reference", "reference", None, bind_function(reference_conv),
+                    _nominal("torch.fft", "cuFFT/pocketfft rfft+irfft, padded"), _cufft_flops(True)),
+        Convolution("cufft-tuned", "cufft", None, _bind_cufft_tuned,
+                    _nominal("torch.fft", "rfft(n=2L) + cached filter spectrum"),
+                    _cufft_flops(False)),
     ]
     if compile:
-        methods.append(_as_method("compile-reference", "compile", None, _bind_compiled_reference(),
-                                  _nominal("torch.compile", "inductor(reference)"),
-                                  _cufft_flops(True)))
+        convs.append(Convolution("compile-reference", "compile", None, _bind_compiled_reference(),
+                                 _nominal("torch.compile", "inductor(reference)"),
+                                 _cufft_flops(True)))
     for p in PRECISIONS:
         fftconv_p = (lambda p: lambda u, k: mf.fftconv(u, k, precision=p))(p)
-        methods.append(_as_method(f"monarch[{p}]", "monarch", p, bind_function(fftconv_p),
-                                  _explain(p), _monarch_flops))
-    methods.append(_as_method("monarch-module", "monarch", None, _bind_module, _explain(None),
-                              _monarch_flops))
+        convs.append(Convolution(f"monarch[{p}]", "monarch", p, bind_function(fftconv_p),
+                                 _explain(p), _monarch_flops))
+    convs.append(Convolution("monarch-module", "monarch", None, _bind_module, _explain(None),
+                             _monarch_flops))
+    return convs
+
+
+def make_methods(*, compile: bool = False, backward: bool = False,
+                 only: Optional[Sequence[str]] = None) -> List[Method]:
+    """All methods of the run, in table order (--methods `only` keeps that order): forward
+    only, or with `backward` each convolution's training step by autograd.grad, then all by
+    y.backward with accumulation."""
+    convs = convolutions(compile=compile)
+    if backward:
+        methods = [as_method(c, step) for step in TRAIN_STEPS for c in convs]
+    else:
+        methods = [as_method(c) for c in convs]
     if only:
         unknown = set(only) - {m.name for m in methods}
         if unknown:

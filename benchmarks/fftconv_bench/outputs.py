@@ -22,11 +22,13 @@ CPU_NOTE = ("CPU FIGURES, NOT GPU ONES: no CUDA device was used, so this run tim
             "PyTorch path of monarch_fftconv against torch.fft on the host (time.perf_counter "
             "medians). These numbers say nothing about GPU performance.")
 
-CSV_FIELDS = ["shape", "B", "C", "L", "pass", "device", "method", "family", "backend", "kernel",
-              "requested_precision", "precision", "status", "median_ms", "q1_ms", "q3_ms",
-              "iqr_ms", "min_ms", "max_ms", "reps", "n_buffers", "l2_flush",
-              "cache_resident_inputs", "floor_ms",
-              "validity", "speedup_vs_reference", "min_bytes", "gbps", "flops", "tflops",
+CSV_FIELDS = ["shape", "B", "C", "L", "pass", "device", "method", "family", "train_step",
+              "backend", "kernel", "requested_precision", "precision", "status",
+              "median_ms", "q1_ms", "q3_ms", "iqr_ms", "min_ms", "max_ms",
+              "latency_median_ms", "latency_q1_ms", "latency_q3_ms", "latency_iqr_ms",
+              "latency_min_ms", "latency_max_ms", "reps", "n_buffers", "l2_flush",
+              "cache_resident_inputs", "floor_ms", "validity", "speedup_vs_reference",
+              "latency_speedup_vs_reference", "min_bytes", "gbps", "flops", "tflops",
               "rel_err", "max_abs_err", "allclose", "error_budget", "within_error_budget",
               "grad_u_rel_err", "grad_u_allclose", "grad_k_rel_err", "grad_k_allclose",
               "peak_extra_mb", "kernel_launches", "memops",

@@ -10,8 +10,12 @@ from fftconv_bench.guard import ATOL, RTOL, is_accurate
 from fftconv_bench.outputs import CPU_NOTE
 
 RULE = "=" * 100
-TABLE_COLUMNS = ["method", "backend", "prec", "median ms", "IQR ms", "check", "speedup", "GB/s",
-                 "TFLOP/s", "rel err", "allclose", "budget", "peak MB", "kernels", "mJ/call"]
+TABLE_COLUMNS = ["method", "backend", "prec", "b2b ms", "b2b IQR", "latency ms", "lat. IQR",
+                 "check", "speedup", "GB/s", "TFLOP/s", "rel err", "allclose", "budget", "peak MB",
+                 "kernels", "mJ/call"]
+TIMING_LEGEND = ("  b2b: median of calls enqueued back to back (throughput); latency: one call at "
+                 "a time, device idle before it, host overhead included; speedup, GB/s and "
+                 "TFLOP/s from b2b")
 
 
 def format_value(value: Any, spec: str = ".3g", none: str = "-") -> str:
@@ -72,7 +76,8 @@ def table_cells(row: Dict[str, Any]) -> List[str]:
         return name + ["ERROR"] + [""] * (len(TABLE_COLUMNS) - 4)
     return name + [
         format_value(row["median_ms"], ".4f"), format_value(row["iqr_ms"], ".4f"),
-        row["validity"], _speedup_cell(row), format_value(row.get("gbps"), ".3g"),
+        format_value(row.get("latency_median_ms"), ".4f"),
+        format_value(row.get("latency_iqr_ms"), ".4f"), row["validity"], _speedup_cell(row), format_value(row.get("gbps"), ".3g"),
         format_value(row.get("tflops"), ".3g"), *_accuracy_cells(row),
         format_value(row.get("peak_extra_mb"), ".1f"),
         format_value(row.get("kernel_launches"), "d"), format_value(row.get("energy_mj"), ".2f")]
@@ -96,10 +101,10 @@ def format_table(rows: Sequence[Dict[str, Any]]) -> str:
             f"{' (inputs cache-resident: --quick)' if r0.get('cache_resident_inputs') else ''}  "
             f"memory floor={format_value(r0['floor_ms'], '.4f')} ms")
     cells = [table_cells(r) for r in rows]
-    out = [head] + _aligned(TABLE_COLUMNS, cells)
+    out = [head] + _aligned(TABLE_COLUMNS, cells) + [TIMING_LEGEND]
     if any(c[TABLE_COLUMNS.index("speedup")].endswith("*") for c in cells):
-        out.append(f"  * fails allclose(atol={ATOL:g}, rtol={RTOL:g}) vs float64: the speedup is "
-                   "not at equal accuracy")
+        out.append(f"  * fails allclose(atol={ATOL:.0e}, rtol={RTOL:.0e}) vs float64: the speedup "
+                   "is not at equal accuracy")
     if any(r.get("validity") == "INVALID" for r in rows):
         out.append("  INVALID: median time under the memory floor (compulsory bytes / measured "
                    "copy bandwidth): a measurement or correctness bug, not a speedup")

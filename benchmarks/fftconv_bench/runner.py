@@ -16,7 +16,8 @@ from fftconv_bench.outputs import CPU_NOTE, environment, plot, write_outputs
 from fftconv_bench.probes import EnergyMeter, count_kernel_launches, peak_extra_memory
 from fftconv_bench.report import Progress, RULE, format_table, header_lines
 from fftconv_bench.timing import (buffer_plan, cache_bytes, copy_bandwidth, flush_bytes,
-                                  milliseconds, summarize, time_back_to_back, warm_up)
+                                  milliseconds, summarize, time_back_to_back,
+                                  time_per_call_latency, warm_up)
 from fftconv_bench.cli import method_names
 
 Tensor = torch.Tensor
@@ -99,12 +100,18 @@ def _describe_into(row: Dict[str, Any], m: Method, u: Tensor, k: Tensor) -> Dict
 
 def _time_into(row: Dict[str, Any], calls: Sequence[Callable[[], Any]], x: ShapeInputs,
                s: Settings) -> float:
-    """Times the calls; fills the timing, validity and GB/s fields; returns the median (s)."""
+    """Times the calls back to back and one at a time; fills the timing fields (back-to-back:
+    median_ms..., per-call latency: latency_median_ms...), validity (INVALID if either median
+    is under the floor) and GB/s (back-to-back); returns the back-to-back median (s)."""
     warm_up(calls, s.warmup, s.device)
-    summary = summarize(time_back_to_back(calls, reps=s.reps, device=s.device, flush=x.flush))
-    row.update(milliseconds(summary))
-    median_s = summary["median_s"]
-    row["validity"] = guard.validate_time(median_s, x.floor_s)
+    back_to_back = summarize(time_back_to_back(calls, reps=s.reps, device=s.device,
+                                               flush=x.flush))
+    latency = summarize(time_per_call_latency(calls, reps=s.reps, device=s.device, flush=x.flush))
+    row.update(milliseconds(back_to_back))
+    row.update(milliseconds(latency, prefix="latency_"))
+    median_s = back_to_back["median_s"]
+    row["validity"] = guard.worst_validity(guard.validate_time(median_s, x.floor_s),
+                                           guard.validate_time(latency["median_s"], x.floor_s))
     row["gbps"] = x.min_bytes / median_s / 1e9
     return median_s
 
@@ -128,8 +135,8 @@ def _probe_into(row: Dict[str, Any], calls: Sequence[Callable[[], Any]], median_
 
 def measure_method(m: Method, x: ShapeInputs, s: Settings) -> Dict[str, Any]:
     """One row: description, error vs float64, timings, floor check, flops, probes."""
-    row = dict(x.common, method=m.name, family=m.family, requested_precision=m.precision,
-               status="ok", error=None)
+    row = dict(x.common, method=m.name, family=m.family, train_step=m.train_step,
+               requested_precision=m.precision, status="ok", error=None)
     u0, k0, _ = x.input_sets[0]
     try:
         _describe_into(row, m, u0, k0)
@@ -178,6 +185,16 @@ def _meta(args: argparse.Namespace, cfg: Dict[str, Any], env: Dict[str, Any], s:
         "shapes": [list(shape) for shape in cfg["shapes"]], "reps": cfg["reps"],
         "warmup": cfg["warmup"], "pass": s.pass_name,
         "copy_bandwidth_gbps": s.copy_bw / 1e9, "copy_bytes": copy_bytes,
+        "timing": {
+            "back_to_back": "median_ms, q1_ms, ...: reps calls enqueued back to back, one event "
+                            "pair around each (throughput; host overhead overlapped)",
+            "latency": "latency_median_ms, ...: one call at a time, device synchronized before "
+                       "it, timed until its work is done (host overhead included)",
+            "speedups": "speedup_vs_reference (back-to-back) and latency_speedup_vs_reference, "
+                        "against the reference method with the same train_step"},
+        "train_steps": {"autograd.grad": "<method>: torch.autograd.grad(y, (u, k), g)",
+                        "backward+accumulate": "<method>.backward: y.backward(g), grads "
+                                               "accumulated into .grad across reps"},
         "tolerance": {"atol": guard.ATOL, "rtol": guard.RTOL},
         "error_budgets": dict(guard.ERROR_BUDGETS),
         "energy_note": s.energy.note if s.energy else "energy not requested (--energy)",
@@ -235,7 +252,8 @@ def _finish(args: argparse.Namespace, meta: Dict[str, Any],
 def run(args: argparse.Namespace, cfg: Dict[str, Any]) -> Dict[str, Any]:
     """The whole run for parsed args and their resolved config: {meta, rows, paths, plots}."""
     torch.manual_seed(args.seed)
-    methods = make_methods(compile=args.compile, only=method_names(args.methods))
+    methods = make_methods(compile=args.compile, backward=args.backward,
+                           only=method_names(args.methods))
     env, settings, copy_bytes = _start(args, cfg)
     progress = Progress(len(cfg["shapes"]) * len(methods))
     rows: List[Dict[str, Any]] = []

@@ -1,8 +1,22 @@
-"""The clocks: seconds per call, their median and IQR, the device copy bandwidth, and how many
-input buffer sets keep the inputs out of the cache.
+"""The clocks: seconds per call, two ways; their median and IQR; the device copy bandwidth; and
+how many input buffer sets keep the inputs out of the cache.
 
-GPU: a CUDA event pair around each rep, so that an optional cache flush between reps (a write of
-a large buffer) stays outside the timed region. CPU: time.perf_counter around each call.
+Back-to-back (throughput): after the warm-up, `reps` calls are enqueued one after another with a
+CUDA event pair around each. The host runs ahead of the GPU, so one call's Python dispatch and
+kernel launches overlap the previous call's kernels: the time is what the GPU spends per call
+in a steady stream, as in a training loop that never synchronizes.
+
+Per-call latency: one call at a time on an idle GPU. torch.cuda.synchronize() drains the queue,
+an event is recorded just before the call (the idle GPU passes it at once), and the time runs
+until the call's last kernel is done. Host overhead (Python, dispatch, launch latency, any host
+synchronization inside the call) is now on the critical path, since the GPU has nothing queued
+while the host works. At small sizes, where a call's kernels take microseconds, that overhead
+dominates and the latency can be several times the back-to-back time; at large sizes the two
+converge. A method that launches fewer kernels or does less host work gains more here.
+
+An optional cache flush between reps (a write of a large buffer) stays outside both timed
+regions. CPU: time.perf_counter around each call for both figures (no asynchrony: they measure
+the same thing and differ only by noise).
 """
 from __future__ import annotations
 
@@ -48,6 +62,26 @@ def time_back_to_back(calls: Sequence[Call], *, reps: int, device: str,
         ends[i].record()
     torch.cuda.synchronize()
     return [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)]
+
+
+def time_per_call_latency(calls: Sequence[Call], *, reps: int, device: str,
+                          flush: Optional[torch.Tensor] = None) -> List[float]:
+    """Seconds from just before each call, the device idle, until its work is done."""
+    n = len(calls)
+    if device != "cuda":
+        return [_host_seconds(calls[i % n], flush) for i in range(reps)]
+    times = []
+    for i in range(reps):
+        if flush is not None:
+            flush.zero_()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        calls[i % n]()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return times
 
 
 def _host_seconds(call: Call, flush: Optional[torch.Tensor]) -> float:
