@@ -313,6 +313,7 @@ def _check_outputs(out, device, backward=False, plots=True):
     _check_meta(meta, device)
     _check_rows(meta["results"], backward)
     _check_csv(out / "results.csv", meta["results"])
+    assert len(_jsonl_rows(out / "results.jsonl")) == len(meta["results"])   # the partial log
     if plots:
         pngs = sorted(out.glob("*.png"))
         names = {p.name.split("_f")[0] for p in pngs}
@@ -349,6 +350,40 @@ def test_quick_cpu_backward(bench, tmp_path):
         assert (shape, "monarch-module.backward") in by
         assert {f"monarch[{p}].backward" for p in ("fp32", "tf32", "bf16", "fp16")} <= {
             m for (s, m) in by if s == shape}
+
+
+def _jsonl_rows(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_rows_are_logged_as_they_finish(bench, tmp_path):
+    res = bench.cli.main(["--quick", "--device", "cpu", "--no-plots", "--backward",
+                          "--out", str(tmp_path)])
+    logged = _jsonl_rows(tmp_path / "results.jsonl")
+    assert [(r["shape"], r["method"]) for r in logged] == [
+        (r["shape"], r["method"]) for r in res["rows"]]
+    final = json.loads((tmp_path / "results.json").read_text())["results"]
+    for partial, done in zip(logged, final):
+        for field in ("median_ms", "latency_median_ms", "rel_err", "speedup_vs_reference"):
+            assert partial[field] == done[field], (partial["method"], field)
+
+
+def test_interrupted_run_leaves_its_finished_rows(bench, tmp_path, monkeypatch):
+    real = bench.runner.measure_method
+    measured = []
+
+    def interrupt_at_the_third(m, x, s):
+        if len(measured) == 2:
+            raise KeyboardInterrupt
+        measured.append(m.name)
+        return real(m, x, s)
+    monkeypatch.setattr(bench.runner, "measure_method", interrupt_at_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        bench.cli.main(["--quick", "--device", "cpu", "--no-plots", "--out", str(tmp_path)])
+    assert [r["method"] for r in _jsonl_rows(tmp_path / "results.jsonl")] == measured
+    with open(tmp_path / "results.csv", newline="") as f:
+        assert [r["method"] for r in csv.DictReader(f)] == measured
+    assert not (tmp_path / "results.json").exists()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

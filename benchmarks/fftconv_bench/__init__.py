@@ -32,8 +32,8 @@ each shape's memory floor; a time under the floor is printed INVALID and gets no
 
 Modules: cli (arguments, run configuration, main), methods (what is timed), timing (the clocks),
 probes (peak memory, kernel launches, energy), guard (error check and memory floor), runner (one
-run: shapes x methods -> rows), report (the printed tables), outputs (environment, JSON, CSV),
-plots (PNGs).
+run: shapes x methods -> rows), report (progress and the printed tables), outputs (environment,
+results.json, results.csv, and results.jsonl written row by row as the run goes), plots (PNGs).
 """
 from pathlib import Path
 

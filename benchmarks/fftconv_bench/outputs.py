@@ -1,5 +1,9 @@
 """What the run leaves behind: environment metadata (with a digest of the sources measured),
-results.json (meta + rows), results.csv (one line per shape x method), and the PNG plots."""
+results.json (meta + rows), results.csv (one line per shape x method), and the PNG plots.
+
+While the run goes on, RowLog appends each finished row to results.jsonl (one JSON object per
+line, flushed at once) and rewrites results.csv, so that an interrupted run leaves every row it
+finished; results.json, written at the end, is the complete record."""
 from __future__ import annotations
 
 import csv
@@ -105,6 +109,23 @@ def write_csv(path: str, rows: Sequence[Dict[str, Any]]) -> None:
         writer.writeheader()
         for r in rows:
             writer.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in CSV_FIELDS})
+
+
+class RowLog:
+    """Partial results: each finished row appended to results.jsonl, results.csv rewritten."""
+
+    def __init__(self, out_dir: str):
+        os.makedirs(out_dir, exist_ok=True)
+        self.jsonl_path = os.path.join(out_dir, "results.jsonl")
+        self.csv_path = os.path.join(out_dir, "results.csv")
+        self.rows: List[Dict[str, Any]] = []
+        open(self.jsonl_path, "w").close()   # a fresh log: no rows of an earlier run
+
+    def add(self, row: Dict[str, Any]) -> None:
+        self.rows.append(row)
+        with open(self.jsonl_path, "a") as f:
+            f.write(json.dumps(json_safe(row), allow_nan=False) + "\n")
+        write_csv(self.csv_path, self.rows)
 
 
 def write_outputs(out_dir: str, meta: Dict[str, Any], rows: Sequence[Dict[str, Any]]) -> Dict[str, str]:

@@ -112,24 +112,39 @@ def format_table(rows: Sequence[Dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def row_summary(row: Dict[str, Any]) -> str:
+    """A finished row in a few words, for the progress line."""
+    if row["status"] != "ok":
+        return "ERROR"
+    return (f"b2b {format_value(row['median_ms'], '.4f')} ms, latency "
+            f"{format_value(row.get('latency_median_ms'), '.4f')} ms, {row['validity']}")
+
+
 class Progress:
-    """tqdm if importable, else a simple printed counter (both on stderr)."""
+    """tqdm if importable, else a printed counter: '[i/n] what ... result' (both on stderr)."""
 
     def __init__(self, total: int):
-        self.total, self.done, self.bar = total, 0, None
+        self.total, self.started, self.bar = total, 0, None
         try:
             from tqdm import tqdm
             self.bar = tqdm(total=total, file=sys.stderr, leave=False, dynamic_ncols=True)
         except Exception:  # noqa: BLE001
             self.bar = None
 
-    def step(self, desc: str) -> None:
-        self.done += 1
+    def start(self, desc: str) -> None:
+        self.started += 1
         if self.bar is not None:
             self.bar.set_description(desc)
+        else:
+            print(f"  [{self.started}/{self.total}] {desc} ...", end="", file=sys.stderr,
+                  flush=True)
+
+    def finish(self, row: Dict[str, Any]) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(row_summary(row))
             self.bar.update(1)
         else:
-            print(f"  [{self.done}/{self.total}] {desc}", file=sys.stderr, flush=True)
+            print(" " + row_summary(row), file=sys.stderr, flush=True)
 
     def write(self, text: str) -> None:
         if self.bar is not None:

@@ -12,7 +12,7 @@ import torch
 
 from fftconv_bench import guard
 from fftconv_bench.methods import Method, make_methods, mf
-from fftconv_bench.outputs import CPU_NOTE, environment, plot, write_outputs
+from fftconv_bench.outputs import CPU_NOTE, RowLog, environment, plot, write_outputs
 from fftconv_bench.probes import EnergyMeter, count_kernel_launches, peak_extra_memory
 from fftconv_bench.report import Progress, RULE, format_table, header_lines
 from fftconv_bench.timing import (buffer_plan, cache_bytes, copy_bandwidth, flush_bytes,
@@ -159,16 +159,21 @@ def measure_method(m: Method, x: ShapeInputs, s: Settings) -> Dict[str, Any]:
 
 
 def run_shape(shape: Tuple[int, int, int], methods: Sequence[Method], s: Settings,
-              progress: Progress) -> List[Dict[str, Any]]:
+              progress: Progress, log: RowLog) -> List[Dict[str, Any]]:
+    """Every method on one shape; each row logged as soon as it is done (the reference comes
+    first, so a logged row already carries its speedup)."""
     x = prepare_shape(shape, s)
-    rows = []
+    rows: List[Dict[str, Any]] = []
     for m in methods:
-        progress.step(f"{x.common['shape']} {s.pass_name} {m.name}")
+        progress.start(f"{x.common['shape']} {s.pass_name} {m.name}")
         rows.append(measure_method(m, x, s))
+        guard.assign_speedups(rows)
+        log.add(rows[-1])
+        progress.finish(rows[-1])
     del x
     if s.device == "cuda":
         torch.cuda.empty_cache()
-    return guard.assign_speedups(rows)
+    return rows
 
 
 def _copy_bytes(device: str, quick: bool) -> int:
@@ -255,13 +260,19 @@ def run(args: argparse.Namespace, cfg: Dict[str, Any]) -> Dict[str, Any]:
     methods = make_methods(compile=args.compile, backward=args.backward,
                            only=method_names(args.methods))
     env, settings, copy_bytes = _start(args, cfg)
+    log = RowLog(args.out)
+    print(f"rows are written to {log.jsonl_path} and {log.csv_path} as they finish", flush=True)
     progress = Progress(len(cfg["shapes"]) * len(methods))
     rows: List[Dict[str, Any]] = []
     try:
         for shape in cfg["shapes"]:
-            shape_rows = run_shape(shape, methods, settings, progress)
+            shape_rows = run_shape(shape, methods, settings, progress, log)
             rows.extend(shape_rows)
             progress.write("\n" + format_table(shape_rows) + "\n")
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: the {len(log.rows)} finished rows are in {log.jsonl_path} and "
+              f"{log.csv_path}", flush=True)
+        raise
     finally:
         progress.close()
     return _finish(args, _meta(args, cfg, env, settings, copy_bytes, rows), rows)
