@@ -26,20 +26,16 @@ def _ok(r: Dict[str, Any]) -> bool:
     return r.get("status") == "ok" and r.get("median_ms") is not None
 
 
-def _groups(rows: Sequence[Dict[str, Any]]):
-    """{pass: {(B, C): [rows]}}"""
-    g: Dict[str, Dict[tuple, List[Dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
-    for r in rows:
-        g[r["pass"]][(r["B"], r["C"])].append(r)
-    return g
+def _unique_in_order(values) -> list:
+    seen: list = []
+    for v in values:
+        if v not in seen:
+            seen.append(v)
+    return seen
 
 
 def _method_order(rows):
-    seen = []
-    for r in rows:
-        if r["method"] not in seen:
-            seen.append(r["method"])
-    return seen
+    return _unique_in_order(r["method"] for r in rows)
 
 
 def _label(rows, method):
@@ -48,25 +44,46 @@ def _label(rows, method):
     return f"{method} ({', '.join(backends)})" if backends else method
 
 
-def _subplots(n):
-    fig, axes = plt.subplots(1, n, figsize=(max(7.0, 6.5 * n), 5.2), squeeze=False)
-    return fig, axes[0]
+def _panels(rows: Sequence[Dict[str, Any]]):
+    """For each pass: (pass name, figure, [(axes, B, C, rows of that B and C)]), one panel per
+    (B, C) of the sweep, L along each panel's x axis."""
+    by_pass: Dict[str, Dict[tuple, List[Dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        by_pass[r["pass"]][(r["B"], r["C"])].append(r)
+    for pass_name, by_bc in by_pass.items():
+        fig, axes = plt.subplots(1, len(by_bc), figsize=(max(7.0, 6.5 * len(by_bc)), 5.2),
+                                 squeeze=False)
+        yield pass_name, fig, [(ax, B, C, grp) for ax, ((B, C), grp)
+                               in zip(axes[0], sorted(by_bc.items()))]
+
+
+ACCUMULATE_SUFFIX = ".backward"
+
+
+def _series(grp: Sequence[Dict[str, Any]], keep) -> List[tuple]:
+    """[(method, line style, its rows that `keep` accepts, by increasing L)] for the methods
+    that have any. A `<method>.backward` training step is drawn dashed in its method's colour."""
+    bases = _unique_in_order(m.removesuffix(ACCUMULATE_SUFFIX) for m in _method_order(grp))
+    series = []
+    for m in _method_order(grp):
+        points = sorted((r for r in grp if r["method"] == m and keep(r)), key=lambda r: r["L"])
+        style = {"color": f"C{bases.index(m.removesuffix(ACCUMULATE_SUFFIX)) % 10}",
+                 "ls": "--" if m.endswith(ACCUMULATE_SUFFIX) else "-"}
+        if points:
+            series.append((m, style, points))
+    return series
 
 
 def plot_time_vs_L(out_dir, rows, meta) -> List[str]:
     paths = []
-    for pass_name, by_bc in _groups(rows).items():
-        fig, axes = _subplots(len(by_bc))
-        for ax, ((B, C), grp) in zip(axes, sorted(by_bc.items())):
-            for m in _method_order(grp):
-                pts = sorted((r for r in grp if r["method"] == m and _ok(r)), key=lambda r: r["L"])
-                if not pts:
-                    continue
-                xs = [r["L"] for r in pts]
+    for pass_name, fig, panels in _panels(rows):
+        for ax, B, C, grp in panels:
+            for m, style, pts in _series(grp, _ok):
                 ys = [r["median_ms"] for r in pts]
-                lo = [max(0.0, r["median_ms"] - r["q1_ms"]) for r in pts]
-                hi = [max(0.0, r["q3_ms"] - r["median_ms"]) for r in pts]
-                ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", ms=4, capsize=2, label=_label(grp, m))
+                below = [max(0.0, r["median_ms"] - r["q1_ms"]) for r in pts]
+                above = [max(0.0, r["q3_ms"] - r["median_ms"]) for r in pts]
+                ax.errorbar([r["L"] for r in pts], ys, yerr=[below, above], marker="o", ms=4,
+                            capsize=2, label=_label(grp, m), **style)
                 bad = [r for r in pts if r.get("validity") == "INVALID"]
                 if bad:
                     ax.scatter([r["L"] for r in bad], [r["median_ms"] for r in bad], marker="x",
@@ -92,8 +109,7 @@ def _finish_axes(ax, B: int, C: int, ylabel: str) -> None:
     ax.legend(fontsize=7)
 
 
-def _save(fig, meta, title: str, out_dir: str, stem: str, pass_name: str) -> str:
-    fig.suptitle(_title(meta, title, pass_name), fontsize=10)
+def _write_png(fig, out_dir: str, stem: str, pass_name: str) -> str:
     fig.tight_layout()
     path = os.path.join(out_dir, f"{stem}_{pass_name.replace('+', '_')}.png")
     fig.savefig(path, dpi=110)
@@ -101,24 +117,31 @@ def _save(fig, meta, title: str, out_dir: str, stem: str, pass_name: str) -> str
     return path
 
 
+def _save(fig, meta, title: str, out_dir: str, stem: str, pass_name: str) -> str:
+    fig.suptitle(_title(meta, title, pass_name), fontsize=10)
+    return _write_png(fig, out_dir, stem, pass_name)
+
+
 def plot_speedup(out_dir, rows, meta) -> List[str]:
     paths = []
-    for pass_name, by_bc in _groups(rows).items():
-        fig, axes = _subplots(len(by_bc))
-        for ax, ((B, C), grp) in zip(axes, sorted(by_bc.items())):
-            for m in _method_order(grp):
-                # Only valid timings carry a speedup (INVALID / error rows have None).
-                pts = sorted((r for r in grp if r["method"] == m
-                              and r.get("speedup_vs_reference") is not None), key=lambda r: r["L"])
-                if pts:
-                    ax.plot([r["L"] for r in pts], [r["speedup_vs_reference"] for r in pts],
-                            marker="o", ms=4, label=_label(grp, m))
+    for pass_name, fig, panels in _panels(rows):
+        for ax, B, C, grp in panels:
+            # Only valid timings carry a speedup (INVALID / error rows have None).
+            for m, style, pts in _series(grp, lambda r: r.get("speedup_vs_reference") is not None):
+                ax.plot([r["L"] for r in pts], [r["speedup_vs_reference"] for r in pts],
+                        marker="o", ms=4, label=_label(grp, m), **style)
             ax.axhline(1.0, color="k", lw=1, ls="--")
             ax.set_yscale("log", base=2)
             ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
             _finish_axes(ax, B, C, "speedup over reference (x, higher is better)")
         paths.append(_save(fig, meta, "Speedup over the torch.fft reference", out_dir, "speedup", pass_name))
     return paths
+
+
+def _finite_error(row) -> float:
+    """rel_err of an ok row, NaN when there is none to draw."""
+    err = row.get("rel_err") if row and row.get("status") == "ok" else None
+    return err if isinstance(err, (int, float)) and math.isfinite(err) else float("nan")
 
 
 def plot_error(out_dir, rows, meta) -> List[str]:
@@ -128,21 +151,15 @@ def plot_error(out_dir, rows, meta) -> List[str]:
         by_pass[r["pass"]].append(r)
     for pass_name, grp in by_pass.items():
         methods = _method_order(grp)
-        shapes = []
-        for r in grp:
-            if r["shape"] not in shapes:
-                shapes.append(r["shape"])
+        shapes = _unique_in_order(r["shape"] for r in grp)
         fig, ax = plt.subplots(figsize=(min(14.0, max(7.0, 1.2 * len(methods) + 2)), 5))
         width = 0.8 / max(1, len(shapes))
-        floor_val = 1e-17
-        for j, s in enumerate(shapes):
-            vals = []
-            for m in methods:
-                r = next((r for r in grp if r["method"] == m and r["shape"] == s), None)
-                e = r.get("rel_err") if r and r.get("status") == "ok" else None
-                vals.append(e if isinstance(e, (int, float)) and math.isfinite(e) else float("nan"))
+        smallest_bar = 1e-17
+        for j, shape in enumerate(shapes):
+            errs = [_finite_error(next((r for r in grp if r["method"] == m and r["shape"] == shape),
+                                       None)) for m in methods]
             xs = [i + (j - (len(shapes) - 1) / 2) * width for i in range(len(methods))]
-            ax.bar(xs, [max(v, floor_val) if v == v else 0 for v in vals], width, label=s)
+            ax.bar(xs, [max(e, smallest_bar) if e == e else 0 for e in errs], width, label=shape)
         ax.set_xticks(range(len(methods)))
         ax.set_xticklabels([_label(grp, m) for m in methods], rotation=25, ha="right", fontsize=8)
         ax.set_yscale("log")
@@ -151,11 +168,7 @@ def plot_error(out_dir, rows, meta) -> List[str]:
         ax.grid(True, axis="y", which="both", alpha=0.3)
         ax.legend(fontsize=7, title="shape (BxCxL)", title_fontsize=7)
         ax.set_title(_title(meta, "Error per method / precision", pass_name), fontsize=10)
-        fig.tight_layout()
-        p = os.path.join(out_dir, f"error_{pass_name.replace('+', '_')}.png")
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        paths.append(p)
+        paths.append(_write_png(fig, out_dir, "error", pass_name))
     return paths
 
 
