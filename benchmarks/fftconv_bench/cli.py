@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true", help="also time torch.compile(reference)")
     p.add_argument("--energy", action="store_true", help="measure energy per call with NVML")
     p.add_argument("--reps", type=int, default=None,
-                   help=f"timed reps (default {GPU_DEFAULT_REPS} on GPU, {CPU_DEFAULT_REPS} on CPU)")
+                   help=f"timed reps (default {GPU_DEFAULT_REPS} on GPU, "
+                        f"{CPU_DEFAULT_REPS} on CPU)")
     p.add_argument("--warmup", type=int, default=None,
                    help=f"warm-up calls (default {DEFAULT_WARMUP}; quick {QUICK_WARMUP})")
     p.add_argument("--flush-l2", action="store_true",
@@ -135,7 +136,8 @@ def method_names(spec: Optional[str]) -> Optional[List[str]]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-    """Parse argv, run the benchmark with the requested CPU threads, return meta/rows/paths/plots."""
+    """Parse argv and run the benchmark with the requested CPU threads: {meta, rows, paths,
+    plots}."""
     from fftconv_bench import runner   # imports monarch_fftconv: after argument errors are shown
 
     args = parse_args(argv)

@@ -257,7 +257,8 @@ def convolutions(*, compile: bool = False) -> List[Convolution]:
     """Every way of computing y that the run compares, in table order."""
     convs = [
         Convolution("reference", "reference", None, bind_function(reference_conv),
-                    _nominal("torch.fft", "cuFFT/pocketfft rfft+irfft, padded"), _cufft_flops(True)),
+                    _nominal("torch.fft", "cuFFT/pocketfft rfft+irfft, padded"),
+                    _cufft_flops(True)),
         Convolution("cufft-tuned", "cufft", None, _bind_cufft_tuned,
                     _nominal("torch.fft", "rfft(n=2L) + cached filter spectrum"),
                     _cufft_flops(False)),

@@ -128,7 +128,8 @@ class RowLog:
         write_csv(self.csv_path, self.rows)
 
 
-def write_outputs(out_dir: str, meta: Dict[str, Any], rows: Sequence[Dict[str, Any]]) -> Dict[str, str]:
+def write_outputs(out_dir: str, meta: Dict[str, Any],
+                  rows: Sequence[Dict[str, Any]]) -> Dict[str, str]:
     """results.json (meta + rows) and results.csv (one row per method x shape x pass)."""
     os.makedirs(out_dir, exist_ok=True)
     json_path = os.path.join(out_dir, "results.json")

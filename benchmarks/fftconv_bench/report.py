@@ -77,8 +77,9 @@ def table_cells(row: Dict[str, Any]) -> List[str]:
     return name + [
         format_value(row["median_ms"], ".4f"), format_value(row["iqr_ms"], ".4f"),
         format_value(row.get("latency_median_ms"), ".4f"),
-        format_value(row.get("latency_iqr_ms"), ".4f"), row["validity"], _speedup_cell(row), format_value(row.get("gbps"), ".3g"),
-        format_value(row.get("tflops"), ".3g"), *_accuracy_cells(row),
+        format_value(row.get("latency_iqr_ms"), ".4f"), row["validity"], _speedup_cell(row),
+        format_value(row.get("gbps"), ".3g"), format_value(row.get("tflops"), ".3g"),
+        *_accuracy_cells(row),
         format_value(row.get("peak_extra_mb"), ".1f"),
         format_value(row.get("kernel_launches"), "d"), format_value(row.get("energy_mj"), ".2f")]
 

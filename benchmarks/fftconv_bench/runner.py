@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from fftconv_bench import guard
+from fftconv_bench.cli import method_names
 from fftconv_bench.methods import Method, make_methods, mf
 from fftconv_bench.outputs import CPU_NOTE, RowLog, environment, plot, write_outputs
 from fftconv_bench.probes import EnergyMeter, count_kernel_launches, peak_extra_memory
@@ -18,7 +19,6 @@ from fftconv_bench.report import Progress, RULE, format_table, header_lines
 from fftconv_bench.timing import (buffer_plan, cache_bytes, copy_bandwidth, flush_bytes,
                                   milliseconds, summarize, time_back_to_back,
                                   time_per_call_latency, warm_up)
-from fftconv_bench.cli import method_names
 
 Tensor = torch.Tensor
 InputSet = Tuple[Tensor, Tensor, Optional[Tensor]]   # (u, k, grad_y or None)
@@ -54,36 +54,40 @@ class ShapeInputs:
     common: Dict[str, Any]
 
 
-def _random_input_sets(shape: Tuple[int, int, int], n_sets: int, s: Settings) -> List[InputSet]:
+def _random_input_sets(shape: Tuple[int, int, int], n_sets: int,
+                       settings: Settings) -> List[InputSet]:
     B, C, L = shape
+    device = settings.device
     # Generated on the device (a 64x768x8192 tensor takes seconds on the host).
-    gen = torch.Generator(device=s.device).manual_seed(s.seed + 1000003 * L + 1009 * C + B)
+    gen = torch.Generator(device=device).manual_seed(settings.seed + 1000003 * L + 1009 * C + B)
     sets = []
     for _ in range(n_sets):
         # u ~ N(0,1); k ~ N(0,1)/sqrt(L) so y = O(1), making atol=1e-2 meaningful.
-        u = torch.randn(B, C, L, generator=gen, device=s.device)
-        k = torch.randn(C, L, generator=gen, device=s.device) / math.sqrt(L)
-        g = torch.randn(B, C, L, generator=gen, device=s.device) if s.backward else None
+        u = torch.randn(B, C, L, generator=gen, device=device)
+        k = torch.randn(C, L, generator=gen, device=device) / math.sqrt(L)
+        g = torch.randn(B, C, L, generator=gen, device=device) if settings.backward else None
         sets.append((u, k, g))
     return sets
 
 
-def prepare_shape(shape: Tuple[int, int, int], s: Settings) -> ShapeInputs:
+def prepare_shape(shape: Tuple[int, int, int], settings: Settings) -> ShapeInputs:
     B, C, L = shape
-    nbytes = guard.min_bytes(B, C, L, backward=s.backward)
-    floor_s = nbytes / s.copy_bw if s.copy_bw > 0 else None
-    set_bytes = 4 * (B * C * L * (2 if s.backward else 1) + C * L)
-    n_sets, need_flush = buffer_plan(set_bytes, cache_bytes(s.device))
+    device = settings.device
+    nbytes = guard.min_bytes(B, C, L, backward=settings.backward)
+    floor_s = nbytes / settings.copy_bw if settings.copy_bw > 0 else None
+    set_bytes = 4 * (B * C * L * (2 if settings.backward else 1) + C * L)
+    n_sets, need_flush = buffer_plan(set_bytes, cache_bytes(device))
     flush = None
-    if s.flush_l2 or (need_flush and not s.quick):
-        flush = torch.empty(flush_bytes(s.device) // 4, dtype=torch.float32, device=s.device)
-    input_sets = _random_input_sets(shape, n_sets, s)
+    if settings.flush_l2 or (need_flush and not settings.quick):
+        flush = torch.empty(flush_bytes(device) // 4, dtype=torch.float32, device=device)
+    input_sets = _random_input_sets(shape, n_sets, settings)
     # True only when neither rotation nor a flush keeps the inputs out of the cache (--quick).
-    resident = flush is None and n_sets * set_bytes < 2 * cache_bytes(s.device)
-    common = {"B": B, "C": C, "L": L, "shape": f"{B}x{C}x{L}", "pass": s.pass_name,
-              "device": s.device, "reps": s.reps, "warmup": s.warmup, "n_buffers": n_sets,
-              "l2_flush": flush is not None, "cache_resident_inputs": resident,
-              "min_bytes": nbytes, "floor_ms": floor_s * 1e3 if floor_s else None}
+    resident = flush is None and n_sets * set_bytes < 2 * cache_bytes(device)
+    common = {"B": B, "C": C, "L": L, "shape": f"{B}x{C}x{L}", "pass": settings.pass_name,
+              "device": device, "reps": settings.reps, "warmup": settings.warmup,
+              "n_buffers": n_sets, "l2_flush": flush is not None,
+              "cache_resident_inputs": resident, "min_bytes": nbytes,
+              "floor_ms": floor_s * 1e3 if floor_s else None}
     return ShapeInputs(input_sets, guard.float64_reference(*input_sets[0]), flush, floor_s,
                        nbytes, common)
 
@@ -98,80 +102,80 @@ def _describe_into(row: Dict[str, Any], m: Method, u: Tensor, k: Tensor) -> Dict
     return info
 
 
-def _time_into(row: Dict[str, Any], calls: Sequence[Callable[[], Any]], x: ShapeInputs,
-               s: Settings) -> float:
+def _time_into(row: Dict[str, Any], calls: Sequence[Callable[[], Any]], inputs: ShapeInputs,
+               settings: Settings) -> float:
     """Times the calls back to back and one at a time; fills the timing fields (back-to-back:
     median_ms..., per-call latency: latency_median_ms...), validity (INVALID if either median
     is under the floor) and GB/s (back-to-back); returns the back-to-back median (s)."""
-    warm_up(calls, s.warmup, s.device)
-    back_to_back = summarize(time_back_to_back(calls, reps=s.reps, device=s.device,
-                                               flush=x.flush))
-    latency = summarize(time_per_call_latency(calls, reps=s.reps, device=s.device, flush=x.flush))
+    warm_up(calls, settings.warmup, settings.device)
+    clock = dict(reps=settings.reps, device=settings.device, flush=inputs.flush)
+    back_to_back = summarize(time_back_to_back(calls, **clock))
+    latency = summarize(time_per_call_latency(calls, **clock))
     row.update(milliseconds(back_to_back))
     row.update(milliseconds(latency, prefix="latency_"))
     median_s = back_to_back["median_s"]
-    row["validity"] = guard.worst_validity(guard.validate_time(median_s, x.floor_s),
-                                           guard.validate_time(latency["median_s"], x.floor_s))
-    row["gbps"] = x.min_bytes / median_s / 1e9
+    row["validity"] = guard.worst_validity(guard.validate_time(median_s, inputs.floor_s),
+                                           guard.validate_time(latency["median_s"], inputs.floor_s))
+    row["gbps"] = inputs.min_bytes / median_s / 1e9
     return median_s
 
 
 def _probe_into(row: Dict[str, Any], calls: Sequence[Callable[[], Any]], median_s: float,
-                s: Settings) -> None:
+                settings: Settings) -> None:
     """Peak memory, kernel launches and energy of the method (GPU only)."""
-    peak = peak_extra_memory(calls[0], s.device)
+    peak = peak_extra_memory(calls[0], settings.device)
     row["peak_extra_mb"] = None if peak is None else peak / 2**20
-    if s.profile:
+    if settings.profile:
         try:
-            launches = count_kernel_launches(calls[0], s.device)
+            launches = count_kernel_launches(calls[0], settings.device)
         except Exception as e:  # noqa: BLE001
             launches, row["profile_error"] = None, f"{type(e).__name__}: {e}"
         if launches is not None:
             row["kernel_launches"] = launches["kernels"]
             row["memops"] = launches["memops"]
-    if s.energy is not None and s.energy.available:
-        row["energy_mj"] = s.energy.per_call_mj(calls, median_s)
+    if settings.energy is not None and settings.energy.available:
+        row["energy_mj"] = settings.energy.per_call_mj(calls, median_s)
 
 
-def measure_method(m: Method, x: ShapeInputs, s: Settings) -> Dict[str, Any]:
+def measure_method(m: Method, inputs: ShapeInputs, settings: Settings) -> Dict[str, Any]:
     """One row: description, error vs float64, timings, floor check, flops, probes."""
-    row = dict(x.common, method=m.name, family=m.family, train_step=m.train_step,
+    row = dict(inputs.common, method=m.name, family=m.family, train_step=m.train_step,
                requested_precision=m.precision, status="ok", error=None)
-    u0, k0, _ = x.input_sets[0]
+    u0, k0, _ = inputs.input_sets[0]
     try:
         _describe_into(row, m, u0, k0)
-        calls = [m.build(u, k, g) for (u, k, g) in x.input_sets]
-        row.update(guard.outputs_error(calls[0](), x.refs))
+        calls = [m.build(u, k, g) for (u, k, g) in inputs.input_sets]
+        row.update(guard.outputs_error(calls[0](), inputs.refs))
         info = _describe_into(row, m, u0, k0)   # again: a lazy kernel build may have run
         row.update(guard.error_budget_fields(m.family, row.get("precision"), row.get("rel_err")))
-        median_s = _time_into(row, calls, x, s)
-        row["flops"] = m.flops(row["B"], row["C"], row["L"], s.backward, info)
+        median_s = _time_into(row, calls, inputs, settings)
+        row["flops"] = m.flops(row["B"], row["C"], row["L"], settings.backward, info)
         row["tflops"] = row["flops"] / median_s / 1e12 if row["flops"] else None
-        _probe_into(row, calls, median_s, s)
+        _probe_into(row, calls, median_s, settings)
         del calls
     except Exception as e:  # noqa: BLE001 -- a failing method is a row, not a crash
         row["status"] = "error"
         row["error"] = f"{type(e).__name__}: {e}".strip()[:500]
         row["traceback"] = traceback.format_exc(limit=4)[-2000:]
-        if s.device == "cuda":
+        if settings.device == "cuda":
             torch.cuda.empty_cache()
     return row
 
 
-def run_shape(shape: Tuple[int, int, int], methods: Sequence[Method], s: Settings,
+def run_shape(shape: Tuple[int, int, int], methods: Sequence[Method], settings: Settings,
               progress: Progress, log: RowLog) -> List[Dict[str, Any]]:
     """Every method on one shape; each row logged as soon as it is done (the reference comes
     first, so a logged row already carries its speedup)."""
-    x = prepare_shape(shape, s)
+    inputs = prepare_shape(shape, settings)
     rows: List[Dict[str, Any]] = []
     for m in methods:
-        progress.start(f"{x.common['shape']} {s.pass_name} {m.name}")
-        rows.append(measure_method(m, x, s))
+        progress.start(f"{inputs.common['shape']} {settings.pass_name} {m.name}")
+        rows.append(measure_method(m, inputs, settings))
         guard.assign_speedups(rows)
         log.add(rows[-1])
         progress.finish(rows[-1])
-    del x
-    if s.device == "cuda":
+    del inputs
+    if settings.device == "cuda":
         torch.cuda.empty_cache()
     return rows
 
@@ -183,13 +187,13 @@ def _copy_bytes(device: str, quick: bool) -> int:
     return (16 << 20) if quick else (256 << 20)
 
 
-def _meta(args: argparse.Namespace, cfg: Dict[str, Any], env: Dict[str, Any], s: Settings,
+def _meta(args: argparse.Namespace, cfg: Dict[str, Any], env: Dict[str, Any], settings: Settings,
           copy_bytes: int, rows: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     return {
         "benchmark": "bench_cufft", **env, "args": dict(vars(args)),
         "shapes": [list(shape) for shape in cfg["shapes"]], "reps": cfg["reps"],
-        "warmup": cfg["warmup"], "pass": s.pass_name,
-        "copy_bandwidth_gbps": s.copy_bw / 1e9, "copy_bytes": copy_bytes,
+        "warmup": cfg["warmup"], "pass": settings.pass_name,
+        "copy_bandwidth_gbps": settings.copy_bw / 1e9, "copy_bytes": copy_bytes,
         "timing": {
             "back_to_back": "median_ms, q1_ms, ...: reps calls enqueued back to back, one event "
                             "pair around each (throughput; host overhead overlapped)",
@@ -202,7 +206,8 @@ def _meta(args: argparse.Namespace, cfg: Dict[str, Any], env: Dict[str, Any], s:
                                                "accumulated into .grad across reps"},
         "tolerance": {"atol": guard.ATOL, "rtol": guard.RTOL},
         "error_budgets": dict(guard.ERROR_BUDGETS),
-        "energy_note": s.energy.note if s.energy else "energy not requested (--energy)",
+        "energy_note": (settings.energy.note if settings.energy
+                        else "energy not requested (--energy)"),
         "gbps_definition": "compulsory bytes (min_bytes: u + k read, y written; with --backward "
                            "also grad_y read, grad_u and grad_k written) / median time",
         "flops_convention": (
