@@ -494,6 +494,16 @@ __device__ __forceinline__ void pair_fn(cf zk, cf zm, cf kk, cf km, cf w, cf& vk
   vm = {s2.x - h.x, -(s2.y - h.y)};  // conj(s2 - h)
 }
 
+// pair_fn for the frequency pair (f, M - f), the filter read by frequency from the stage;
+// i: the pair's index along the butterfly, whose twiddle is w·W_32^i.
+template <int M>
+__device__ __forceinline__ void pair_at(const float2* stage, const KArgs& a, int i, int f, cf zk, cf zm, cf w,
+                                        cf& vk, cf& vm) {
+  fence(f);
+  pair_fn(zk, zm, kspec(stage, f, a), kspec(stage, M - f, a), tw_const<false>(w, i, 32), vk, vm);
+  if (i % kPairsPerFence == kPairsPerFence - 1) { fence(vk); fence(vm); }
+}
+
 // stage u[0:L) of one sequence into shared memory (16-byte chunks; src must be 16-byte aligned)
 template <typename IO, int T>
 __device__ __forceinline__ void prefetch_u(IO* buf, const IO* src, int L, int tx) {
@@ -700,13 +710,7 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, kMinCtasPerSm) fftconv_fp
       } else if (!z) {
         // pairs (A[i], B[15-i]): k = j0 + i·NS, M-k = j1 + (15-i)·NS
 #pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          int fP = j0 + i * NS;
-          fence(fP);
-          pair_fn(A[i], Bv[15 - i], kspec(stage, fP, a), kspec(stage, M - fP, a), tw_const<false>(wp0, i, 32),
-                  A2[i], B2[15 - i]);
-          if (i % kPairsPerFence == kPairsPerFence - 1) { fence(A2[i]); fence(B2[15 - i]); }
-        }
+        for (int i = 0; i < 16; ++i) pair_at<M>(stage, a, i, j0 + i * NS, A[i], Bv[15 - i], wp0, A2[i], B2[15 - i]);
       } else {
         // thread 0 owns the self-paired butterflies j0 = 0 and j1 = M/32
         cf dummy;
@@ -715,21 +719,9 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, kMinCtasPerSm) fftconv_fp
         // k = M/2 pairs with itself; ω_N^(N/4) = -i
         pair_fn(A[8], A[8], kspec(stage, M / 2, a), kspec(stage, M / 2, a), cf{0.f, -1.f}, A2[8], dummy);
 #pragma unroll
-        for (int i = 1; i < 8; ++i) {
-          int fP = i * NS;
-          fence(fP);
-          pair_fn(A[i], A[16 - i], kspec(stage, fP, a), kspec(stage, M - fP, a), tw_const<false>(wp0, i, 32),
-                  A2[i], A2[16 - i]);
-          if (i % kPairsPerFence == kPairsPerFence - 1) { fence(A2[i]); fence(A2[16 - i]); }
-        }
+        for (int i = 1; i < 8; ++i) pair_at<M>(stage, a, i, i * NS, A[i], A[16 - i], wp0, A2[i], A2[16 - i]);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          int fP = j1 + i * NS;
-          fence(fP);
-          pair_fn(Bv[i], Bv[15 - i], kspec(stage, fP, a), kspec(stage, M - fP, a), tw_const<false>(wp1, i, 32),
-                  B2[i], B2[15 - i]);
-          if (i % kPairsPerFence == kPairsPerFence - 1) { fence(B2[i]); fence(B2[15 - i]); }
-        }
+        for (int i = 0; i < 8; ++i) pair_at<M>(stage, a, i, j1 + i * NS, Bv[i], Bv[15 - i], wp1, B2[i], B2[15 - i]);
       }
       fence(A2);
       fft_reg<16, true>(A2);
