@@ -1,5 +1,5 @@
 // monarch_fftconv: kernel traits of the fused tensor-core Monarch convolution
-// (csrc/monarch_tensor_core.cu). The one home of tile shapes, shared-memory
+// (monarch_tensor_core_kernel.cuh). The one home of tile shapes, shared-memory
 // layout and operand precision policy. CUDA + CuTe only: never include torch.
 #pragma once
 
@@ -154,12 +154,12 @@ template <> struct IoTraits<IOType::kFloat16> {
 
 constexpr int cmax(int a, int b) { return a > b ? a : b; }
 constexpr int cmin(int a, int b) { return a < b ? a : b; }
-constexpr int ilog2(int x) { return x <= 1 ? 0 : 1 + ilog2(x / 2); }
 
 // ---------------------------------------------------------------------------
 // Kernel configuration for one (n1, n2, precision, io) instance.
 //
-// One CTA of 8 warps per (b, c) sequence, 2 CTAs per SM (<= 128 registers).
+// One CTA of 8 warps works on one (b, c) sequence at a time (persistent grid),
+// 2 CTAs per SM (<= 128 registers).
 // Every stage's whole output lives in registers spread over the 8 warps, so
 // one shared-memory data buffer is reused in place between stages, always
 // row-major with the n2 index contiguous (no transposes): operands whose
@@ -186,8 +186,6 @@ constexpr int ilog2(int x) { return x <= 1 ? 0 : 1 + ilog2(x / 2); }
 template <int N1_, int N2_, Precision P_, IOType IO_>
 struct Cfg {
   static constexpr int N1 = N1_, N2 = N2_;
-  static constexpr Precision P = P_;
-  static constexpr IOType IO = IO_;
   using Op = OpTraits<P_>;
   using Io = IoTraits<IO_>;
   using S = typename Op::Storage;

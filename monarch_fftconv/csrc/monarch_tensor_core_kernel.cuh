@@ -4,8 +4,8 @@
 // which instantiate the launchers in parallel builds; the dispatch table lives in
 // monarch_tensor_core.cu.
 //
-// One CTA (8 warps) per (b, c) sequence; everything stays on chip between the
-// load of u and the store of y. Stages (see csrc/fftconv.h and docs/design.md):
+// One CTA (8 warps) per (b, c) sequence at a time (a persistent grid); everything
+// stays on chip between the load of u and the store of y. Stages (see csrc/fftconv.h and docs/design.md):
 //   1. A  = F1[0..H, :H] . X              (real X; two real GEMMs, M = rows k1)
 //      A *= w_N^(k1 n2)                    (fp32)
 //   2. B  = A . F2                          (complex GEMM, K = n2)
@@ -58,7 +58,7 @@ __device__ __forceinline__ void ldsm_x2_trans(uint32_t (&r)[2], uint32_t addr) {
 // Shared-memory operand views. Each folds this lane's ldmatrix row (or scalar
 // element) into one base address when a stage starts, so that every fragment
 // load in the k loops is that base plus a compile-time offset: no per-load index
-// math and no generic-to-shared conversion (~10% of all instructions before).
+// math and no generic-to-shared conversion in the k loops.
 template <class Op>
 struct SmemView {
   using S = typename Op::Storage;
