@@ -7,7 +7,7 @@
 namespace monarch_fftconv {
 namespace tc {
 #define MONARCH_TC_INSTANCE(N1_, N2_) MONARCH_TC_INSTANTIATE_SPLIT(N1_, N2_, Precision::kTF32)
-MONARCH_TC_SPLITS(MONARCH_TC_INSTANCE)
+MONARCH_FFTCONV_SPLITS(MONARCH_TC_INSTANCE)
 #undef MONARCH_TC_INSTANCE
 }  // namespace tc
 }  // namespace monarch_fftconv

@@ -11,11 +11,6 @@
 
 #include "fftconv.h"
 
-// The supported Monarch splits (n1, n2), n1 >= n2, n1 <= 2 n2: FFT sizes 256 .. 16384.
-// The one list behind the dispatch table and the per-precision instantiations.
-#define MONARCH_TC_SPLITS(X) \
-  X(16, 16) X(32, 16) X(32, 32) X(64, 32) X(64, 64) X(128, 64) X(128, 128)
-
 namespace monarch_fftconv {
 namespace tc {
 
