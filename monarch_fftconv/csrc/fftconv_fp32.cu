@@ -802,7 +802,6 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, kMinCtasPerSm) fftconv_fp
 // ------------------------------------------------------------------------------------
 // host side
 // ------------------------------------------------------------------------------------
-inline bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 inline int ilog2_host(int64_t v) {
   int r = 0;
   while ((int64_t(1) << r) < v) ++r;
@@ -908,26 +907,14 @@ cudaError_t dispatch_size(const ConvForwardParams& p, cudaStream_t stream) {
 }  // namespace fp32_detail
 }  // namespace
 
-bool conv_forward_fp32_supports(const ConvForwardParams& p) {
-  using namespace fp32_detail;
-  if (p.precision != Precision::kFP32) return false;
-  if (!is_pow2(p.fft_size) || p.fft_size < 256 || p.fft_size > 16384) return false;
-  if (!is_pow2(p.n1) || !is_pow2(p.n2) || (int64_t)p.n1 * p.n2 != p.fft_size) return false;
-  if (p.seq_len < 1 || p.seq_len > p.fft_size / 2) return false;
-  if (p.batch < 0 || p.channels < 0) return false;
-  if (p.io_type != IOType::kFloat32 && p.io_type != IOType::kBFloat16 && p.io_type != IOType::kFloat16)
-    return false;
-  // shape-only queries (null pointers) are answered from the shapes; a given spectrum must be
-  // float2-aligned
-  if (p.filter_spectrum && reinterpret_cast<uintptr_t>(p.filter_spectrum) % 8 != 0) return false;
-  if (smem_bytes_for(ilog2_host(p.fft_size) - 1, p.n1, p.n2) > kMaxSmem) return false;
-  return true;
-}
-
+// The binding has checked the call against the coverage (MONARCH_FFTCONV_SPLITS); this
+// only guards the launch itself.
 cudaError_t conv_forward_fp32(const ConvForwardParams& p, cudaStream_t stream) {
   using namespace fp32_detail;
-  if (!conv_forward_fp32_supports(p)) return cudaErrorInvalidValue;
-  if (p.batch * p.channels > 0 && (!p.u || !p.y || !p.filter_spectrum)) return cudaErrorInvalidValue;
+  const bool valid = p.precision == Precision::kFP32 && covers_split(p.n1, p.n2) && p.u && p.y &&
+                     p.filter_spectrum && reinterpret_cast<uintptr_t>(p.filter_spectrum) % 8 == 0 &&
+                     smem_bytes_for(ilog2_host(p.fft_size) - 1, p.n1, p.n2) <= kMaxSmem;
+  if (!valid) return cudaErrorInvalidValue;
   switch (p.io_type) {
     case IOType::kFloat32: return dispatch_size<float>(p, stream);
     case IOType::kBFloat16: return dispatch_size<__nv_bfloat16>(p, stream);
