@@ -6,7 +6,9 @@
 #   SHAPES=16x256x8192 bash benchmarks/run_gpu.sh
 #   SKIP_TESTS=1 bash benchmarks/run_gpu.sh    # benchmarks only (SKIP_BWD=1: no fwd+bwd run)
 #   TEST_ARGS=tests/test_cuda.py BENCH_ARGS="--no-plots" bash benchmarks/run_gpu.sh
-# Results: $OUT/{gpu.txt,build.log,tests.log,bench_fwd.log,bench_bwd.log,bench.tgz}
+#   BWD_SHAPES=16x256x8192,16x256x1024 bash benchmarks/run_gpu.sh   # fwd+bwd shapes (default: seed)
+#   INSTALL_CHECK=1 bash benchmarks/run_gpu.sh  # also a wheel install and the AOT build, in fresh venvs
+# Results: $OUT/{gpu.txt,build.log,tests.log,bench_fwd.log,bench_bwd.log,install.log,bench.tgz}
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"
 
@@ -18,10 +20,15 @@ tar czf "$OUT/bench.tgz" -C /tmp bench_fwd
 if [ -z "${SKIP_TESTS:-}" ]; then
   echo "== tests"
   # The nvcc compile check already ran in CI and in the build above.
-  timeout 240 python3 -m pytest -q -rf -k "not kernel_compiles" ${TEST_ARGS:-tests} 2>&1 | tee "$OUT/tests.log" | tail -30
+  timeout 420 python3 -m pytest -q -rf -k "not kernel_compiles" ${TEST_ARGS:-tests} 2>&1 | tee "$OUT/tests.log" | tail -30
+fi
+
+if [ -n "${INSTALL_CHECK:-}" ]; then
+  echo "== install check: wheel (JIT) and ahead-of-time build, fresh venvs"
+  timeout 400 bash benchmarks/check_install.sh 2>&1 | tee "$OUT/install.log"
 fi
 
 [ -n "${SKIP_BWD:-}" ] && exit 0
-echo "== benchmark: forward + backward, seed shape"
-timeout 120 python3 benchmarks/bench_cufft.py --preset seed --backward --energy --out /tmp/bench_bwd ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_bwd.log"
+echo "== benchmark: forward + backward"
+timeout 200 python3 benchmarks/bench_cufft.py --shapes "${BWD_SHAPES:-16x256x8192}" --backward --energy --out /tmp/bench_bwd ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_bwd.log"
 tar czf "$OUT/bench.tgz" -C /tmp bench_fwd bench_bwd
