@@ -21,20 +21,15 @@ import torch
 from torch import Tensor
 
 from . import _extension, ops, torch_fft
-from .planner import MonarchPlan, plan_for
-
-
-def _radix_fft_flops(n: int) -> float:
-    """A radix FFT of n real points: ~2.5·n·log2(n) flops."""
-    return 2.5 * n * (n.bit_length() - 1)
+from .planner import MonarchPlan, plan_for, real_fft_flops
 
 
 def _radix_conv_flops(plan: MonarchPlan, batch: int, channels: int) -> int:
     """Forward and inverse real FFT and the complex product per sequence, one filter FFT
     per channel."""
     n = plan.fft_size
-    per_sequence = 2 * _radix_fft_flops(n) + 6 * (n // 2 + 1)
-    return int(batch * channels * per_sequence + channels * _radix_fft_flops(n))
+    per_sequence = 2 * real_fft_flops(n) + 6 * (n // 2 + 1)
+    return int(batch * channels * per_sequence + channels * real_fft_flops(n))
 
 
 @dataclass(frozen=True)
@@ -88,7 +83,7 @@ class FusedTensorCore(_MonarchOps):
     def flops(self, plan, batch, channels):
         # MMA flops as issued (padded tiles, conjugate columns), plus the filter's cuFFT
         mma = plan.tensor_core_flops_per_sequence() * batch * channels
-        return int(mma + channels * _radix_fft_flops(plan.fft_size))
+        return int(mma + channels * real_fft_flops(plan.fft_size))
 
 
 class TorchFFT(Backend):

@@ -29,6 +29,12 @@ def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
+def real_fft_flops(n: int) -> float:
+    """The flop convention for FFTs (package and benchmark): a complex FFT of n points costs
+    5·n·log2(n), a real-input FFT (or a Hermitian-output inverse) half of that."""
+    return 2.5 * n * math.log2(n) if n > 1 else 0.0
+
+
 def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
