@@ -2,7 +2,7 @@
 
 Resolution order, first match wins:
 1. the per-call argument  ``fftconv(..., precision="bf16")``;
-2. the innermost ``with monarch_fftconv.precision("bf16"):`` block (process-wide override);
+2. the innermost ``with monarch_fftconv.precision("bf16"):`` block of the calling thread;
 3. the module attribute    ``FFTConv(..., precision="bf16")`` / ``module.precision = ...``;
 4. the environment variable ``MONARCH_FFTCONV_PRECISION`` (read at call time, never at import);
 5. the default: ``"fp32"`` (fp32-accurate) for float32/float64 inputs, the input's own type
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator
 
 import torch
@@ -25,8 +26,16 @@ PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 ERROR_BUDGETS = {"fp32": 2e-6, "tf32": 1e-3, "fp16": 2e-3, "bf16": 1e-2}
 ENV_VAR = "MONARCH_FFTCONV_PRECISION"
 
-# Innermost last. A plain list rather than a ContextVar: torch.compile traces reads of it.
-_override_stack: list[str] = []
+class _ThreadOverrides(threading.local):
+    """Each thread's stack of precision() blocks, innermost last: thread-local like
+    PyTorch's own modes (autocast, no_grad). threading.local rather than a ContextVar:
+    torch.compile traces (and guards on) reads of it, while ContextVar.get breaks the graph."""
+
+    def __init__(self) -> None:
+        self.stack: list[str] = []
+
+
+_overrides = _ThreadOverrides()
 
 _DEFAULT_FOR_DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -40,19 +49,20 @@ def check_precision(name: object, source: str = "precision") -> str:
 @contextlib.contextmanager
 def precision(name: str) -> Iterator[None]:
     """Override the precision of every call inside the block that passes no ``precision=``."""
-    _override_stack.append(check_precision(name))
+    stack = _overrides.stack
+    stack.append(check_precision(name))
     try:
         yield
     finally:
-        _override_stack.pop()
+        stack.pop()
 
 
 def resolve(call_arg: str | None, dtype: torch.dtype, module_attr: str | None = None) -> tuple[str, str]:
     """Return (precision, where it came from)."""
     if call_arg is not None:
         return check_precision(call_arg), "the precision= argument"
-    if _override_stack:
-        return _override_stack[-1], "the monarch_fftconv.precision() context"
+    if stack := _overrides.stack:
+        return stack[-1], "the monarch_fftconv.precision() context"
     if module_attr is not None:
         return check_precision(module_attr, "FFTConv.precision"), "the module's precision attribute"
     if env := os.environ.get(ENV_VAR):

@@ -101,3 +101,30 @@ def test_explain_says_where_and_why(monkeypatch):
     assert mf.explain(u.bfloat16(), k)["precision"] == "bf16"
     with pytest.raises(ValueError):
         mf.explain(u, k, precision="nope")
+
+
+def test_precision_context_is_thread_local(monkeypatch):
+    """A precision() block in one thread does not change calls in another, as PyTorch's own
+    modes (autocast, no_grad) are thread-local."""
+    import threading
+
+    monkeypatch.delenv(policy.ENV_VAR, raising=False)
+    inside, entered, leave = [], threading.Event(), threading.Event()
+
+    def holder():
+        with mf.precision("bf16"):
+            inside.append(policy.resolve(None, torch.float32)[0])
+            entered.set()
+            leave.wait(10)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert entered.wait(10)
+        assert policy.resolve(None, torch.float32)[0] == "fp32"  # this thread: untouched
+        with mf.precision("tf32"):
+            assert policy.resolve(None, torch.float32)[0] == "tf32"
+    finally:
+        leave.set()
+        thread.join()
+    assert inside == ["bf16"]
