@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -15,36 +16,48 @@ from .planner import compute_dtype, plan_for
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def check_inputs(u: object, k: object, D: object = None) -> None:
-    """Raise TypeError/ValueError naming the problem; compute nothing."""
-    for name, t in (("u", u), ("k", k)):
+@dataclass(frozen=True)
+class ArgNames:
+    """What error messages call the arguments: the function's names, or the module's."""
+
+    u: str = "u"
+    k: str = "k"
+    D: str = "D"
+
+
+FUNCTION_NAMES = ArgNames()
+
+
+def check_inputs(u: object, k: object, D: object = None, names: ArgNames = FUNCTION_NAMES) -> None:
+    """Raise TypeError/ValueError naming the problem; compute nothing. u is (..., C, L)."""
+    for name, t in ((names.u, u), (names.k, k)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in _FLOAT_DTYPES:
             raise TypeError(f"{name} must be a real floating-point tensor (float16/bfloat16/float32/float64), got {t.dtype}")
     assert isinstance(u, Tensor) and isinstance(k, Tensor)
-    if u.dim() != 3:
-        raise ValueError(f"u must have shape (B, C, L), got {tuple(u.shape)}")
+    if u.dim() < 2:
+        raise ValueError(f"{names.u} must have shape (..., C, L), got {tuple(u.shape)}")
     if k.dim() != 2:
-        raise ValueError(f"k must have shape (C, Lk), got {tuple(k.shape)}")
-    batch, channels, length = u.shape
-    if 0 in (batch, channels, length) or k.shape[1] == 0:
-        raise ValueError(f"empty dimension: u {tuple(u.shape)}, k {tuple(k.shape)}")
+        raise ValueError(f"{names.k} must have shape (C, Lk), got {tuple(k.shape)}")
+    channels, length = u.shape[-2:]
+    if u.numel() == 0 or k.numel() == 0:
+        raise ValueError(f"empty dimension: {names.u} {tuple(u.shape)}, {names.k} {tuple(k.shape)}")
     if k.shape[0] != channels:
-        raise ValueError(f"channel mismatch: u has {channels} channels, k has {k.shape[0]}")
+        raise ValueError(f"channel mismatch: {names.u} has {channels} channels, {names.k} has {k.shape[0]}")
     if k.shape[1] > length:
-        raise ValueError(f"filter longer than the sequence: Lk={k.shape[1]} > L={length}")
+        raise ValueError(f"{names.k} longer than the sequence: Lk={k.shape[1]} > L={length}")
     if k.device != u.device:
-        raise ValueError(f"u and k are on different devices: {u.device} and {k.device}")
+        raise ValueError(f"{names.u} and {names.k} are on different devices: {u.device} and {k.device}")
     if D is not None:
         if not isinstance(D, Tensor):
-            raise TypeError(f"D must be a torch.Tensor or None, got {type(D).__name__}")
+            raise TypeError(f"{names.D} must be a torch.Tensor or None, got {type(D).__name__}")
         if D.dtype not in _FLOAT_DTYPES:
-            raise TypeError(f"D must be a real floating-point tensor, got {D.dtype}")
+            raise TypeError(f"{names.D} must be a real floating-point tensor, got {D.dtype}")
         if tuple(D.shape) != (channels,):
-            raise ValueError(f"D must have shape ({channels},), got {tuple(D.shape)}")
+            raise ValueError(f"{names.D} must have shape ({channels},), got {tuple(D.shape)}")
         if D.device != u.device:
-            raise ValueError(f"u and D are on different devices: {u.device} and {D.device}")
+            raise ValueError(f"{names.u} and {names.D} are on different devices: {u.device} and {D.device}")
 
 
 def fftconv(u: Tensor, k: Tensor, *, D: Tensor | None = None, precision: str | None = None) -> Tensor:
@@ -52,8 +65,9 @@ def fftconv(u: Tensor, k: Tensor, *, D: Tensor | None = None, precision: str | N
 
     y[b, c, t] = Σ_{s<=t} k[c, s]·u[b, c, t-s]  (+ D[c]·u[b, c, t]),
 
-    u: (B, C, L); k: (C, Lk) with 1 <= Lk <= L; D: optional (C,). Returns (B, C, L) in u's
-    dtype, differentiable in u, k and D. `precision` is "fp32", "tf32", "bf16", "fp16" or
+    u: (B, C, L), or (C, L), or (..., C, L) with any leading dims; k: (C, Lk) with
+    1 <= Lk <= L; D: optional (C,). Returns y of u's shape and dtype, differentiable in u, k
+    and D. `precision` is "fp32", "tf32", "bf16", "fp16" or
     None (see `monarch_fftconv.policy` for how None is resolved).
     """
     return conv(u, k, D, precision)
@@ -69,17 +83,24 @@ def conv(
     precision: str | None,
     module_precision: str | None = None,
     cached_spectrum: SpectrumCache | None = None,
+    names: ArgNames = FUNCTION_NAMES,
 ) -> Tensor:
     """The one call path, for `fftconv` and `FFTConv`: check, resolve the precision, pick
     the backend, run it. `cached_spectrum(backend, k, precision)` (the module's cache)
-    supplies k's spectrum when autograd is not recording."""
-    check_inputs(u, k, D)
+    supplies k's spectrum when autograd is not recording. A compiled graph computes the
+    spectrum in the graph instead: the cache's identity and storage checks are host-side
+    state that torch.compile cannot trace, and the graph then follows every filter update."""
+    check_inputs(u, k, D, names)
+    shape = u.shape
+    u = u.reshape(-1, *shape[-2:])  # (..., C, L) -> (B, C, L): a view unless the strides forbid
     chosen, _ = policy.resolve(precision, u.dtype, module_precision)
     backend = select_backend(u.device, u.dtype, chosen, plan_for(u.shape[-1]))
     skip = None if D is None else D.to(compute_dtype(u))
-    if cached_spectrum is not None and not _records_grad(u, k, D):
-        return backend.conv(u, cached_spectrum(backend, k, chosen), skip, chosen)
-    return backend.fftconv(u, k, skip, chosen)
+    if cached_spectrum is not None and not _records_grad(u, k, D) and not torch.compiler.is_compiling():
+        y = backend.conv(u, cached_spectrum(backend, k, chosen), skip, chosen)
+    else:
+        y = backend.fftconv(u, k, skip, chosen)
+    return y.reshape(shape)
 
 
 def _records_grad(*tensors: Tensor | None) -> bool:
@@ -97,7 +118,8 @@ def explain(u: Tensor, k: Tensor, *, D: Tensor | None = None, precision: str | N
     chosen, source = policy.resolve(precision, u.dtype, None)
     plan = plan_for(u.shape[-1])
     backend = select_backend(u.device, u.dtype, chosen, plan, build=False)
-    batch, channels, _ = u.shape
+    channels = u.shape[-2]
+    batch = u.numel() // (channels * u.shape[-1])
     return {
         "backend": backend.name,
         "kernel": backend.kernel,

@@ -11,6 +11,9 @@ from . import functional, policy
 from .backends import Backend
 
 
+_MODULE_NAMES = functional.ArgNames(u="the input", k="the filter", D="D")
+
+
 class FFTConv(nn.Module):
     """y = causal_conv(x, filter) over the last dim, per channel.
 
@@ -39,7 +42,7 @@ class FFTConv(nn.Module):
         if length > self.seq_len:
             raise ValueError(f"input length {length} exceeds the module's seq_len {self.seq_len}")
         filt = self.filter if length == self.seq_len else self.filter[:, :length]
-        return functional.conv(x, filt, None, None, self.precision, cached_spectrum=self._cached_spectrum)
+        return functional.conv(x, filt, None, None, self.precision, self._cached_spectrum, _MODULE_NAMES)
 
     def _cached_spectrum(self, backend: Backend, filt: Tensor, precision: str) -> Tensor:
         p = self.filter

@@ -17,10 +17,10 @@ def test_public_api_is_small():
 # --------------------------------------------------------------------------- bad input
 
 @pytest.mark.parametrize("u_shape, k_shape, exc, match", [
-    ((4, 100), (4, 100), ValueError, r"u must have shape \(B, C, L\)"),
+    ((100,), (1, 100), ValueError, r"u must have shape \(\.\.\., C, L\)"),
     ((2, 4, 100), (4, 100, 1), ValueError, r"k must have shape \(C, Lk\)"),
     ((2, 4, 100), (3, 100), ValueError, "channel mismatch"),
-    ((2, 4, 100), (4, 101), ValueError, "filter longer than the sequence"),
+    ((2, 4, 100), (4, 101), ValueError, "k longer than the sequence"),
     ((0, 4, 100), (4, 10), ValueError, "empty dimension"),
     ((2, 4, 100), (4, 0), ValueError, "empty dimension"),
 ])
@@ -128,3 +128,13 @@ def test_precision_context_is_thread_local(monkeypatch):
         leave.set()
         thread.join()
     assert inside == ["bf16"]
+
+
+@pytest.mark.parametrize("shape", [(3, 500), (2, 2, 3, 500), (1, 3, 500)])
+def test_unbatched_and_extra_leading_dims(shape, gen):
+    """(C, L) and (..., C, L) inputs, as the plain torch.fft model accepts them."""
+    u, k, D = randn(gen, *shape), randn(gen, 3, 400), randn(gen, 3)
+    y = mf.fftconv(u, k, D=D)
+    assert y.shape == u.shape
+    flat = u.reshape(-1, 3, 500)
+    assert rel_l2(y.reshape(-1, 3, 500), reference(flat, k, D)) <= BUDGETS["fp32"]

@@ -91,3 +91,32 @@ def test_module_precision_attribute(gen):
     assert exact < 1e-5 < 1e-4 < coarse
     with pytest.raises(ValueError):
         mf.FFTConv(2, 256, precision="bf17")
+
+
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_compiled_inference_follows_filter_updates(mode, gen):
+    """torch.compile(fullgraph=True) under no_grad / inference_mode: every call works, also
+    after eager calls have filled the cache, and an in-place filter update is seen."""
+    layer = mf.FFTConv(3, 300)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    x = randn(gen, 2, 3, 300)
+    with mode():
+        layer(x)  # the eager cache is filled first
+        for _ in range(3):
+            assert rel_l2(compiled(x), reference(x, layer.filter)) <= BUDGETS["fp32"]
+        with torch.no_grad():
+            layer.filter.mul_(-2.0)
+        assert rel_l2(compiled(x), reference(x, layer.filter)) <= BUDGETS["fp32"]
+        torch.testing.assert_close(compiled(x), layer(x), rtol=1e-5, atol=1e-5)
+
+
+def test_module_errors_name_the_modules_terms(gen):
+    layer = mf.FFTConv(4, 256)
+    with pytest.raises(ValueError, match="channel mismatch: the input has 3 channels, the filter has 4"):
+        layer(randn(gen, 2, 3, 256))
+    with pytest.raises(TypeError, match="the input must be a real floating-point tensor"):
+        layer(torch.ones(2, 4, 256, dtype=torch.int64))
+    with pytest.raises(ValueError, match="exceeds the module's seq_len"):
+        layer(randn(gen, 2, 4, 300))
+    y = layer(randn(gen, 4, 256))  # unbatched (C, L), as the plain model accepts
+    assert y.shape == (4, 256)
