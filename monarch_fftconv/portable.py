@@ -11,6 +11,8 @@ Spectra are complex tensors of shape (..., R, M) in the plan's Monarch order (se
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -49,6 +51,18 @@ def _cmatmul(a: torch.Tensor, b: torch.Tensor, precision: str) -> torch.Tensor:
     return torch.matmul(_round_complex(a, precision), _round_complex(b, precision))
 
 
+def _own_rounding(transform):
+    """The engine rounds its matmul operands itself: an enclosing autocast region must not
+    round them again (nor hand torch.complex bf16 halves)."""
+
+    @functools.wraps(transform)
+    def wrapper(x: torch.Tensor, *args, **kwargs):
+        with torch.autocast(x.device.type, enabled=False):
+            return transform(x, *args, **kwargs)
+
+    return wrapper
+
+
 def _tables(plan: MonarchPlan, dtype: torch.dtype, device: torch.device) -> MonarchTables:
     return tables_for(plan.fft_size, plan.factors, dtype, device)
 
@@ -78,6 +92,7 @@ def _row_idft(s: torch.Tensor, t: RowDFTTables, precision: str) -> torch.Tensor:
 # --------------------------------------------------------------------------- transforms
 
 
+@_own_rounding
 def forward_spectrum(x: torch.Tensor, plan: MonarchPlan, precision: str) -> torch.Tensor:
     """Half spectrum (..., R, M) of the real sequence x (..., L') zero-padded to N, L' <= L."""
     dtype = compute_dtype(x)
@@ -95,6 +110,7 @@ def forward_spectrum(x: torch.Tensor, plan: MonarchPlan, precision: str) -> torc
     return _row_dft(a, t.rows, precision)
 
 
+@_own_rounding
 def inverse_spectrum(spectrum: torch.Tensor, plan: MonarchPlan, precision: str, out_len: int) -> torch.Tensor:
     """First `out_len` samples of the real sequence whose half spectrum (scaled by 1/N) is given."""
     t = _tables(plan, spectrum.real.dtype, spectrum.device)

@@ -120,3 +120,20 @@ def test_module_errors_name_the_modules_terms(gen):
         layer(randn(gen, 2, 4, 300))
     y = layer(randn(gen, 4, 256))  # unbatched (C, L), as the plain model accepts
     assert y.shape == (4, 256)
+
+
+@pytest.mark.parametrize("autocast_dtype", [torch.bfloat16, torch.float16])
+def test_autocast_keeps_the_precision_policy(autocast_dtype, gen):
+    """Under autocast a call follows the precision policy of its input's dtype (fp32 for a
+    float32 input), not autocast's: the result keeps the input's dtype and the fp32 budget,
+    forward and backward. Activations that autocast made bf16 take the bf16 path."""
+    layer = mf.FFTConv(3, 400)
+    x = randn(gen, 2, 3, 400).requires_grad_()
+    with torch.autocast("cpu", dtype=autocast_dtype):
+        y = layer(x)
+        y.square().sum().backward()
+        half = layer(x.detach().to(torch.bfloat16))
+    assert y.dtype == torch.float32 and half.dtype == torch.bfloat16
+    assert rel_l2(y, reference(x, layer.filter)) <= BUDGETS["fp32"]
+    assert rel_l2(half, reference(x, layer.filter)) <= BUDGETS["bf16"] + 2.0**-8
+    assert x.grad is not None and torch.isfinite(layer.filter.grad).all()
