@@ -17,6 +17,13 @@ _MODULE_NAMES = functional.ArgNames(u="the input", k="the filter", D="D")
 class FFTConv(nn.Module):
     """y = causal_conv(x, filter) over the last dim, per channel.
 
+    Args:
+        channels: C, the number of independent channels (each has its own filter).
+        seq_len: the longest input length L; also the filter length.
+        precision: "fp32", "tf32", "bf16", "fp16", or None to follow the precision policy
+            (a `monarch_fftconv.precision()` block, the environment, the input's dtype).
+        device, dtype: of the `filter` parameter.
+
     Same parameter (`filter`, shape (channels, seq_len), randn init) as the plain torch.fft
     model it replaces, so its state_dict loads as is. Inputs may be shorter than seq_len.
 
@@ -38,6 +45,8 @@ class FFTConv(nn.Module):
         self._spectrum: Tensor | None = None
 
     def forward(self, x: Tensor) -> Tensor:
+        """x: (B, C, L), (C, L) or (..., C, L) with L <= seq_len; returns y of x's shape and
+        dtype, y[..., c, t] = Σ_{s<=t} filter[c, s]·x[..., c, t-s]."""
         length = x.shape[-1]
         if length > self.seq_len:
             raise ValueError(f"input length {length} exceeds the module's seq_len {self.seq_len}")
