@@ -1,0 +1,61 @@
+"""Data-parallel training through PyTorch's own engine: 2 gloo ranks on CPU wrap a model
+holding FFTConv in DistributedDataParallel; their gradients match one process on the global
+batch. (Channels are independent, so a channel-sharded layout needs no communication inside
+the op: docs/design.md.)"""
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import monarch_fftconv as mf
+
+CHANNELS, LENGTH, GLOBAL_BATCH = 4, 300, 6
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)  # the same initial weights in every process
+    return torch.nn.Sequential(mf.FFTConv(CHANNELS, LENGTH), torch.nn.GELU(), torch.nn.Conv1d(CHANNELS, CHANNELS, 1))
+
+
+def _data() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(GLOBAL_BATCH, CHANNELS, LENGTH, generator=g), torch.randn(GLOBAL_BATCH, CHANNELS, LENGTH, generator=g)
+
+
+def _grads(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.grad.detach().clone() for p in model.parameters()]
+
+
+def _rank(rank: int, world: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(_model())
+        x, target = _data()
+        shard = slice(rank * GLOBAL_BATCH // world, (rank + 1) * GLOBAL_BATCH // world)
+        torch.nn.functional.mse_loss(model(x[shard]), target[shard]).backward()  # DDP averages
+        if rank == 0:
+            torch.save(_grads(model.module), out)
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not built")
+def test_ddp_gradients_match_one_process(tmp_path):
+    out = str(tmp_path / "grads.pt")
+    mp.spawn(_rank, args=(2, _free_port(), out), nprocs=2, join=True)
+    model = _model()
+    x, target = _data()
+    torch.nn.functional.mse_loss(model(x), target).backward()
+    for got, want in zip(torch.load(out), _grads(model)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
