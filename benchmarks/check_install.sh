@@ -4,6 +4,7 @@
 #   jit: a regular wheel carries monarch_fftconv/csrc/ and JIT-builds the kernels on first use;
 #   aot: MONARCH_FFTCONV_BUILD_EXT=1 compiles monarch_fftconv._C into the wheel, which loads
 #        with torch.ops.load_library and builds nothing.
+# Each venv sees torch through a .pth of this interpreter's site-packages.
 # Each prints the backend explain() names for fp32 and bf16, and the error against float64.
 #   bash benchmarks/check_install.sh [jit|aot ...]      (default: both)
 set -euo pipefail
@@ -14,9 +15,11 @@ WORK=$(mktemp -d)
 PYTHONPATH=$(tr ':' '\n' <<<"${PYTHONPATH:-}" | grep -v -x -e "$REPO" -e '' | paste -sd: || true)
 export PYTHONPATH
 
-CHECK='
+CHECK=$WORK/check.py
+cat > "$CHECK" <<'PY'
 import sys, torch, monarch_fftconv as mf
 from monarch_fftconv import _extension
+mode = sys.argv[1]
 u, k = torch.randn(4, 8, 8192, device="cuda"), torch.randn(8, 8192, device="cuda") / 90
 n = 2 * u.shape[-1]
 ref = torch.fft.irfft(torch.fft.rfft(u.double(), n=n) * torch.fft.rfft(k.double(), n=n), n=n)[..., : u.shape[-1]]
@@ -24,12 +27,12 @@ for precision in ("fp32", "bf16"):
     y = mf.fftconv(u, k, precision=precision)
     info = mf.explain(u, k, precision=precision)
     err = ((y.double() - ref).norm() / ref.norm()).item()
-    print(f"{sys.argv[1]}: {precision}: {info[\"backend\"]} ({info[\"kernel\"]}), rel L2 {err:.2e}")
+    print(f"{mode}: {precision}: {info['backend']} ({info['kernel']}), rel L2 {err:.2e}")
     assert info["backend"].startswith("cuda-"), info
-print(f"{sys.argv[1]}: package at {mf.__file__}; AOT library {_extension._aot_library()}")
-print(f"{sys.argv[1]}: loaded libraries {sorted(torch.ops.loaded_libraries)}")
+print(f"{mode}: package at {mf.__file__}; AOT library {_extension._aot_library()}")
+print(f"{mode}: loaded libraries {sorted(torch.ops.loaded_libraries)}")
 assert "site-packages" in mf.__file__
-'
+PY
 
 for mode in "${@:-jit aot}"; do
   for m in $mode; do
@@ -40,9 +43,12 @@ for mode in "${@:-jit aot}"; do
     else
       python3 -m pip wheel -q --no-deps --no-build-isolation -w "$WORK/dist-$m" "$REPO"
     fi
-    python3 -m venv --system-site-packages "$WORK/venv-$m"
+    python3 -m venv "$WORK/venv-$m"
+    # torch comes from this interpreter's site (which may itself be a venv), not the venv's base
+    python3 -c 'import site; print("\n".join(site.getsitepackages()))' \
+      > "$("$WORK/venv-$m/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/parent-site.pth"
     "$WORK/venv-$m/bin/python" -m pip install -q --no-deps --no-index "$WORK"/dist-"$m"/*.whl
-    (cd "$WORK" && MONARCH_FFTCONV_BUILD_DIR="$WORK/jit-build-$m" "$WORK/venv-$m/bin/python" -c "$CHECK" "$m")
+    (cd "$WORK" && MONARCH_FFTCONV_BUILD_DIR="$WORK/jit-build-$m" "$WORK/venv-$m/bin/python" "$CHECK" "$m")
     [ "$m" = aot ] && ! ls "$WORK/jit-build-$m" >/dev/null 2>&1 && echo "aot: no JIT build directory was created"
     echo "$m: install + first call took $(( $(date +%s) - start )) s"
   done

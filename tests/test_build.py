@@ -4,6 +4,7 @@ nvcc compile check of every kernel unit (CI has nvcc but no GPU), and the packag
 import importlib.util
 import os
 import shutil
+import site
 import subprocess
 import sys
 import zipfile
@@ -172,8 +173,12 @@ def test_wheel_ships_the_kernel_sources(tmp_path):
     assert expected <= names and "monarch_fftconv/py.typed" in names, expected - names
 
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     python = venv / "bin" / "python"
+    # torch from this interpreter's site-packages (it may itself be a venv), not the checkout
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    Path(purelib, "parent-site.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     install = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
                              capture_output=True, text=True, timeout=300)
     assert install.returncode == 0, install.stderr[-3000:]
