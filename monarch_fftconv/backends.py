@@ -88,7 +88,8 @@ class FusedTensorCore(_MonarchOps):
 
 class TorchFFT(Backend):
     def fftconv(self, u, k, skip, precision):
-        return torch_fft.conv(u, torch_fft.filter_spectrum(k, plan_for(u.shape[-1])), skip, plan_for(u.shape[-1]))
+        plan = plan_for(u.shape[-1])
+        return torch_fft.conv(u, torch_fft.filter_spectrum(k, plan), skip, plan)
 
     def filter_spectrum(self, k, seq_len, precision):
         return torch_fft.filter_spectrum(k, plan_for(seq_len))
