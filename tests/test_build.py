@@ -179,8 +179,10 @@ def test_wheel_ships_the_kernel_sources(tmp_path):
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                              capture_output=True, text=True, check=True).stdout.strip()
     Path(purelib, "parent-site.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    # The checkout stays off the path here too: an in-tree build's egg-info there would make
+    # pip think the package is already installed.
     install = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
-                             capture_output=True, text=True, timeout=300)
+                             cwd=tmp_path, env=_env_without_checkout(), capture_output=True, text=True, timeout=300)
     assert install.returncode == 0, install.stderr[-3000:]
     check = subprocess.run([str(python), "-c", INSTALLED_CHECK], cwd=tmp_path, env=_env_without_checkout(),
                            capture_output=True, text=True, timeout=300)
