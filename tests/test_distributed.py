@@ -3,9 +3,6 @@ holding FFTConv in DistributedDataParallel; their gradients match one process on
 batch. (Channels are independent, so a channel-sharded layout needs no communication inside
 the op: docs/design.md.)"""
 
-import os
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -30,9 +27,9 @@ def _grads(model: torch.nn.Module) -> list[torch.Tensor]:
     return [p.grad.detach().clone() for p in model.parameters()]
 
 
-def _rank(rank: int, world: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _rank(rank: int, world: int, rendezvous: str, out: str) -> None:
+    # A file rendezvous: no TCP port to pick (and lose to another process) between the ranks.
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     try:
         model = torch.nn.parallel.DistributedDataParallel(_model())
         x, target = _data()
@@ -44,16 +41,10 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not built")
 def test_ddp_gradients_match_one_process(tmp_path):
     out = str(tmp_path / "grads.pt")
-    mp.spawn(_rank, args=(2, _free_port(), out), nprocs=2, join=True)
+    mp.spawn(_rank, args=(2, str(tmp_path / "rendezvous"), out), nprocs=2, join=True)
     model = _model()
     x, target = _data()
     torch.nn.functional.mse_loss(model(x), target).backward()
