@@ -6,15 +6,20 @@ the flop count of its algorithm. `select_backend` decides once per (device, dtyp
 precision, plan) and remembers the decision; `explain()` and the call share it.
 
 =====================  ==========================================================
-``portable``           the PyTorch Monarch engine (CPU tensors), emulated operand precision
 ``cuda-fp32``          the fused fp32 radix kernel (Hopper, N = 256 .. 16384)
 ``cuda-tensor-core``   the fused Monarch kernel on tensor cores (Hopper, N = 256 .. 16384)
-``torch.fft``          cuFFT in fp32 on GPUs where no kernel covers the call
+``torch.fft``          torch.fft in fp32 (fp64 for fp64 input): CPU tensors, and GPU calls
+                       no kernel covers; faster than emulating a precision, and at least as
+                       accurate
+``portable``           the PyTorch Monarch engine with emulated operand precision, on any
+                       device, on request: ``MONARCH_FFTCONV_BACKEND=portable`` (read at call
+                       time). It is the executable spec the kernels are tested against.
 =====================  ==========================================================
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -108,7 +113,18 @@ class Pending(Backend):
         return None
 
 
+BACKEND_ENV = "MONARCH_FFTCONV_BACKEND"
+BACKEND_CHOICES = ("auto", "portable")
+
 _decisions: dict[tuple, Backend] = {}
+
+
+def requested_backend() -> str:
+    """The backend the environment asks for: "auto" (the default) or "portable"."""
+    choice = os.environ.get(BACKEND_ENV) or "auto"
+    if choice not in BACKEND_CHOICES:
+        raise ValueError(f"{BACKEND_ENV} must be one of {', '.join(map(repr, BACKEND_CHOICES))}, got {choice!r}")
+    return choice
 
 
 def select_backend(
@@ -116,10 +132,11 @@ def select_backend(
 ) -> Backend:
     """The one place that decides where a call runs. With build=False (explain) the CUDA
     extension is never built; the answer may then be `Pending`."""
-    key = (device, dtype, precision, plan)
+    requested = requested_backend()
+    key = (device, dtype, precision, plan, requested)
     if (decided := _decisions.get(key)) is not None:
         return decided
-    backend = _decide(device, dtype, precision, plan, build)
+    backend = _decide(device, dtype, precision, plan, build, requested)
     # Remembered by eager calls only: a compiled graph decides at trace time, where storing
     # into a global would have to be replayed after the graph.
     if not isinstance(backend, Pending) and not torch.compiler.is_compiling():
@@ -127,12 +144,19 @@ def select_backend(
     return backend
 
 
-def _decide(device: torch.device, dtype: torch.dtype, precision: str, plan: MonarchPlan, build: bool) -> Backend:
+def _decide(
+    device: torch.device, dtype: torch.dtype, precision: str, plan: MonarchPlan, build: bool, requested: str
+) -> Backend:
     factors = "x".join(map(str, plan.factors))
+    if requested == "portable":
+        return Portable("portable", f"PyTorch Monarch {factors}, {precision} operands emulated",
+                        f"{BACKEND_ENV}=portable asks for the emulating engine")
+    fft_dtype = "fp64" if dtype == torch.float64 else "fp32"
     if device.type != "cuda":
-        return Portable("portable", f"PyTorch Monarch {factors}, {precision} operands",
-                        f"{device.type} tensors run the portable PyTorch path")
-    fallback = f"cuFFT rfft/irfft in fp32, N={plan.fft_size}"
+        return TorchFFT("torch.fft", f"torch.fft rfft/irfft in {fft_dtype} on {device.type}, N={plan.fft_size}",
+                        f"on {device.type} torch.fft is faster than the Monarch engine at every precision, and at "
+                        f"least as accurate ({BACKEND_ENV}=portable runs the engine)")
+    fallback = f"cuFFT rfft/irfft in {fft_dtype}, N={plan.fft_size}"
     coverage = _extension.coverage(build)
     if coverage is None:
         return Pending("pending", "decided by the first CUDA call, which loads or builds the CUDA extension",

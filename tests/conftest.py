@@ -16,3 +16,11 @@ def gen(request) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed(seed)
     return g
+
+
+@pytest.fixture
+def portable_engine(monkeypatch):
+    """Calls inside the test run the emulating Monarch engine (on request, as users ask)."""
+    from monarch_fftconv.backends import BACKEND_ENV
+
+    monkeypatch.setenv(BACKEND_ENV, "portable")

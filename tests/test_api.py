@@ -79,7 +79,7 @@ def test_policy_resolution_order(monkeypatch):
         policy.resolve(None, f32)
 
 
-def test_precision_flag_changes_the_result(gen):
+def test_precision_flag_changes_the_result(portable_engine, gen):
     u, k = randn(gen, 2, 3, 1000), randn(gen, 3, 1000)
     ref = reference(u, k)
     exact = rel_l2(mf.fftconv(u, k), ref)
@@ -92,7 +92,7 @@ def test_explain_says_where_and_why(monkeypatch):
     monkeypatch.delenv(policy.ENV_VAR, raising=False)
     u, k = torch.randn(2, 3, 8192), torch.randn(3, 8192)
     info = mf.explain(u, k)
-    assert info["backend"] == "portable" and info["precision"] == "fp32"
+    assert info["backend"] == "torch.fft" and info["precision"] == "fp32"
     assert info["fft_size"] == 16384 and info["factors"] == (128, 128)
     assert "default" in info["precision_source"] and "cpu" in info["reason"]
     assert info["flops"] > 0
@@ -101,6 +101,26 @@ def test_explain_says_where_and_why(monkeypatch):
     assert mf.explain(u.bfloat16(), k)["precision"] == "bf16"
     with pytest.raises(ValueError):
         mf.explain(u, k, precision="nope")
+
+
+def test_cpu_calls_take_torch_fft_and_the_engine_on_request(monkeypatch, gen):
+    """CPU calls run torch.fft (never slower than the code they replace), whatever the
+    precision: it is at least as accurate. MONARCH_FFTCONV_BACKEND=portable runs the
+    emulating engine instead, read at call time."""
+    from monarch_fftconv.backends import BACKEND_ENV
+
+    u, k = randn(gen, 2, 3, 3000), randn(gen, 3, 3000)
+    ref = reference(u, k)
+    for precision in mf.PRECISIONS:
+        assert mf.explain(u, k, precision=precision)["backend"] == "torch.fft"
+        assert rel_l2(mf.fftconv(u, k, precision=precision), ref) <= BUDGETS["fp32"]
+    monkeypatch.setenv(BACKEND_ENV, "portable")
+    info = mf.explain(u, k, precision="bf16")
+    assert info["backend"] == "portable" and BACKEND_ENV in info["reason"]
+    assert BUDGETS["fp32"] < rel_l2(mf.fftconv(u, k, precision="bf16"), ref) <= BUDGETS["bf16"]
+    monkeypatch.setenv(BACKEND_ENV, "cudnn")
+    with pytest.raises(ValueError, match=BACKEND_ENV):
+        mf.fftconv(u, k)
 
 
 def test_precision_context_is_thread_local(monkeypatch):

@@ -37,6 +37,7 @@ class Case:
     layout: str  # "contiguous" | "strided" (every other channel) | "transposed" (from (B, L, C))
     skip: bool
     backward: bool
+    engine: str  # MONARCH_FFTCONV_BACKEND: "auto", or "portable" (the emulating engine)
 
 
 def draw(rng: random.Random, device: str) -> Case:
@@ -55,6 +56,7 @@ def draw(rng: random.Random, device: str) -> Case:
         layout=rng.choice(["contiguous", "strided", "transposed"]),
         skip=rng.random() < 0.5,
         backward=rng.random() < 0.3,
+        engine=rng.choice(["auto", "portable"]) if device == "cpu" else "auto",
     )
 
 
@@ -107,6 +109,7 @@ def error(got: torch.Tensor, want: torch.Tensor, scale: torch.Tensor) -> float:
 
 def run_case(case: Case, gen: torch.Generator, device: str) -> tuple[str, list[str]]:
     """(backend, what went wrong); an empty list means within every budget."""
+    os.environ["MONARCH_FFTCONV_BACKEND"] = case.engine
     u, k, D = make_inputs(case, gen, device)
     inputs = [u, k] + ([D] if D is not None else [])
     if case.backward:
@@ -145,10 +148,12 @@ def fuzz(device: str) -> None:
     assert not failures, "\n".join(failures[:20])
 
 
-def test_fuzz_cpu():
+def test_fuzz_cpu(monkeypatch):
+    monkeypatch.setenv("MONARCH_FFTCONV_BACKEND", "auto")  # restored after the test
     fuzz("cpu")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_fuzz_cuda():
+def test_fuzz_cuda(monkeypatch):
+    monkeypatch.setenv("MONARCH_FFTCONV_BACKEND", "auto")
     fuzz("cuda")

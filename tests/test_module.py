@@ -81,7 +81,7 @@ def test_inference_cache_follows_the_parameter(gen):
         assert rel_l2(conv(x.double()), reference(x, conv.filter)) <= 1e-12
 
 
-def test_module_precision_attribute(gen):
+def test_module_precision_attribute(portable_engine, gen):
     conv = mf.FFTConv(2, 256, precision="bf16")
     x = randn(gen, 1, 2, 256)
     with torch.no_grad():
@@ -93,10 +93,12 @@ def test_module_precision_attribute(gen):
         mf.FFTConv(2, 256, precision="bf17")
 
 
+@pytest.mark.parametrize("engine", ["auto", "portable"])
 @pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
-def test_compiled_inference_follows_filter_updates(mode, gen):
+def test_compiled_inference_follows_filter_updates(mode, engine, monkeypatch, gen):
     """torch.compile(fullgraph=True) under no_grad / inference_mode: every call works, also
     after eager calls have filled the cache, and an in-place filter update is seen."""
+    monkeypatch.setenv("MONARCH_FFTCONV_BACKEND", engine)
     layer = mf.FFTConv(3, 300)
     compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
     x = randn(gen, 2, 3, 300)

@@ -1,4 +1,6 @@
-"""The torch ops: registration (opcheck), gradients through autograd, torch.compile."""
+"""The torch ops: registration (opcheck), gradients through autograd, torch.compile. The
+public calls here run the emulating engine, so that they go through the ops (CPU calls
+take torch.fft by default)."""
 
 import pytest
 import torch
@@ -7,6 +9,11 @@ import monarch_fftconv as mf
 from monarch_fftconv import ops
 
 from helpers import randn, reference, rel_l2
+
+
+@pytest.fixture(autouse=True)
+def _through_the_ops(portable_engine):
+    pass
 
 
 @pytest.mark.parametrize("batch, channels, length, filter_len", [(2, 3, 7, 7), (3, 2, 16, 5), (1, 1, 1, 1)])
@@ -62,7 +69,7 @@ def test_torch_compile_fullgraph(gen):
     assert x.grad is not None and conv.filter.grad is not None
 
 
-def test_backward_reuses_the_saved_spectrum(gen):
+def test_backward_reuses_the_saved_spectrum(portable_engine, gen):
     """The forward computes k's spectrum once and saves it; the backward never recomputes it."""
     u = randn(gen, 2, 3, 300).requires_grad_()
     k = randn(gen, 3, 200).requires_grad_()

@@ -1,4 +1,6 @@
-"""The portable engine against float64 torch.fft: shapes, precisions, structure."""
+"""The portable engine against float64 torch.fft: shapes, precisions, structure. Every
+call here runs the engine (MONARCH_FFTCONV_BACKEND=portable): by default CPU calls take
+torch.fft."""
 
 import pytest
 import torch
@@ -8,6 +10,11 @@ from monarch_fftconv import portable
 from monarch_fftconv.planner import plan_for
 
 from helpers import BUDGETS, randn, reference, rel_l2
+
+@pytest.fixture(autouse=True)
+def _engine(portable_engine):
+    assert mf.explain(torch.ones(1, 1, 8), torch.ones(1, 8))["backend"] == "portable"
+
 
 SHAPES = [  # (B, C, L, Lk): seed scale, odd batch, non-power-of-two L, short filters
     (2, 4, 8192, 8192), (3, 5, 1000, 1000), (1, 3, 1, 1), (5, 2, 3, 2),

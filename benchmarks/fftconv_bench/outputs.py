@@ -22,9 +22,9 @@ import torch
 from fftconv_bench import REPO_ROOT
 from fftconv_bench.timing import cache_bytes
 
-CPU_NOTE = ("CPU FIGURES, NOT GPU ONES: no CUDA device was used, so this run times the portable "
-            "PyTorch path of monarch_fftconv against torch.fft on the host (time.perf_counter "
-            "medians). These numbers say nothing about GPU performance.")
+CPU_NOTE = ("CPU FIGURES, NOT GPU ONES: no CUDA device was used, so this run times "
+            "monarch_fftconv's CPU path (the backend column says which) against torch.fft on the "
+            "host (time.perf_counter medians). These numbers say nothing about GPU performance.")
 
 CSV_FIELDS = ["shape", "B", "C", "L", "pass", "device", "method", "family", "train_step",
               "backend", "kernel", "requested_precision", "precision", "status",

@@ -18,7 +18,7 @@ def _title(meta: Dict[str, Any], what: str, pass_name: str) -> str:
     if meta.get("device") == "cuda":
         where = f"{meta.get('gpu_name')}, torch {meta.get('torch_version')}, CUDA {meta.get('cuda_version')}"
     else:
-        where = "CPU FIGURES, NOT GPU (portable path vs torch.fft on the host)"
+        where = "CPU FIGURES, NOT GPU (the package's CPU path vs torch.fft on the host)"
     return f"{what} [{pass_name}]\n{where}"
 
 
