@@ -41,7 +41,7 @@ def check_inputs(u: object, k: object, D: object = None, names: ArgNames = FUNCT
     if k.dim() != 2:
         raise ValueError(f"{names.k} must have shape (C, Lk), got {tuple(k.shape)}")
     channels, length = u.shape[-2:]
-    if u.numel() == 0 or k.numel() == 0:
+    if 0 in (channels, length) or k.numel() == 0:  # an empty batch is fine: an empty result
         raise ValueError(f"empty dimension: {names.u} {tuple(u.shape)}, {names.k} {tuple(k.shape)}")
     if k.shape[0] != channels:
         raise ValueError(f"channel mismatch: {names.u} has {channels} channels, {names.k} has {k.shape[0]}")
@@ -92,6 +92,8 @@ def conv(
     state that torch.compile cannot trace, and the graph then follows every filter update."""
     check_inputs(u, k, D, names)
     shape = u.shape
+    if u.numel() == 0:
+        return _empty_batch(u, k, D)
     u = u.reshape(-1, *shape[-2:])  # (..., C, L) -> (B, C, L): a view unless the strides forbid
     chosen, _ = policy.resolve(precision, u.dtype, module_precision)
     backend = select_backend(u.device, u.dtype, chosen, plan_for(u.shape[-1]))
@@ -101,6 +103,14 @@ def conv(
     else:
         y = backend.fftconv(u, k, skip, chosen)
     return y.reshape(shape)
+
+
+def _empty_batch(u: Tensor, k: Tensor, D: Tensor | None) -> Tensor:
+    """y for an empty batch: empty, in u's dtype, with zero gradients for k and D (their sum
+    over no sequences), as autograd gives them for any other batch. (torch.fft itself
+    fails on an empty batch on CPU.)"""
+    weights = k.sum() if D is None else k.sum() + D.sum()
+    return u * weights.to(u.dtype) * 0
 
 
 def _records_grad(*tensors: Tensor | None) -> bool:

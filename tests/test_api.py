@@ -21,7 +21,7 @@ def test_public_api_is_small():
     ((2, 4, 100), (4, 100, 1), ValueError, r"k must have shape \(C, Lk\)"),
     ((2, 4, 100), (3, 100), ValueError, "channel mismatch"),
     ((2, 4, 100), (4, 101), ValueError, "k longer than the sequence"),
-    ((0, 4, 100), (4, 10), ValueError, "empty dimension"),
+    ((2, 0, 100), (0, 10), ValueError, "empty dimension"),
     ((2, 4, 100), (4, 0), ValueError, "empty dimension"),
 ])
 def test_bad_shapes(u_shape, k_shape, exc, match):
@@ -158,3 +158,28 @@ def test_unbatched_and_extra_leading_dims(shape, gen):
     assert y.shape == u.shape
     flat = u.reshape(-1, 3, 500)
     assert rel_l2(y.reshape(-1, 3, 500), reference(flat, k, D)) <= BUDGETS["fp32"]
+
+
+def test_empty_batch_gives_an_empty_result(gen):
+    """A batch of zero sequences returns an empty y of u's shape and dtype, and zero
+    gradients for k and D."""
+    u = torch.zeros(0, 3, 100, dtype=torch.bfloat16, requires_grad=True)
+    k, D = randn(gen, 3, 50).requires_grad_(), randn(gen, 3).requires_grad_()
+    y = mf.fftconv(u, k, D=D)
+    assert y.shape == u.shape and y.dtype == u.dtype
+    y.sum().backward()
+    assert u.grad.shape == u.shape and torch.equal(k.grad, torch.zeros_like(k)) and torch.equal(D.grad, torch.zeros_like(D))
+    assert mf.fftconv(torch.zeros(2, 0, 3, 100), k).shape == (2, 0, 3, 100)
+
+
+@pytest.mark.parametrize("engine", ["auto", "portable"])
+def test_nan_in_the_filter_stays_in_its_channel(engine, monkeypatch, gen):
+    """A NaN or Inf in one channel's filter makes that channel's outputs non-finite (the FFT
+    spreads it over the channel) and leaves every other channel bitwise unchanged."""
+    monkeypatch.setenv("MONARCH_FFTCONV_BACKEND", engine)
+    u, k = randn(gen, 2, 4, 300), randn(gen, 4, 300)
+    clean = mf.fftconv(u, k)
+    k[1, 5], k[3, 0] = float("nan"), float("inf")
+    dirty = mf.fftconv(u, k)
+    assert not torch.isfinite(dirty[:, 1]).any() and not torch.isfinite(dirty[:, 3]).any()
+    assert torch.equal(dirty[:, [0, 2]], clean[:, [0, 2]])
