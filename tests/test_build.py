@@ -1,8 +1,10 @@
 """The loader and the build: backend selection without a GPU, fallbacks that warn once, the
 nvcc compile check of every kernel unit (CI has nvcc but no GPU), and the packaging."""
 
+import concurrent.futures
 import importlib.util
 import os
+import re
 import shutil
 import site
 import subprocess
@@ -14,19 +16,45 @@ import pytest
 import torch
 
 from monarch_fftconv import _extension
+from monarch_fftconv.planner import plan_for
 
 NVCC = shutil.which("nvcc")
 SOURCES = _extension.kernel_sources()
 
 
+@pytest.fixture(scope="module")
+def compiled_units(tmp_path_factory):
+    """Every kernel unit compiled by nvcc at once (each test waits for its own): the units
+    are independent, and one at a time they took minutes with no output."""
+    out = tmp_path_factory.mktemp("objects")
+    includes = [f"-I{d}" for d in (_extension.CSRC, *_extension.cutlass_include_dirs())]
+
+    def compile_unit(source: Path) -> subprocess.CompletedProcess:
+        cmd = [NVCC, *_extension.NVCC_FLAGS, *includes, "-c", str(source), "-o", str(out / f"{source.stem}.o")]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(SOURCES)) as pool:
+        yield {source: pool.submit(compile_unit, source) for source in SOURCES}
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 @pytest.mark.skipif(not _extension.cutlass_include_dirs(), reason="CUTLASS headers not installed (nvidia-cutlass)")
 @pytest.mark.parametrize("source", SOURCES, ids=[s.name for s in SOURCES])
-def test_kernel_compiles(source, tmp_path):
-    includes = [f"-I{d}" for d in (_extension.CSRC, *_extension.cutlass_include_dirs())]
-    cmd = [NVCC, *_extension.NVCC_FLAGS, *includes, "-c", str(source), "-o", str(tmp_path / "k.o")]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+def test_kernel_compiles(source, compiled_units):
+    result = compiled_units[source].result()
     assert result.returncode == 0, result.stderr[-4000:]
+
+
+def kernel_splits() -> list[tuple[int, int]]:
+    """The split list of fftconv.h (MONARCH_FFTCONV_SPLITS), read from the header."""
+    header = (_extension.CSRC / "fftconv.h").read_text()
+    line = re.search(r"#define MONARCH_FFTCONV_SPLITS\(X\)(.*)", header).group(1)
+    return [(int(a), int(b)) for a, b in re.findall(r"X\((\d+),\s*(\d+)\)", line)]
+
+
+def test_kernel_splits_are_the_planners():
+    """The kernels are built for exactly the planner's factorisation of N = 256 .. 16384."""
+    assert kernel_splits() == [plan_for(n // 2).factors for n in (256, 512, 1024, 2048, 4096, 8192, 16384)]
 
 
 def test_kernel_sources_are_torch_free():
@@ -40,10 +68,9 @@ def test_kernel_sources_are_torch_free():
 def hopper_kernels(monkeypatch):
     """Pretend the CUDA extension loaded with the kernels' coverage: the decision is then
     checkable without a GPU."""
-    from monarch_fftconv import _extension, backends
+    from monarch_fftconv import backends
 
-    splits = frozenset((n1, n2) for n1, n2 in [(16, 16), (32, 16), (32, 32), (64, 32), (64, 64), (128, 64), (128, 128)])
-    coverage = _extension.Coverage(splits, frozenset({torch.float32, torch.bfloat16, torch.float16}))
+    coverage = _extension.Coverage(frozenset(kernel_splits()), frozenset({torch.float32, torch.bfloat16, torch.float16}))
     monkeypatch.setattr(_extension, "coverage", lambda build=True: coverage)
     monkeypatch.setattr(backends, "_decisions", {})
     return backends
@@ -51,7 +78,6 @@ def hopper_kernels(monkeypatch):
 
 @pytest.mark.parametrize("precision, name", [("fp32", "cuda-fp32"), ("bf16", "cuda-tensor-core")])
 def test_gpu_calls_a_kernel_covers_take_it(hopper_kernels, precision, name):
-    from monarch_fftconv.planner import plan_for
 
     for length in (129, 1000, 8192):
         backend = hopper_kernels.select_backend(torch.device("cuda", 0), torch.float32, precision, plan_for(length))
@@ -63,15 +89,13 @@ def test_gpu_calls_a_kernel_covers_take_it(hopper_kernels, precision, name):
 @pytest.mark.parametrize("length, dtype, why", [(8193, torch.float32, "N=32768"), (100, torch.float64, "float64"),
                                                 (64, torch.float32, "N=128")])
 def test_gpu_calls_no_kernel_covers_take_cufft(hopper_kernels, length, dtype, why, precision):
-    from monarch_fftconv.planner import plan_for
 
     backend = hopper_kernels.select_backend(torch.device("cuda", 0), dtype, precision, plan_for(length))
     assert backend.name == "torch.fft" and why in backend.reason
 
 
 def test_gpu_without_kernels_takes_cufft_and_explain_never_builds(monkeypatch):
-    from monarch_fftconv import _extension, backends
-    from monarch_fftconv.planner import plan_for
+    from monarch_fftconv import backends
 
     monkeypatch.setattr(backends, "_decisions", {})
     monkeypatch.setattr(_extension, "_result", None)
@@ -101,7 +125,6 @@ def test_import_has_no_global_side_effects():
 
 
 def test_missing_toolchain_falls_back_with_one_warning(monkeypatch):
-    from monarch_fftconv import _extension
 
     monkeypatch.setattr(_extension, "unavailable_reason", lambda: "nvcc not found (set CUDA_HOME)")
     monkeypatch.setattr(_extension, "_result", None)
@@ -112,7 +135,6 @@ def test_missing_toolchain_falls_back_with_one_warning(monkeypatch):
 
 
 def test_failed_build_falls_back_with_one_warning_saying_what_failed(monkeypatch):
-    from monarch_fftconv import _extension
 
     def broken_build(verbose=False):
         raise RuntimeError("nvcc: error: something is wrong")
@@ -128,7 +150,6 @@ def test_failed_build_falls_back_with_one_warning_saying_what_failed(monkeypatch
 
 
 def test_cutlass_path_override(monkeypatch, tmp_path):
-    from monarch_fftconv import _extension
 
     (tmp_path / "include").mkdir()
     monkeypatch.setenv(_extension.CUTLASS_ENV, str(tmp_path))
