@@ -1,0 +1,80 @@
+"""CPU tests of examples/train_hyena.py: a tiny training run through `main`, and its task."""
+import importlib.util
+import json
+import math
+import os
+
+import pytest
+import torch
+
+_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       "examples", "train_hyena.py")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# One key-value pair, so that a tiny model learns in seconds; the value still lies 62 tokens
+# back, past a blank stretch, so only the long convolution can bring it to the last position.
+TINY = ["--device", "cpu", "--seq-len", "64", "--width", "32", "--layers", "2", "--batch", "16",
+        "--steps", "150", "--pairs", "1", "--lr", "3e-3", "--seed", "0", "--impls", "torch.fft,fp32"]
+
+
+@pytest.fixture(scope="module")
+def train_hyena():
+    spec = importlib.util.spec_from_file_location("train_hyena", _SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tiny_run(train_hyena, tmp_path_factory):
+    out = tmp_path_factory.mktemp("train_hyena")
+    return train_hyena.main([*TINY, "--out", str(out)]), out
+
+
+def test_tiny_run_learns(tiny_run):
+    results, _ = tiny_run
+    for impl, run in results["runs"].items():
+        first, last = sum(run["loss"][:10]) / 10, sum(run["loss"][-10:]) / 10
+        # Below log(16): it has learnt more than "the answer is some value token".
+        assert last < min(0.6 * first, math.log(16) - 0.5), (impl, first, last)
+        assert run["final_accuracy"] > 0.4, (impl, run["final_accuracy"])  # chance: 1/16
+
+
+def test_tiny_run_writes_json_and_png(tiny_run):
+    results, out = tiny_run
+    assert results["json"] == str(out / "results.json") and results["png"] == str(out / "loss.png")
+    with open(results["json"]) as f:
+        saved = json.load(f)
+    assert set(saved["runs"]) == {"torch.fft", "fp32"}
+    assert len(saved["runs"]["fp32"]["loss"]) == len(saved["runs"]["fp32"]["accuracy"]) == 150
+    assert saved["config"]["pairs"] == 1 and saved["runs"]["fp32"]["seconds_per_step"] > 0
+    with open(results["png"], "rb") as f:
+        assert f.read(8) == PNG_MAGIC
+
+
+def test_package_run_matches_torch_fft_run_at_first_steps(tiny_run):
+    """Same initialisation and batches, the same convolution computed two ways."""
+    runs = tiny_run[0]["runs"]
+    for step in range(5):
+        reference, ours = runs["torch.fft"]["loss"][step], runs["fp32"]["loss"][step]
+        assert abs(ours - reference) / reference < 1e-3, (step, reference, ours)
+
+
+def test_recall_batch_is_deterministic_and_answers_the_query(train_hyena):
+    config = {"batch": 64, "seq_len": 32, "pairs": 5, "vocab": 32, "device": "cpu"}
+    tokens, targets = train_hyena.recall_batch(config, train_hyena.seeded_generator("cpu", 3))
+    again, _ = train_hyena.recall_batch(config, train_hyena.seeded_generator("cpu", 3))
+    assert torch.equal(tokens, again) and tokens.shape == (64, 32) and targets.shape == (64,)
+    keys, values = tokens[:, 0:10:2], tokens[:, 1:10:2]
+    assert (keys >= 1).all() and (keys <= 15).all() and (values >= 16).all() and (values < 32).all()
+    assert all(len(set(row.tolist())) == 5 for row in keys)  # distinct keys per sequence
+    assert (tokens[:, 10:-1] == train_hyena.BLANK).all()
+    position = (keys == tokens[:, -1:]).int().argmax(dim=1, keepdim=True)
+    assert (keys == tokens[:, -1:]).sum(dim=1).eq(1).all()
+    assert torch.equal(values.gather(1, position).squeeze(1), targets)
+
+
+def test_bad_arguments_are_refused(train_hyena):
+    with pytest.raises(SystemExit):
+        train_hyena.main(["--device", "cpu", "--impls", "torch.fft,fp64"])
+    with pytest.raises(SystemExit):
+        train_hyena.main(["--device", "cpu", "--seq-len", "8", "--pairs", "4"])
