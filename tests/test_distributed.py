@@ -3,6 +3,8 @@ holding FFTConv in DistributedDataParallel; their gradients match one process on
 batch. (Channels are independent, so a channel-sharded layout needs no communication inside
 the op: docs/design.md.)"""
 
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -37,8 +39,12 @@ def _rank(rank: int, world: int, rendezvous: str, out: str) -> None:
         torch.nn.functional.mse_loss(model(x[shard]), target[shard]).backward()  # DDP averages
         if rank == 0:
             torch.save(_grads(model.module), out)
+        dist.barrier()  # both ranks done before either tears gloo down
     finally:
         dist.destroy_process_group()
+    # Skip interpreter teardown: now and then a worker thread left at exit aborts the spawned
+    # process ("terminate called without an active exception") after the work is done.
+    os._exit(0)
 
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not built")
