@@ -162,9 +162,3 @@ def _load() -> Coverage | str:
             reason = f"{'loading ' + aot if aot else 'building the CUDA extension'} failed: {exc}"
     warnings.warn(f"monarch_fftconv: CUDA kernels unavailable ({reason}); using torch.fft", stacklevel=5)
     return reason
-
-
-def reset() -> None:
-    """Forget the decision (tests only: a loaded library stays loaded)."""
-    global _result
-    _result = None
