@@ -13,7 +13,7 @@ import torch
 
 import monarch_fftconv as mf
 
-from helpers import BUDGETS
+from helpers import BUDGETS, reference
 
 CASES = {"cpu": 200, "cuda": 500}
 # Elements of u per case, and sequences (B·C) per case, at most.
@@ -77,17 +77,13 @@ def make_inputs(case: Case, gen: torch.Generator, device: str):
 def _forward_and_grads(u, k, D, g):
     """Float64 torch.fft autograd: [y] and, given g, [y, du, dk(, dD)]."""
     leaves = [t.detach().double().requires_grad_() for t in (u, k) + ((D,) if D is not None else ())]
-    uu, kk = leaves[0], leaves[1]
-    n = 2 * uu.shape[-1]
-    y = torch.fft.irfft(torch.fft.rfft(uu, n=n) * torch.fft.rfft(kk, n=n), n=n)[..., : uu.shape[-1]]
-    if D is not None:
-        y = y + leaves[2].unsqueeze(-1) * uu
+    y = reference(*leaves)  # the tests' float64 reference, differentiable in its leaves
     if g is None:
         return [y.detach()]
     return [y.detach(), *torch.autograd.grad(y, leaves, g.double())]
 
 
-def reference(u, k, D, g):
+def reference_with_scales(u, k, D, g):
     """[(value, scale)] for y and the gradients. The scale is the value's norm, or, where
     that is smaller, the norm of the same computation on absolute values divided by the
     square root of the number of products in each sum: what random signs would leave.
@@ -118,7 +114,7 @@ def run_case(case: Case, gen: torch.Generator, device: str) -> tuple[str, list[s
     y = mf.fftconv(u, k, D=D, precision=case.precision)
     backend = mf.explain(u, k, D=D, precision=case.precision)["backend"]
     g = torch.randn(y.shape, generator=gen).to(device=device, dtype=y.dtype) if case.backward else None
-    wanted = reference(u, k, D, g)
+    wanted = reference_with_scales(u, k, D, g)
     budget = BUDGETS[case.precision] + IO_ROUNDING[case.io_dtype]
     problems = []
     if y.dtype != u.dtype or y.shape != u.shape:
