@@ -1,0 +1,117 @@
+#!/usr/bin/env python
+"""Host (CPU) time per call, the GPU idle: what a call costs the Python thread that makes it.
+
+    python benchmarks/host_overhead.py                     # 1x8x1024 and 16x256x8192, all paths
+    python benchmarks/host_overhead.py --shapes 3x5x1000 --profile
+
+For each call: torch.cuda.synchronize(), then time.perf_counter() around the call alone (no
+synchronize inside the timed region). With nothing queued the GPU is idle, so the figure is
+the host's own cost: input checks, dispatch, autograd bookkeeping and kernel launches. A
+training step is `y = f(u); y.backward(g)`: its figure includes the backward's host work,
+which autograd runs on its device thread while this one waits. Medians over --reps calls.
+
+Targets of the issue "Training steps faster than torch.fft at every length": at most 25 µs per
+forward and 60 µs per training step.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import time
+
+import torch
+
+import monarch_fftconv as mf
+
+
+def host_microseconds(call, reps: int) -> float:
+    for _ in range(20):
+        call()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return statistics.median(times) * 1e6
+
+
+def reference(u, k):
+    n = 2 * u.shape[-1]
+    return torch.fft.irfft(torch.fft.rfft(u, n=n) * torch.fft.rfft(k, n=n), n=n)[..., : u.shape[-1]]
+
+
+def calls(shape, precision):
+    b, c, length = shape
+    u = torch.randn(b, c, length, device="cuda")
+    k = torch.randn(c, length, device="cuda") / length
+    ug, kg = u.clone().requires_grad_(), k.clone().requires_grad_()
+    g = torch.randn_like(u)
+    layer = mf.FFTConv(c, length, precision=precision, device="cuda")
+
+    def step(f, *args):
+        def run():
+            f(*args).backward(g)
+        return run
+
+    def no_grad(f, *args):
+        def run():
+            with torch.no_grad():
+                f(*args)
+        return run
+
+    def conv(u_, k_):
+        return mf.fftconv(u_, k_, precision=precision)
+
+    return {
+        "reference fwd": no_grad(reference, u, k),
+        "fftconv fwd (no grad)": no_grad(conv, u, k),
+        "fftconv fwd (grad)": lambda: conv(ug, kg),
+        "FFTConv fwd (no grad, cached)": no_grad(layer, u),
+        "reference train step": step(reference, ug, kg),
+        "fftconv train step": step(conv, ug, kg),
+        "FFTConv train step": step(layer, ug),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default="1x8x1024,16x256x8192")
+    p.add_argument("--precisions", default="fp32,bf16")
+    p.add_argument("--reps", type=int, default=300)
+    p.add_argument("--profile", action="store_true", help="cProfile the fftconv forward (grad) at the first shape")
+    args = p.parse_args()
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    print(f"host µs per call, GPU idle, median of {args.reps} ({torch.cuda.get_device_name()}, torch {torch.__version__})")
+    for shape in shapes:
+        for precision in args.precisions.split(","):
+            results = {name: host_microseconds(call, args.reps) for name, call in calls(shape, precision).items()}
+            backend = mf.explain(*make_probe(shape), precision=precision)["backend"]
+            print(f"-- {'x'.join(map(str, shape))} {precision}: {backend}")
+            for name, micros in results.items():
+                print(f"   {name:32s} {micros:8.1f} µs")
+    if args.profile:
+        fwd = calls(shapes[0], args.precisions.split(",")[0])["fftconv train step"]
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(200):
+            fwd()
+        prof.disable()
+        torch.cuda.synchronize()
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(25)
+        print(out.getvalue())
+
+
+def make_probe(shape):
+    b, c, length = shape
+    return torch.empty(b, c, length, device="cuda"), torch.empty(c, length, device="cuda")
+
+
+if __name__ == "__main__":
+    main()
