@@ -10,7 +10,7 @@ op                                                          CPU              CUD
 ``filter_spectrum(k, seq_len, precision) -> S``             portable engine  one cuFFT rfft + one gather
 ``conv_forward(u, S, skip, precision) -> y``                portable engine  fused kernels (csrc/binding.cpp)
 ``fftconv(u, k, skip, precision) -> (y, S)``                the two above (one composite for every device)
-``fftconv_backward(grad, u, S, skip, Lk, precision)``       portable engine  ``conv_forward`` for du, cuFFT for dk
+``fftconv_backward(grad, u, S, skip, Lk, precision)``       portable engine  fused fp32 kernels (csrc/binding.cpp)
 ==========================================================  ===============  ===============================
 
 S is the filter spectrum in the Monarch layout, (C, n1/2+1, M, 2) real in the compute dtype,
@@ -28,18 +28,13 @@ import functools
 import torch
 from torch import Tensor
 
-from . import portable, torch_fft
+from . import portable
 from .planner import compute_dtype, plan_for, spectrum_frequencies
 
 
 def _spectrum_shape(k: Tensor, seq_len: int) -> tuple[int, ...]:
     # The plan depends on next_pow2(L): a symbolic length is specialised (one graph per plan).
     return (k.shape[0], *plan_for(int(seq_len)).spectrum_shape, 2)
-
-
-def conjugate(spectrum: Tensor) -> Tensor:
-    """conj(S) for a real-view spectrum (..., 2): the correlation's filter."""
-    return torch.view_as_real(torch.view_as_complex(spectrum).conj_physical())
 
 
 # --------------------------------------------------------------------------- filter_spectrum
@@ -79,7 +74,8 @@ def _(k: Tensor, seq_len: int, precision: str) -> Tensor:
 
 
 # --------------------------------------------------------------------------- conv_forward
-# CUDA: registered by the extension (csrc/binding.cpp) when `_extension` loads it.
+# CUDA (this op and fftconv_backward): registered by the extension (csrc/binding.cpp) when
+# `_extension` loads it.
 
 
 @torch.library.custom_op("monarch_fftconv::conv_forward", mutates_args=(), device_types="cpu")
@@ -116,19 +112,6 @@ def fftconv_backward(
     plan = plan_for(u.shape[-1])
     spectrum = torch.view_as_complex(filter_spectrum.contiguous())
     du, dk, dskip = portable.conv_backward(grad.to(u.dtype), u, spectrum, skip, filter_len, plan, precision)
-    return du, dk, _empty_if_none(dskip, u)
-
-
-@fftconv_backward.register_kernel("cuda")
-def _(
-    grad: Tensor, u: Tensor, filter_spectrum: Tensor, skip: Tensor | None, filter_len: int, precision: str
-) -> tuple[Tensor, Tensor, Tensor]:
-    # du = correlation with k = convolution with the conjugate spectrum: the forward kernel
-    # does it, and adds skip·grad for the skip term. dk sums over the batch (cuFFT).
-    grad = grad.to(u.dtype).contiguous()
-    du = conv_forward(grad, conjugate(filter_spectrum), skip, precision)
-    dk = torch_fft.filter_grad(grad, u, filter_len, plan_for(u.shape[-1]))
-    dskip = None if skip is None else (grad.to(skip.dtype) * u.to(skip.dtype)).sum(dim=(0, 2))
     return du, dk, _empty_if_none(dskip, u)
 
 

@@ -3,7 +3,7 @@
 It serves calls that no Monarch kernel covers (other GPUs, float64, N > 16384) in fp32 (or
 float64) whatever the precision asked for: faster than emulating the operand rounding, and
 at least as accurate. Its spectra are in rfft order, (C, N/2 + 1) complex; autograd and
-torch.compile see ordinary ATen ops. `filter_grad` also serves the Monarch backward's dk.
+torch.compile see ordinary ATen ops.
 """
 
 from __future__ import annotations
@@ -29,10 +29,3 @@ def conv(u: Tensor, spectrum: Tensor, skip: Tensor | None, plan: MonarchPlan) ->
         y = y + skip.to(y.dtype).unsqueeze(-1) * x
     return y.to(u.dtype)
 
-
-def filter_grad(grad: Tensor, u: Tensor, filter_len: int, plan: MonarchPlan) -> Tensor:
-    """dk[c, j] = Σ_b Σ_t g[b,c,t]·u[b,c,t-j], as an FFT correlation."""
-    dtype = compute_dtype(grad, u)
-    g = torch.fft.rfft(grad.to(dtype), n=plan.fft_size)
-    x = torch.fft.rfft(u.to(dtype), n=plan.fft_size)
-    return torch.fft.irfft((g * x.conj_physical()).sum(0), n=plan.fft_size)[..., :filter_len].contiguous()

@@ -1,8 +1,9 @@
-// The one translation unit that speaks to torch. It registers the CUDA implementation of
-// the `monarch_fftconv::conv_forward` op (whose schema, CPU implementation and fake kernel
-// live in monarch_fftconv/ops.py), checks its tensors once, fills the torch-free
-// ConvForwardParams of fftconv.h and launches on the current stream. It also reports the
-// kernels' coverage, which Python reads once when it loads this library.
+// The one translation unit that speaks to torch. It registers the CUDA implementations of
+// the `monarch_fftconv::conv_forward` and `fftconv_backward` ops (whose schemas, CPU
+// implementations and fake kernels live in monarch_fftconv/ops.py), checks their tensors
+// once, fills the torch-free parameter structs of fftconv.h and launches on the current
+// stream. It also reports the kernels' coverage, which Python reads once when it loads
+// this library.
 //
 // Per-op ATen headers and c10 CUDA headers only (no torch/all.h): keeps the JIT build fast.
 #include <ATen/core/Tensor.h>
@@ -43,17 +44,14 @@ mf::Precision precision_of(c10::string_view name) {
 
 bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
+struct Split {
+  int64_t n1, n2, fft_size;
+};
+
 // The plan travels in the spectrum's shape, (C, n1/2 + 1, n2, 2): N = n1·n2 must be the
 // planner's N = 2·next_pow2(L) and (n1, n2) a split the kernels are built for.
-// u may have any batch and channel strides; a u that is not contiguous in time, and a
-// spectrum or skip term that is not contiguous float32, are copied once (the kernels
-// compute in fp32 whatever the caller's dtype).
-at::Tensor conv_forward(const at::Tensor& u_in, const at::Tensor& spectrum_in,
-                        const std::optional<at::Tensor>& skip_in, c10::string_view precision) {
-  TORCH_CHECK_VALUE(u_in.dim() == 3, "monarch_fftconv: u must be (B, C, L), got ", u_in.sizes());
-  const at::Tensor u = u_in.stride(2) == 1 ? u_in : u_in.contiguous();
-  const at::Tensor spectrum = spectrum_in.to(at::kFloat).contiguous();
-  const int64_t batch = u.size(0), channels = u.size(1), seq_len = u.size(2);
+Split check_plan(const at::Tensor& u, const at::Tensor& spectrum) {
+  const int64_t channels = u.size(1), seq_len = u.size(2);
   TORCH_CHECK_VALUE(spectrum.dim() == 4 && spectrum.size(0) == channels && spectrum.size(1) >= 2 &&
                         spectrum.size(3) == 2,
                     "monarch_fftconv: the filter spectrum must be (C, n1/2+1, n2, 2) with C=", channels, ", got ",
@@ -66,15 +64,44 @@ at::Tensor conv_forward(const at::Tensor& u_in, const at::Tensor& spectrum_in,
                     "monarch_fftconv: no CUDA kernel for the split ", n1, "x", n2);
   TORCH_CHECK_VALUE(spectrum.device() == u.device(), "monarch_fftconv: u and the filter spectrum are on ", u.device(),
                     " and ", spectrum.device());
-  const std::optional<at::Tensor> skip =
-      skip_in ? std::optional(skip_in->to(at::kFloat).contiguous()) : std::nullopt;
-  if (skip) {
-    TORCH_CHECK_VALUE(skip->dim() == 1 && skip->size(0) == channels && skip->device() == u.device(),
-                      "monarch_fftconv: the skip term D must be (C,) on u's device, got ", skip->sizes());
-  }
+  return {n1, n2, fft_size};
+}
+
+// u as the kernels take it: (B, C, L), contiguous in time (copied once if it is not).
+at::Tensor time_contiguous(const at::Tensor& u) {
+  TORCH_CHECK_VALUE(u.dim() == 3, "monarch_fftconv: u must be (B, C, L), got ", u.sizes());
+  return u.stride(2) == 1 ? u : u.contiguous();
+}
+
+// The skip term D as the kernels take it: (C,) contiguous float32 on u's device.
+std::optional<at::Tensor> skip_term(const std::optional<at::Tensor>& skip_in, const at::Tensor& u) {
+  if (!skip_in) return std::nullopt;
+  at::Tensor skip = skip_in->to(at::kFloat).contiguous();
+  TORCH_CHECK_VALUE(skip.dim() == 1 && skip.size(0) == u.size(1) && skip.device() == u.device(),
+                    "monarch_fftconv: the skip term D must be (C,) on u's device, got ", skip.sizes());
+  return skip;
+}
+
+cudaStream_t current_stream(const at::Tensor& u) {
+  return c10::cuda::getCurrentCUDAStream(u.device().index()).stream();
+}
+
+void check_launch(cudaError_t status) {
+  TORCH_CHECK(status == cudaSuccess, "monarch_fftconv: kernel launch failed: ", cudaGetErrorString(status));
+}
+
+// u may have any batch and channel strides; a u that is not contiguous in time, and a
+// spectrum or skip term that is not contiguous float32, are copied once (the kernels
+// compute in fp32 whatever the caller's dtype).
+at::Tensor conv_forward(const at::Tensor& u_in, const at::Tensor& spectrum_in,
+                        const std::optional<at::Tensor>& skip_in, c10::string_view precision) {
+  const at::Tensor u = time_contiguous(u_in);
+  const at::Tensor spectrum = spectrum_in.to(at::kFloat).contiguous();
+  const Split split = check_plan(u, spectrum);
+  const std::optional<at::Tensor> skip = skip_term(skip_in, u);
 
   const c10::cuda::CUDAGuard guard(u.device());
-  at::Tensor y = at::empty({batch, channels, seq_len}, u.options());
+  at::Tensor y = at::empty(u.sizes(), u.options());
   if (y.numel() == 0) return y;
 
   mf::ConvForwardParams p{};
@@ -84,20 +111,74 @@ at::Tensor conv_forward(const at::Tensor& u_in, const at::Tensor& spectrum_in,
   p.filter_spectrum = spectrum.data_ptr<float>();
   p.skip = skip ? skip->data_ptr<float>() : nullptr;
   p.y = y.data_ptr();
+  p.batch = u.size(0);
+  p.channels = u.size(1);
+  p.seq_len = u.size(2);
+  p.fft_size = static_cast<int>(split.fft_size);
+  p.n1 = static_cast<int>(split.n1);
+  p.n2 = static_cast<int>(split.n2);
+  p.io_type = io_type_of(u);
+  p.precision = precision_of(precision);
+  check_launch(p.precision == mf::Precision::kFP32 ? mf::conv_forward_fp32(p, current_stream(u))
+                                                  : mf::conv_forward_tensor_core(p, current_stream(u)));
+  return y;
+}
+
+// (du in u's dtype, dk float32 (C, filter_len), dD float32 (C,) or empty): the fused fp32
+// backward, for every precision (gradients in fp32 arithmetic are within every budget).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fftconv_backward(const at::Tensor& grad_in, const at::Tensor& u_in,
+                                                                const at::Tensor& spectrum_in,
+                                                                const std::optional<at::Tensor>& skip_in,
+                                                                int64_t filter_len, c10::string_view precision) {
+  precision_of(precision);  // a known name; the arithmetic is fp32 whatever it is
+  const at::Tensor u = time_contiguous(u_in);
+  const at::Tensor spectrum = spectrum_in.to(at::kFloat).contiguous();
+  const Split split = check_plan(u, spectrum);
+  const std::optional<at::Tensor> skip = skip_term(skip_in, u);
+  TORCH_CHECK_VALUE(grad_in.sizes() == u.sizes() && grad_in.device() == u.device(),
+                    "monarch_fftconv: the gradient must be ", u.sizes(), " on ", u.device(), ", got ",
+                    grad_in.sizes());
+  const int64_t batch = u.size(0), channels = u.size(1), seq_len = u.size(2);
+  TORCH_CHECK_VALUE(1 <= filter_len && filter_len <= seq_len, "monarch_fftconv: filter_len must be in [1, ", seq_len,
+                    "], got ", filter_len);
+  const at::Tensor grad = grad_in.to(u.scalar_type()).contiguous();
+
+  const c10::cuda::CUDAGuard guard(u.device());
+  const auto fp32 = u.options().dtype(at::kFloat);
+  at::Tensor du = at::empty(u.sizes(), u.options());
+  at::Tensor dk = at::empty({channels, filter_len}, fp32);
+  at::Tensor dskip = at::empty({skip ? channels : 0}, fp32);
+  if (batch == 0) {  // sums over no sequences
+    dk.zero_();
+    dskip.zero_();
+    return {du, dk, dskip};
+  }
+
+  mf::ConvBackwardParams p{};
+  p.u = u.data_ptr();
+  p.u_batch_stride = u.stride(0);
+  p.u_channel_stride = u.stride(1);
+  p.grad = grad.data_ptr();
+  p.filter_spectrum = spectrum.data_ptr<float>();
+  p.skip = skip ? skip->data_ptr<float>() : nullptr;
+  p.grad_u = du.data_ptr();
+  p.grad_filter = dk.data_ptr<float>();
+  p.grad_skip = skip ? dskip.data_ptr<float>() : nullptr;
   p.batch = batch;
   p.channels = channels;
   p.seq_len = seq_len;
-  p.fft_size = static_cast<int>(fft_size);
-  p.n1 = static_cast<int>(n1);
-  p.n2 = static_cast<int>(n2);
+  p.filter_len = filter_len;
+  p.fft_size = static_cast<int>(split.fft_size);
+  p.n1 = static_cast<int>(split.n1);
+  p.n2 = static_cast<int>(split.n2);
   p.io_type = io_type_of(u);
-  p.precision = precision_of(precision);
-
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(u.device().index()).stream();
-  const cudaError_t status = p.precision == mf::Precision::kFP32 ? mf::conv_forward_fp32(p, stream)
-                                                                 : mf::conv_forward_tensor_core(p, stream);
-  TORCH_CHECK(status == cudaSuccess, "monarch_fftconv: kernel launch failed: ", cudaGetErrorString(status));
-  return y;
+  const size_t workspace_bytes = mf::conv_backward_fp32_workspace_bytes(p);
+  TORCH_CHECK(workspace_bytes > 0, "monarch_fftconv: no backward kernel for this call");
+  // from the caching allocator, on this stream: freed when the kernels are done with it
+  const at::Tensor workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, u.options().dtype(at::kByte));
+  p.workspace = workspace.data_ptr();
+  check_launch(mf::conv_backward_fp32(p, current_stream(u)));
+  return {du, dk, dskip};
 }
 
 // (splits as a flat [n1, n2, n1, n2, ...] list, the io dtypes): what the kernels cover,
@@ -116,4 +197,7 @@ TORCH_LIBRARY_FRAGMENT(monarch_fftconv, m) {
   m.def("_kernel_coverage() -> (int[] splits, str[] io_dtypes)", &kernel_coverage);
 }
 
-TORCH_LIBRARY_IMPL(monarch_fftconv, CUDA, m) { m.impl("conv_forward", &conv_forward); }
+TORCH_LIBRARY_IMPL(monarch_fftconv, CUDA, m) {
+  m.impl("conv_forward", &conv_forward);
+  m.impl("fftconv_backward", &fftconv_backward);
+}

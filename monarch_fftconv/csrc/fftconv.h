@@ -40,6 +40,33 @@ struct ConvForwardParams {
   Precision precision;
 };
 
+// The gradients of one conv_forward call from dy = dL/dy, in fp32 arithmetic whatever the
+// forward's precision (the fp32-accurate radix kernels):
+//   grad_u      = correlation of dy with k' (k' = k with the skip term D added at lag 0)
+//   grad_filter = Σ_b correlation of dy_b with u_b, lags 0 .. filter_len-1
+//   grad_skip   = grad_filter[:, 0] (the lag-0 correlation Σ_{b,t} dy·u)
+// u, the filter spectrum, the skip term and the plan are those of the forward call.
+struct ConvBackwardParams {
+  const void* u;                  // as in ConvForwardParams
+  int64_t u_batch_stride;
+  int64_t u_channel_stride;
+  const void* grad;               // dy: (batch, channels, seq_len), contiguous, io_type
+  const float* filter_spectrum;   // the forward's (not conjugated), layout as in ConvForwardParams
+  const float* skip;              // (channels,) or nullptr
+  void* grad_u;                   // (batch, channels, seq_len), contiguous, io_type
+  float* grad_filter;             // (channels, filter_len), contiguous
+  float* grad_skip;               // (channels,) or nullptr
+  void* workspace;                // conv_backward_fp32_workspace_bytes() bytes, 16-byte aligned
+  int64_t batch;
+  int64_t channels;
+  int64_t seq_len;
+  int64_t filter_len;             // 1 <= filter_len <= seq_len
+  int fft_size;
+  int n1;
+  int n2;
+  IOType io_type;
+};
+
 // The Monarch splits (n1, n2) the kernels are built for: the planner's factorisation of
 // N = 256 .. 16384 (n1 >= n2, n1 <= 2·n2). The one list behind the kernels' coverage (the
 // binding reports it to Python once, at load), their dispatch and their instantiation.
@@ -62,5 +89,11 @@ cudaError_t conv_forward_tensor_core(const ConvForwardParams& params, cudaStream
 
 // Fused fp32-accurate radix kernel: precision kFP32.
 cudaError_t conv_forward_fp32(const ConvForwardParams& params, cudaStream_t stream);
+
+// The backward (two kernels: the per-sequence gradients with per-chunk filter-gradient
+// spectra, then their fixed-order sum and inverse per channel). Deterministic. The workspace
+// size depends on the call's shape and the current device; 0 on an invalid call.
+size_t conv_backward_fp32_workspace_bytes(const ConvBackwardParams& params);
+cudaError_t conv_backward_fp32(const ConvBackwardParams& params, cudaStream_t stream);
 
 }  // namespace monarch_fftconv

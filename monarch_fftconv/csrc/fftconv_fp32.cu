@@ -65,16 +65,7 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, kMinCtasPerSm) fftconv_fp
   IO* ubuf = reinterpret_cast<IO*>(tw + P::N_TW) + (size_t)ty * M;
 
   // ---- twiddle tables, once per CTA
-  for (int i = tid; i < P::N_TW; i += P::THREADS) {
-    int m, span;
-    if (i < P::OFF_TM) { m = i - P::OFF_FP2; span = P::R1 * P::R2; }
-    else if (i < P::OFF_POST) { m = i - P::OFF_TM; span = M; }
-    else if (i < P::OFF_IP2) { m = i - P::OFF_POST; span = 2 * M; }
-    else { m = i - P::OFF_IP2; span = 16 * P::R2; }
-    double s, c;
-    sincospi(2.0 * (double)m / (double)span, &s, &c);
-    tw[i] = make_float2((float)c, (float)(-s));
-  }
+  build_twiddles<LOGM>(tw, tid, P::THREADS);
   __syncthreads();
   const float2* twFP2 = tw + P::OFF_FP2;
   const float2* twM = tw + P::OFF_TM;
@@ -333,6 +324,47 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, kMinCtasPerSm) fftconv_fp
   }
 }
 
+struct ForwardShape {
+  int ctas_per_sm = 0, sms = 0, prefetch = 0;
+  size_t smem = 0;
+};
+
+// Resident CTAs, SM count, the u prefetch decision and the smem size for one kernel instance
+// on the current device. The occupancy queries cost host time: asked once per device.
+template <int LOGM, typename IO>
+cudaError_t forward_shape(int n1, int n2, ForwardShape& shape) {
+  using P = Plan<LOGM>;
+  static ForwardShape cached[kMaxDevices];  // ctas_per_sm == 0: not asked yet
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev < kMaxDevices && cached[dev].ctas_per_sm > 0) {
+    shape = cached[dev];
+    return cudaSuccess;
+  }
+  const size_t smem0 = smem_bytes<LOGM>(n1, n2);
+  const size_t smem_pf = smem0 + (size_t)P::SPB * P::M * sizeof(IO);  // + the u prefetch buffers
+  const bool try_pf = kPrefetchU<IO> && smem_pf <= kMaxSmem;
+  auto kern = fftconv_fp32_kernel<LOGM, IO>;
+  err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(try_pf ? smem_pf : smem0));
+  if (err != cudaSuccess) return err;
+  int sms = 0, occ = 0, occ_pf = 0;
+  if ((err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return err;
+  if ((err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, P::THREADS, smem0)) != cudaSuccess)
+    return err;
+  if (try_pf &&
+      (err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_pf, kern, P::THREADS, smem_pf)) != cudaSuccess)
+    return err;
+  // prefetch only where it costs no occupancy
+  shape.prefetch = (try_pf && occ_pf >= 1 && occ_pf >= occ) ? 1 : 0;
+  shape.smem = shape.prefetch ? smem_pf : smem0;
+  shape.ctas_per_sm = shape.prefetch ? occ_pf : occ;
+  shape.sms = sms;
+  if (shape.ctas_per_sm < 1) return cudaErrorInvalidConfiguration;
+  if (dev < kMaxDevices) cached[dev] = shape;
+  return cudaSuccess;
+}
+
 template <int LOGM, typename IO>
 cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream) {
   using P = Plan<LOGM>;
@@ -358,26 +390,13 @@ cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream) {
   a.S = area_floats<LOGM>(p.n1, p.n2);
   const int64_t nseq = p.batch * p.channels;
   if (nseq == 0) return cudaSuccess;
-  const size_t smem0 = smem_bytes<LOGM>(p.n1, p.n2);
-  const size_t smem_pf = smem0 + (size_t)P::SPB * P::M * sizeof(IO);  // + the u prefetch buffers
-  const bool try_pf = kPrefetchU<IO> && smem_pf <= kMaxSmem;
-  auto kern = fftconv_fp32_kernel<LOGM, IO>;
-  cudaError_t err =
-      cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(try_pf ? smem_pf : smem0));
+  ForwardShape shape;
+  const cudaError_t err = forward_shape<LOGM, IO>(p.n1, p.n2, shape);
   if (err != cudaSuccess) return err;
-  int dev = 0, sms = 0, occ = 0, occ_pf = 0;
-  if ((err = cudaGetDevice(&dev)) != cudaSuccess) return err;
-  if ((err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return err;
-  if ((err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, P::THREADS, smem0)) != cudaSuccess)
-    return err;
-  if (try_pf &&
-      (err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_pf, kern, P::THREADS, smem_pf)) != cudaSuccess)
-    return err;
-  // prefetch only where it costs no occupancy
-  a.prefetch = (try_pf && occ_pf >= 1 && occ_pf >= occ) ? 1 : 0;
-  const size_t smem = a.prefetch ? smem_pf : smem0;
-  if (a.prefetch) occ = occ_pf;
-  if (occ < 1) return cudaErrorInvalidConfiguration;
+  a.prefetch = shape.prefetch;
+  const int occ = shape.ctas_per_sm, sms = shape.sms;
+  const size_t smem = shape.smem;
+  auto kern = fftconv_fp32_kernel<LOGM, IO>;
   const int64_t blocks_needed = (nseq + P::SPB - 1) / P::SPB;
   int64_t grid = (int64_t)occ * sms;
   if (grid > blocks_needed) grid = blocks_needed;

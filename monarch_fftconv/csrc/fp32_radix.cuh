@@ -348,6 +348,23 @@ struct Plan {
   static_assert(LR2 >= 0 && LR1 <= 5 && LR2 <= 5, "bad plan");
 };
 
+// The twiddle tables of Plan<LOGM> (float2 W_span^m, from double-precision sincospi), built
+// by the CTA's `threads` threads; the caller synchronizes before reading them.
+template <int LOGM>
+__device__ __forceinline__ void build_twiddles(float2* tw, int tid, int threads) {
+  using P = Plan<LOGM>;
+  for (int i = tid; i < P::N_TW; i += threads) {
+    int m, span;
+    if (i < P::OFF_TM) { m = i - P::OFF_FP2; span = P::R1 * P::R2; }
+    else if (i < P::OFF_POST) { m = i - P::OFF_TM; span = P::M; }
+    else if (i < P::OFF_IP2) { m = i - P::OFF_POST; span = 2 * P::M; }
+    else { m = i - P::OFF_IP2; span = 16 * P::R2; }
+    double s, c;
+    sincospi(2.0 * (double)m / (double)span, &s, &c);
+    tw[i] = make_float2((float)c, (float)(-s));
+  }
+}
+
 // CTAs per SM the register allocation is sized for: 2 -> at most 128 registers per thread
 constexpr int kMinCtasPerSm = 2;
 
@@ -441,23 +458,34 @@ struct KWalk {
   }
 };
 
-// the real-FFT split, filter product and inverse split for the frequency pair (k, M-k):
-// zk = Z[k], zm = Z[M-k] (Z[M] = Z[0]), w = ω_N^k. Returns V[k] and V[M-k].
-__device__ __forceinline__ void pair_fn(cf zk, cf zm, cf kk, cf km, cf w, cf& vk, cf& vm) {
+// The real-FFT split of the frequency pair (k, M-k): the N-point spectrum X[k], X[M-k] of the
+// real x from zk = Z[k], zm = Z[M-k] of the packed z[m] = x[2m] + i·x[2m+1] (Z[M] = Z[0]),
+// w = ω_N^k.
+__device__ __forceinline__ void split_pair(cf zk, cf zm, cf w, cf& xk, cf& xm) {
   const cf s = {zk.x + zm.x, zk.y - zm.y};  // Zk + conj Zm
   const cf d = {zk.x - zm.x, zk.y + zm.y};  // Zk - conj Zm
   const cf wd = cmul(w, d);
   const cf g = {-wd.y, wd.x};  // i·w·d
-  const cf xk = {0.5f * (s.x - g.x), 0.5f * (s.y - g.y)};
-  const cf xm = {0.5f * (s.x + g.x), -0.5f * (s.y + g.y)};  // conj(½(s + g))
-  const cf yk = cmul(xk, kk);
-  const cf ym = cmul(xm, km);
+  xk = {0.5f * (s.x - g.x), 0.5f * (s.y - g.y)};
+  xm = {0.5f * (s.x + g.x), -0.5f * (s.y + g.y)};  // conj(½(s + g))
+}
+
+// Its inverse: V[k], V[M-k] from the spectrum pair yk = Y[k], ym = Y[M-k], such that the
+// unnormalised inverse M-point FFT of V packs the N-point inverse real FFT of Y (unnormalised).
+__device__ __forceinline__ void merge_pair(cf yk, cf ym, cf w, cf& vk, cf& vm) {
   const cf s2 = {yk.x + ym.x, yk.y - ym.y};  // Yk + conj Ym
   const cf d2 = {yk.x - ym.x, yk.y + ym.y};  // Yk - conj Ym
   const cf cd = cmul(cconj(w), d2);
   const cf h = {-cd.y, cd.x};  // i·conj(w)·d2
   vk = {s2.x + h.x, s2.y + h.y};
   vm = {s2.x - h.x, -(s2.y - h.y)};  // conj(s2 - h)
+}
+
+// The split, the filter product (kk = K[k], km = K[M-k]) and the inverse split of one pair.
+__device__ __forceinline__ void pair_fn(cf zk, cf zm, cf kk, cf km, cf w, cf& vk, cf& vm) {
+  cf xk, xm;
+  split_pair(zk, zm, w, xk, xm);
+  merge_pair(cmul(xk, kk), cmul(xm, km), w, vk, vm);
 }
 
 // pair_fn for the frequency pair (f, M - f), the filter read by frequency from the stage;
@@ -490,6 +518,9 @@ inline int ilog2_host(int64_t v) {
 }
 
 constexpr size_t kMaxSmem = 227 * 1024;
+
+// Host-side caches of per-device launch facts are sized for this many devices (others ask again).
+constexpr int kMaxDevices = 64;
 
 template <int LOGM>
 inline int area_floats(int n1, int n2) {

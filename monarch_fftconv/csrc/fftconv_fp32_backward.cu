@@ -1,0 +1,490 @@
+// monarch_fftconv: the fused fp32-accurate backward of the causal FFT convolution.
+//
+// The forward computed y = x * k' for each sequence, k' the channel's filter with the skip
+// term D added at lag 0, through Y = X·K' (K' = FFT(k')/N, the forward's filter spectrum).
+// Given dy:
+//   du[b,c]   = correlation(dy[b,c], k')           = IFFT(DY · conj K')
+//   dk[c, s]  = Σ_b Σ_t dy[b,c,t]·u[b,c,t-s]       = IFFT(Σ_b DY_b · conj U_b)[s],  s < Lk
+//   dD[c]     = Σ_b Σ_t dy[b,c,t]·u[b,c,t]         = dk[c, 0]
+// N = 2·next_pow2(L) leaves room for every lag of both correlations: nothing wraps.
+//
+// Two kernels, built from the forward's passes (fp32_radix.cuh, same plan, same shared-memory
+// layout, same thread <-> frequency-pair assignment in the mid pass):
+//
+//   grad_kernel: one work item per (channel c, chunk of the batch). For each b of the chunk,
+//     in order:
+//       U  = forward passes of u[b,c]: each thread keeps the spectrum pairs X_u[k], X_u[M-k]
+//            of its mid-pass frequency pairs in a per-item scratch in global memory (it reads
+//            back only what it wrote itself, so no synchronisation; the scratch stays in L2)
+//       DY = forward passes of dy[b,c], then per pair:
+//              acc  += conj(X_u)·X_dy           (fp32, per item, fixed b order)
+//              V     = inverse split of X_dy · conj K'
+//            and the forward's inverse passes store du[b,c].
+//   filter_grad_kernel: per channel, the chunks' accumulators summed in chunk order, ·1/N,
+//     the inverse split and inverse passes, the first Lk samples stored as dk[c] (and
+//     dk[c, 0] as dD[c]).
+//
+// Deterministic: no atomics; every sum has a fixed order. The chunking (how many work items
+// share a channel) depends only on the shape and the device, so a given call on a given GPU
+// gives the same bits run after run.
+
+#include "fp32_radix.cuh"
+
+namespace monarch_fftconv {
+namespace {
+namespace fp32_detail {
+
+// Mid-pass frequency pairs per thread: thread 0 owns two self-paired frequencies (0 with M,
+// and M/2) and so 17 pairs; every other thread owns 16.
+constexpr int kPairSlots = 17;
+
+struct GradArgs {
+  KArgs k;           // u (+ strides), the filter spectrum K', the skip term, geometry; k.y unused
+  const void* dy;    // (B, C, L) contiguous
+  void* du;          // (B, C, L) contiguous
+  float* dk;         // (C, Lk) contiguous
+  float* dskip;      // (C,) or nullptr
+  float4* xu;        // per work item: kPairSlots·T pairs (X_u[k], X_u[M-k])
+  float4* acc;       // per work item: kPairSlots·T pairs of Σ_b conj(X_u)·X_dy
+  int64_t items;     // C · chunks; item w covers channel w / chunks
+  int64_t chunk;     // batch entries per work item (the last may have fewer)
+  int64_t Lk;
+  int chunks;
+};
+
+// Forward passes p1 (global -> smem, radix R1, the upper half of z known zero) and p2: the
+// sequence x[0:Lv), zero beyond, leaves them in smem ready for the mid pass. Starts with a
+// barrier before its first smem write, so smem may still be read when it is called.
+template <int LOGM, typename IO>
+__device__ __forceinline__ void forward_passes(float* re, float* im, int tx, const float2* twFP2, const IO* x,
+                                               int Lv) {
+  using P = Plan<LOGM>;
+  constexpr int M = P::M, T = P::T, R = P::R1, NB = 32 / R;
+  const bool xpair = (reinterpret_cast<uintptr_t>(x) & (2 * sizeof(IO) - 1)) == 0;
+  cf v[NB][R];
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    const int j = tx + q * T;
+#pragma unroll
+    for (int r = 0; r < R / 2; ++r) {
+      const int t0 = 2 * (j + r * (M / R));
+      if (xpair && t0 + 1 < Lv) {
+        const float2 x2 = io_load2<IO>(x + t0);
+        v[q][r] = {x2.x, x2.y};
+      } else {
+        v[q][r].x = t0 < Lv ? io_load<IO>(x + t0) : 0.f;
+        v[q][r].y = t0 + 1 < Lv ? io_load<IO>(x + t0 + 1) : 0.f;
+      }
+    }
+#pragma unroll
+    for (int r = R / 2; r < R; ++r) v[q][r] = {0.f, 0.f};
+  }
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    if (q > 0) fence(v[q]);
+    fft_reg<R, false, true>(v[q]);
+    fence(v[q]);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    const int pb = pidx((tx + q * T) * R);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      re[pb + r] = v[q][r].x;
+      im[pb + r] = v[q][r].y;
+    }
+  }
+  __syncthreads();
+  if constexpr (P::LR2 > 0) pass_smem<M, T, P::R2, P::R1, false>(re, im, tx, twFP2);
+}
+
+// The mid pass's forward radix-16 butterflies j0 = tx and j1 (Z of the packed sequence at
+// k = j + r·M/16), from smem into registers.
+template <int M>
+__device__ __forceinline__ void mid_forward(const float* re, const float* im, int tx, const float2* twM,
+                                            cf (&A)[16], cf (&Bv)[16]) {
+  constexpr int NS = M / 16;
+  const int j0 = tx, j1 = tx == 0 ? M / 32 : NS - tx;
+  const int pj0 = pidx(j0), pj1 = pidx(j1);
+#pragma unroll
+  for (int r = 0; r < 16; ++r) {
+    A[r] = lds_s<NS>(re, im, j0, pj0, r);
+    Bv[r] = lds_s<NS>(re, im, j1, pj1, r);
+  }
+  const float2 w0 = twM[j0], w1 = twM[j1];
+  apply_pow<16>(A, cf{w0.x, w0.y});
+  fft_reg<16, false>(A);
+  fence(A);
+  fence(Bv);
+  apply_pow<16>(Bv, cf{w1.x, w1.y});
+  fft_reg<16, false>(Bv);
+}
+
+// The frequency pairs (k, M-k) of the mid pass as the forward kernel assigns them: for each,
+// op(slot, k, Z[k], Z[M-k], ω_N^k, V[k], V[M-k]), where V lands in the register of the inverse
+// radix-16 butterflies that read it. slot in [0, kPairSlots) numbers the thread's pairs.
+template <int M, class Op>
+__device__ __forceinline__ void for_each_pair(int tx, const cf (&A)[16], const cf (&Bv)[16], cf (&A2)[16],
+                                              cf (&B2)[16], cf wp0, cf wp1, Op&& op) {
+  constexpr int NS = M / 16;
+  if (tx != 0) {
+    // pairs (A[i], B[15-i]): k = tx + i·NS, M-k = j1 + (15-i)·NS
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      op(i, tx + i * NS, A[i], Bv[15 - i], tw_const<false>(wp0, i, 32), A2[i], B2[15 - i]);
+      if (i % kPairsPerFence == kPairsPerFence - 1) { fence(A2[i]); fence(B2[15 - i]); }
+    }
+  } else {
+    cf unused;
+    op(0, 0, A[0], A[0], cf{1.f, 0.f}, A2[0], unused);        // k = 0 with M - k = M (Z[M] = Z[0])
+    op(8, M / 2, A[8], A[8], cf{0.f, -1.f}, A2[8], unused);   // k = M/2 with itself; ω_N^(N/4) = -i
+#pragma unroll
+    for (int i = 1; i < 8; ++i) op(i, i * NS, A[i], A[16 - i], tw_const<false>(wp0, i, 32), A2[i], A2[16 - i]);
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      op(9 + i, M / 32 + i * NS, Bv[i], Bv[15 - i], tw_const<false>(wp1, i, 32), B2[i], B2[15 - i]);
+  }
+}
+
+// The mid pass's inverse radix-16 butterflies, the inverse p2 and the last inverse pass
+// (smem -> global): stores y[t] for t < Lv.
+template <int LOGM, typename IO>
+__device__ __forceinline__ void inverse_passes(float* re, float* im, int tx, const float2* twM, const float2* twIP2,
+                                               cf (&A2)[16], cf (&B2)[16], IO* y, int Lv) {
+  using P = Plan<LOGM>;
+  constexpr int M = P::M, T = P::T;
+  const int j0 = tx, j1 = tx == 0 ? M / 32 : M / 16 - tx;
+  fence(A2);
+  fft_reg<16, true>(A2);
+  fence(A2);
+  fence(B2);
+  fft_reg<16, true>(B2);
+  __syncthreads();  // everyone is done with the stage
+  {
+    const int pb0 = pidx(j0 * 16), pb1 = pidx(j1 * 16);
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      re[pb0 + r] = A2[r].x;
+      im[pb0 + r] = A2[r].y;
+      re[pb1 + r] = B2[r].x;
+      im[pb1 + r] = B2[r].y;
+    }
+  }
+  __syncthreads();
+  if constexpr (P::LR2 > 0) pass_smem<M, T, P::R2, 16, true>(re, im, tx, twIP2);
+
+  constexpr int R = P::R1, NB = 32 / R, NS = M / R;
+  cf v[NB][R];
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    const int j = tx + q * T, pj = pidx(j);
+#pragma unroll
+    for (int r = 0; r < R; ++r) v[q][r] = lds_s<NS>(re, im, j, pj, r);
+  }
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    const float2 w = twM[tx + q * T];
+    if (q > 0) fence(v[q]);
+    apply_pow<R>(v[q], cf{w.x, -w.y});
+    fft_reg<R, true>(v[q]);
+    fence(v[q]);
+  }
+  const bool ypair = (reinterpret_cast<uintptr_t>(y) & (2 * sizeof(IO) - 1)) == 0;
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    const int j = tx + q * T;
+#pragma unroll
+    for (int r = 0; r < R / 2; ++r) {
+      const int t0 = 2 * (j + r * NS);
+      if (ypair && t0 + 1 < Lv) {
+        io_store2<IO>(y + t0, v[q][r].x, v[q][r].y);
+      } else {
+        if (t0 < Lv) io_store<IO>(y + t0, v[q][r].x);
+        if (t0 + 1 < Lv) io_store<IO>(y + t0 + 1, v[q][r].y);
+      }
+    }
+  }
+}
+
+// The channel's filter spectrum into the stage (rows padded to n2 + 1 float2, as the forward
+// reads it), the skip term folded in. The caller has synchronized: smem is free.
+template <int T>
+__device__ __forceinline__ void stage_filter(float2* stage, const KArgs& a, int64_t c, bool valid, int tx) {
+  const int total = (a.n1 / 2 + 1) * a.n2;
+  const int rowp = a.n2 + 1;
+  if (valid) {
+    const float2* Kc = a.K + c * (int64_t)total;
+    for (int e = tx; e < total; e += T) cp_async8(stage + (e >> a.ln2) * rowp + (e & (a.n2 - 1)), Kc + e);
+  }
+  cp_async_wait_all();
+  if (a.skip != nullptr && valid) {
+    // K'[f] = K[f] + D/N: each thread adjusts the entries it copied itself
+    const float dsk = a.skip[c] * (1.f / (float)a.N);
+    for (int e = tx; e < total; e += T) stage[(e >> a.ln2) * rowp + (e & (a.n2 - 1))].x += dsk;
+  }
+  __syncthreads();
+}
+
+template <int LOGM, typename IO>
+__global__ void __launch_bounds__(Plan<LOGM>::THREADS, kMinCtasPerSm) fftconv_fp32_grad_kernel(const GradArgs g) {
+  using P = Plan<LOGM>;
+  constexpr int M = P::M, T = P::T, SPB = P::SPB;
+  const KArgs& a = g.k;
+  extern __shared__ float4 smem_raw[];
+  float* sm = reinterpret_cast<float*>(smem_raw);
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  float* re = sm + (size_t)ty * 2 * a.S;
+  float* im = re + a.S;
+  float2* stage = reinterpret_cast<float2*>(re);
+  float2* tw = reinterpret_cast<float2*>(sm + (size_t)SPB * 2 * a.S);
+  build_twiddles<LOGM>(tw, ty * T + tx, P::THREADS);
+  __syncthreads();
+  const float2 *twFP2 = tw + P::OFF_FP2, *twM = tw + P::OFF_TM, *twIP2 = tw + P::OFF_IP2;
+  const float2 p0 = tw[P::OFF_POST + tx], p1 = tw[P::OFF_POST + (tx == 0 ? M / 32 : M / 16 - tx)];
+  const cf wp0 = {p0.x, p0.y}, wp1 = {p1.x, p1.y};
+
+  const int64_t item = (int64_t)blockIdx.x * SPB + ty;
+  const bool has_item = item < g.items;
+  const int64_t c = has_item ? item / g.chunks : 0;
+  const int64_t b_begin = has_item ? (item % g.chunks) * g.chunk : 0;
+  const int64_t b_end = b_begin + g.chunk < a.B ? b_begin + g.chunk : a.B;
+  float4* xu = g.xu + item * (kPairSlots * T);
+  float4* acc = g.acc + item * (kPairSlots * T);
+  const int64_t L = a.L;
+
+  // Every slot of the CTA runs g.chunk iterations (the barriers must match); iterations past
+  // the slot's own range compute on zeros and store nothing.
+  for (int64_t i = 0; i < g.chunk; ++i) {
+    const int64_t b = b_begin + i;
+    const bool valid = has_item && b < b_end;
+    const int Lv = valid ? (int)L : 0;
+    const IO* u = static_cast<const IO*>(a.u) + b * a.ubs + c * a.ucs;
+    const int64_t row = (b * a.C + c) * L;
+    const IO* dy = static_cast<const IO*>(g.dy) + row;
+    IO* du = static_cast<IO*>(g.du) + row;
+
+    // ---- U: spectrum pairs of u into the item's scratch
+    forward_passes<LOGM, IO>(re, im, tx, twFP2, u, Lv);
+    {
+      cf A[16], Bv[16], A2[16], B2[16];
+      mid_forward<M>(re, im, tx, twM, A, Bv);
+      for_each_pair<M>(tx, A, Bv, A2, B2, wp0, wp1, [&](int slot, int, cf zk, cf zm, cf w, cf& vk, cf& vm) {
+        cf xk, xm;
+        split_pair(zk, zm, w, xk, xm);
+        if (valid) xu[slot * T + tx] = make_float4(xk.x, xk.y, xm.x, xm.y);
+        vk = vm = cf{0.f, 0.f};
+      });
+    }
+
+    // ---- DY: the filter-gradient accumulator, and du through conj K'
+    forward_passes<LOGM, IO>(re, im, tx, twFP2, dy, Lv);
+    cf A[16], Bv[16], A2[16], B2[16];
+    mid_forward<M>(re, im, tx, twM, A, Bv);
+    __syncthreads();  // all of Z is in registers: smem becomes the filter stage
+    stage_filter<T>(stage, a, c, valid, tx);
+    for_each_pair<M>(tx, A, Bv, A2, B2, wp0, wp1, [&](int slot, int f, cf zk, cf zm, cf w, cf& vk, cf& vm) {
+      fence(f);
+      cf xk, xm;
+      split_pair(zk, zm, w, xk, xm);
+      if (valid) {
+        const float4 x4 = xu[slot * T + tx];
+        cf pk = cmul(cf{x4.x, -x4.y}, xk), pm = cmul(cf{x4.z, -x4.w}, xm);
+        float4* acc_slot = acc + slot * T + tx;
+        if (i > 0) {
+          const float4 o = *acc_slot;
+          pk = cadd(pk, cf{o.x, o.y});
+          pm = cadd(pm, cf{o.z, o.w});
+        }
+        *acc_slot = make_float4(pk.x, pk.y, pm.x, pm.y);
+      }
+      merge_pair(cmul(xk, cconj(kspec(stage, f, a))), cmul(xm, cconj(kspec(stage, M - f, a))), w, vk, vm);
+    });
+    inverse_passes<LOGM, IO>(re, im, tx, twM, twIP2, A2, B2, du, Lv);
+  }
+}
+
+template <int LOGM>
+__global__ void __launch_bounds__(Plan<LOGM>::THREADS, kMinCtasPerSm) filter_grad_kernel(const GradArgs g) {
+  using P = Plan<LOGM>;
+  constexpr int M = P::M, T = P::T, SPB = P::SPB;
+  const KArgs& a = g.k;
+  extern __shared__ float4 smem_raw[];
+  float* sm = reinterpret_cast<float*>(smem_raw);
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  float* re = sm + (size_t)ty * 2 * a.S;
+  float* im = re + a.S;
+  float2* tw = reinterpret_cast<float2*>(sm + (size_t)SPB * 2 * a.S);
+  build_twiddles<LOGM>(tw, ty * T + tx, P::THREADS);
+  __syncthreads();
+  const float2 p0 = tw[P::OFF_POST + tx], p1 = tw[P::OFF_POST + (tx == 0 ? M / 32 : M / 16 - tx)];
+  const cf wp0 = {p0.x, p0.y}, wp1 = {p1.x, p1.y};
+
+  const int64_t c = (int64_t)blockIdx.x * SPB + ty;
+  const bool valid = c < a.C;
+  const float4* acc = g.acc + c * g.chunks * (kPairSlots * T);
+  const float inv_n = 1.f / (float)a.N;  // a power of two: exact
+  cf A[16] = {}, Bv[16] = {}, A2[16], B2[16];
+  for_each_pair<M>(tx, A, Bv, A2, B2, wp0, wp1, [&](int slot, int, cf, cf, cf w, cf& vk, cf& vm) {
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (valid) {
+      for (int q = 0; q < g.chunks; ++q) {  // chunk order: deterministic
+        const float4 o = acc[q * (kPairSlots * T) + slot * T + tx];
+        s.x += o.x;
+        s.y += o.y;
+        s.z += o.z;
+        s.w += o.w;
+      }
+    }
+    merge_pair(cf{s.x * inv_n, s.y * inv_n}, cf{s.z * inv_n, s.w * inv_n}, w, vk, vm);
+  });
+  float* dk = g.dk + c * g.Lk;
+  inverse_passes<LOGM, float>(re, im, tx, tw + P::OFF_TM, tw + P::OFF_IP2, A2, B2, dk, valid ? (int)g.Lk : 0);
+  // dD[c] = dk[c, 0], which this very thread stored (t = 0 belongs to thread 0)
+  if (g.dskip != nullptr && valid && tx == 0) g.dskip[c] = dk[0];
+}
+
+// ------------------------------------------------------------------------------------
+// host side
+// ------------------------------------------------------------------------------------
+// Resident CTAs per SM and the SM count, for a kernel at a fixed dynamic smem size. The
+// occupancy queries cost host time on every call; they are asked once per kernel and device.
+template <auto Kernel>
+cudaError_t residency(int threads, size_t smem, int& ctas_per_sm, int& sms) {
+  static int cached_ctas[kMaxDevices], cached_sms[kMaxDevices];  // 0: not asked yet
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev < kMaxDevices && cached_ctas[dev] > 0) {
+    ctas_per_sm = cached_ctas[dev];
+    sms = cached_sms[dev];
+    return cudaSuccess;
+  }
+  if ((err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) != cudaSuccess)
+    return err;
+  if ((err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return err;
+  if ((err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, Kernel, threads, smem)) != cudaSuccess)
+    return err;
+  if (ctas_per_sm < 1) return cudaErrorInvalidConfiguration;
+  if (dev < kMaxDevices) {
+    cached_sms[dev] = sms;
+    cached_ctas[dev] = ctas_per_sm;
+  }
+  return cudaSuccess;
+}
+
+struct GradShape {
+  int64_t chunks, chunk, items;
+  size_t workspace_bytes;
+};
+
+// How the batch is cut into work items: enough items to fill the GPU once, each as long a
+// run of the batch as that allows (fewer partial accumulators to sum).
+template <int LOGM, typename IO>
+cudaError_t grad_shape(const ConvBackwardParams& p, GradShape& shape) {
+  using P = Plan<LOGM>;
+  int ctas = 0, sms = 0;
+  const cudaError_t err =
+      residency<fftconv_fp32_grad_kernel<LOGM, IO>>(P::THREADS, smem_bytes<LOGM>(p.n1, p.n2), ctas, sms);
+  if (err != cudaSuccess) return err;
+  const int64_t slots = (int64_t)ctas * sms * P::SPB;
+  int64_t chunks = slots / p.channels;
+  chunks = chunks < 1 ? 1 : chunks > p.batch ? p.batch : chunks;
+  shape.chunk = (p.batch + chunks - 1) / chunks;
+  shape.chunks = (p.batch + shape.chunk - 1) / shape.chunk;  // every chunk non-empty
+  shape.items = p.channels * shape.chunks;
+  shape.workspace_bytes = 2 * (size_t)shape.items * kPairSlots * P::T * sizeof(float4);
+  return cudaSuccess;
+}
+
+template <int LOGM, typename IO>
+cudaError_t launch_grad(const ConvBackwardParams& p, cudaStream_t stream, size_t* workspace_bytes) {
+  using P = Plan<LOGM>;
+  GradShape shape;
+  cudaError_t err = grad_shape<LOGM, IO>(p, shape);
+  if (err != cudaSuccess) return err;
+  if (workspace_bytes != nullptr) {
+    *workspace_bytes = shape.workspace_bytes;
+    return cudaSuccess;
+  }
+  GradArgs g{};
+  KArgs& a = g.k;
+  a.u = p.u;
+  a.ubs = p.u_batch_stride;
+  a.ucs = p.u_channel_stride;
+  a.K = reinterpret_cast<const float2*>(p.filter_spectrum);
+  a.skip = p.skip;
+  a.B = p.batch;
+  a.C = p.channels;
+  a.L = p.seq_len;
+  a.N = p.fft_size;
+  a.n1 = p.n1;
+  a.n2 = p.n2;
+  a.ln1 = ilog2_host(p.n1);
+  a.ln2 = ilog2_host(p.n2);
+  a.S = area_floats<LOGM>(p.n1, p.n2);
+  g.dy = p.grad;
+  g.du = p.grad_u;
+  g.dk = p.grad_filter;
+  g.dskip = p.grad_skip;
+  g.xu = static_cast<float4*>(p.workspace);
+  g.acc = g.xu + shape.items * kPairSlots * P::T;
+  g.items = shape.items;
+  g.chunk = shape.chunk;
+  g.chunks = (int)shape.chunks;
+  g.Lk = p.filter_len;
+  const size_t smem = smem_bytes<LOGM>(p.n1, p.n2);
+  int ctas = 0, sms = 0;
+  if ((err = residency<filter_grad_kernel<LOGM>>(P::THREADS, smem, ctas, sms)) != cudaSuccess) return err;
+  const dim3 block(P::T, P::SPB);
+  fftconv_fp32_grad_kernel<LOGM, IO><<<(unsigned)((shape.items + P::SPB - 1) / P::SPB), block, smem, stream>>>(g);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  filter_grad_kernel<LOGM><<<(unsigned)((p.channels + P::SPB - 1) / P::SPB), block, smem, stream>>>(g);
+  return cudaGetLastError();
+}
+
+template <typename IO>
+cudaError_t grad_dispatch_size(const ConvBackwardParams& p, cudaStream_t stream, size_t* workspace_bytes) {
+  switch (ilog2_host(p.fft_size)) {
+    case 8: return launch_grad<7, IO>(p, stream, workspace_bytes);
+    case 9: return launch_grad<8, IO>(p, stream, workspace_bytes);
+    case 10: return launch_grad<9, IO>(p, stream, workspace_bytes);
+    case 11: return launch_grad<10, IO>(p, stream, workspace_bytes);
+    case 12: return launch_grad<11, IO>(p, stream, workspace_bytes);
+    case 13: return launch_grad<12, IO>(p, stream, workspace_bytes);
+    case 14: return launch_grad<13, IO>(p, stream, workspace_bytes);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+// workspace_bytes != nullptr: only size the workspace.
+cudaError_t grad_dispatch(const ConvBackwardParams& p, cudaStream_t stream, size_t* workspace_bytes) {
+  const bool valid = covers_split(p.n1, p.n2) && p.batch > 0 && p.channels > 0 && p.filter_len >= 1 &&
+                     p.filter_len <= p.seq_len && 2 * p.seq_len <= p.fft_size &&
+                     smem_bytes_for(ilog2_host(p.fft_size) - 1, p.n1, p.n2) <= kMaxSmem;
+  if (!valid) return cudaErrorInvalidValue;
+  if (workspace_bytes == nullptr &&
+      !(p.u && p.grad && p.grad_u && p.grad_filter && p.workspace && p.filter_spectrum &&
+        reinterpret_cast<uintptr_t>(p.filter_spectrum) % 8 == 0 && reinterpret_cast<uintptr_t>(p.workspace) % 16 == 0))
+    return cudaErrorInvalidValue;
+  switch (p.io_type) {
+    case IOType::kFloat32: return grad_dispatch_size<float>(p, stream, workspace_bytes);
+    case IOType::kBFloat16: return grad_dispatch_size<__nv_bfloat16>(p, stream, workspace_bytes);
+    case IOType::kFloat16: return grad_dispatch_size<__half>(p, stream, workspace_bytes);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace fp32_detail
+}  // namespace
+
+size_t conv_backward_fp32_workspace_bytes(const ConvBackwardParams& p) {
+  size_t bytes = 0;
+  return fp32_detail::grad_dispatch(p, nullptr, &bytes) == cudaSuccess ? bytes : 0;
+}
+
+cudaError_t conv_backward_fp32(const ConvBackwardParams& p, cudaStream_t stream) {
+  return fp32_detail::grad_dispatch(p, stream, nullptr);
+}
+
+}  // namespace monarch_fftconv
