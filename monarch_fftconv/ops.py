@@ -2,16 +2,18 @@
 kernels and autograd.
 
 The ops run the Monarch algorithm on whatever device their tensors live on; the dispatcher
-picks the implementation by device:
+picks the implementation by device. CPU: Python, the portable engine. CUDA: C++, the
+extension's kernels (csrc/binding.cpp), registered when `_extension` loads it; no Python runs
+between the op call and the launches.
 
-==========================================================  ===============  ===============================
+==========================================================  ===============  ==================================
 op                                                          CPU              CUDA
-==========================================================  ===============  ===============================
-``filter_spectrum(k, seq_len, precision) -> S``             portable engine  one cuFFT rfft + one gather
-``conv_forward(u, S, skip, precision) -> y``                portable engine  fused kernels (csrc/binding.cpp)
-``fftconv(u, k, skip, precision) -> (y, S)``                the two above (one composite for every device)
-``fftconv_backward(grad, u, S, skip, Lk, precision)``       portable engine  fused fp32 kernels (csrc/binding.cpp)
-==========================================================  ===============  ===============================
+==========================================================  ===============  ==================================
+``filter_spectrum(k, seq_len, precision) -> S``             portable engine  one fp32 kernel
+``conv_forward(u, S, skip, precision) -> y``                portable engine  the fused kernel of the precision
+``fftconv(u, k, skip, precision) -> (y, S)``                the two above    the two above
+``fftconv_backward(grad, u, S, skip, Lk, precision)``       portable engine  two fused fp32 kernels
+==========================================================  ===============  ==================================
 
 S is the filter spectrum in the Monarch layout, (C, n1/2+1, M, 2) real in the compute dtype,
 scaled by 1/N (docs/design.md). ``fftconv`` returns it beside y so that its autograd saves
@@ -23,13 +25,11 @@ ops: `backends.select_backend` sends them to torch.fft before any op is called.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import Tensor
 
 from . import portable
-from .planner import compute_dtype, plan_for, spectrum_frequencies
+from .planner import compute_dtype, plan_for
 
 
 def _spectrum_shape(k: Tensor, seq_len: int) -> tuple[int, ...]:
@@ -45,37 +45,12 @@ def filter_spectrum(k: Tensor, seq_len: int, precision: str) -> Tensor:
     return torch.view_as_real(portable.filter_spectrum(k, plan_for(seq_len), precision)).contiguous()
 
 
-@functools.lru_cache(maxsize=None)
-def _rfft_gather(seq_len: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """For each stored spectrum entry: the rfft bin it comes from (R, M), and (1/N, ±1/N)
-    (R, M, 2), the scale and the conjugation of entries whose frequency f > N/2 is stored as
-    the conjugate of bin N - f."""
-    plan = plan_for(seq_len)
-    frequency, n = spectrum_frequencies(plan), plan.fft_size
-    mirrored = frequency > n // 2
-    rfft_bin = torch.where(mirrored, n - frequency, frequency)
-    sign = torch.stack([torch.ones_like(frequency), 1 - 2 * mirrored.long()], dim=-1).double() / n
-    return rfft_bin.to(device), sign.to(device)
-
-
-@filter_spectrum.register_kernel("cuda")
-def _(k: Tensor, seq_len: int, precision: str) -> Tensor:
-    # cuFFT in fp32 for every precision: one FFT and one gather instead of the emulated
-    # engine's dozens of launches, at least as accurate, and immune to allow_tf32.
-    dtype = compute_dtype(k)
-    rfft_bin, sign = _rfft_gather(seq_len, k.device)
-    spectrum = torch.fft.rfft(k.to(dtype), n=plan_for(seq_len).fft_size)
-    return torch.view_as_real(spectrum[..., rfft_bin]) * sign.to(dtype)
-
-
 @filter_spectrum.register_fake
 def _(k: Tensor, seq_len: int, precision: str) -> Tensor:
     return k.new_empty(_spectrum_shape(k, seq_len), dtype=compute_dtype(k))
 
 
 # --------------------------------------------------------------------------- conv_forward
-# CUDA (this op and fftconv_backward): registered by the extension (csrc/binding.cpp) when
-# `_extension` loads it.
 
 
 @torch.library.custom_op("monarch_fftconv::conv_forward", mutates_args=(), device_types="cpu")
@@ -92,7 +67,7 @@ def _(u: Tensor, filter_spectrum: Tensor, skip: Tensor | None, precision: str) -
 # --------------------------------------------------------------------------- fftconv + autograd
 
 
-@torch.library.custom_op("monarch_fftconv::fftconv", mutates_args=())
+@torch.library.custom_op("monarch_fftconv::fftconv", mutates_args=(), device_types="cpu")
 def fftconv(u: Tensor, k: Tensor, skip: Tensor | None, precision: str) -> tuple[Tensor, Tensor]:
     spectrum = filter_spectrum(k, u.shape[-1], precision)
     return conv_forward(u, spectrum, skip, precision), spectrum

@@ -116,6 +116,18 @@ def test_runs_on_the_current_stream(precision, gen):
     torch.testing.assert_close(y, expected, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("length, filter_len", [(length, length) for length in KERNEL_LENGTHS] + [(1000, 77), (8191, 1)])
+def test_filter_spectrum_kernel(length, filter_len, gen):
+    """The one-launch CUDA filter spectrum is the float64 portable engine's, in the same layout."""
+    k = randn(gen, 6, filter_len, device=DEVICE)
+    torch.empty(6 * 2 * length * 4, device=DEVICE).fill_(float("nan"))  # poison the next block
+    ours = ops.filter_spectrum(k, length, "bf16")
+    want = ops.filter_spectrum(k.cpu().double(), length, "fp32")
+    assert ours.dtype == torch.float32 and ours.shape == want.shape
+    assert torch.isfinite(ours).all()
+    assert rel_l2(ours.cpu(), want) <= 1e-6
+
+
 # The backward runs the fused fp32 kernels for every precision: each gradient is held to 1.5x
 # the forward budget of the call's precision (the issue's bound), plus the I/O rounding.
 GRAD_CASES = [(3, 5, length, length) for length in KERNEL_LENGTHS] + [
@@ -227,11 +239,10 @@ def test_transposed_input(gen):
 
 
 def test_the_cuda_op_is_the_extensions(gen):
-    """The CUDA kernels of conv_forward and fftconv_backward come from the binding, on the
-    same ops as the CPU ones."""
+    """The CUDA kernels of every op come from the binding, on the same ops as the CPU ones."""
     u, k = randn(gen, 2, 3, 1000, device=DEVICE), randn(gen, 3, 1000, device=DEVICE)
     mf.fftconv(u, k)  # loads the extension
-    for op in ("conv_forward", "fftconv_backward"):
+    for op in ("filter_spectrum", "conv_forward", "fftconv", "fftconv_backward"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"monarch_fftconv::{op}", "CUDA"), op
     spectrum = ops.filter_spectrum(k, 1000, "fp32")
     y = torch.ops.monarch_fftconv.conv_forward(u, spectrum, None, "fp32")

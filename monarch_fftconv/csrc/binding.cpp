@@ -1,9 +1,8 @@
 // The one translation unit that speaks to torch. It registers the CUDA implementations of
-// the `monarch_fftconv::conv_forward` and `fftconv_backward` ops (whose schemas, CPU
-// implementations and fake kernels live in monarch_fftconv/ops.py), checks their tensors
-// once, fills the torch-free parameter structs of fftconv.h and launches on the current
-// stream. It also reports the kernels' coverage, which Python reads once when it loads
-// this library.
+// the `monarch_fftconv::*` ops (whose schemas, CPU implementations, fake kernels and
+// autograd live in monarch_fftconv/ops.py), checks their tensors once, fills the torch-free
+// parameter structs of fftconv.h and launches on the current stream. It also reports the
+// kernels' coverage, which Python reads once when it loads this library.
 //
 // Per-op ATen headers and c10 CUDA headers only (no torch/all.h): keeps the JIT build fast.
 #include <ATen/core/Tensor.h>
@@ -124,6 +123,52 @@ at::Tensor conv_forward(const at::Tensor& u_in, const at::Tensor& spectrum_in,
   return y;
 }
 
+int64_t next_pow2(int64_t v) {
+  int64_t p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+
+// The planner's split of N (the kernels' list, fftconv.h).
+Split split_for(int64_t fft_size) {
+#define MONARCH_FFTCONV_MATCH(N1_, N2_) \
+  if (fft_size == N1_ * N2_) return {N1_, N2_, fft_size};
+  MONARCH_FFTCONV_SPLITS(MONARCH_FFTCONV_MATCH)
+#undef MONARCH_FFTCONV_MATCH
+  TORCH_CHECK_VALUE(false, "monarch_fftconv: no CUDA kernel for N=", fft_size);
+}
+
+// k's spectrum in the layout conv_forward takes, for sequences of length seq_len: one launch,
+// fp32 for every precision.
+at::Tensor filter_spectrum(const at::Tensor& k_in, int64_t seq_len, c10::string_view precision) {
+  precision_of(precision);  // a known name; the spectrum is fp32 whatever it is
+  TORCH_CHECK_VALUE(k_in.dim() == 2 && k_in.size(1) >= 1 && k_in.size(1) <= seq_len,
+                    "monarch_fftconv: the filter must be (C, Lk) with 1 <= Lk <= L=", seq_len, ", got ", k_in.sizes());
+  const Split split = split_for(2 * next_pow2(seq_len));
+  const at::Tensor k = k_in.to(at::kFloat).contiguous();
+  const c10::cuda::CUDAGuard guard(k.device());
+  at::Tensor spectrum = at::empty({k.size(0), split.n1 / 2 + 1, split.n2, 2}, k.options());
+  if (k.size(0) == 0) return spectrum;
+  mf::FilterSpectrumParams p{};
+  p.filter = k.data_ptr<float>();
+  p.spectrum = spectrum.data_ptr<float>();
+  p.channels = k.size(0);
+  p.filter_len = k.size(1);
+  p.fft_size = static_cast<int>(split.fft_size);
+  p.n1 = static_cast<int>(split.n1);
+  p.n2 = static_cast<int>(split.n2);
+  check_launch(mf::filter_spectrum_fp32(p, current_stream(k)));
+  return spectrum;
+}
+
+// (y, the spectrum it used): the whole forward in two launches, no Python on the way.
+std::tuple<at::Tensor, at::Tensor> fftconv(const at::Tensor& u, const at::Tensor& k,
+                                           const std::optional<at::Tensor>& skip, c10::string_view precision) {
+  TORCH_CHECK_VALUE(u.dim() == 3, "monarch_fftconv: u must be (B, C, L), got ", u.sizes());
+  at::Tensor spectrum = filter_spectrum(k, u.size(2), precision);
+  return {conv_forward(u, spectrum, skip, precision), spectrum};
+}
+
 // (du in u's dtype, dk float32 (C, filter_len), dD float32 (C,) or empty): the fused fp32
 // backward, for every precision (gradients in fp32 arithmetic are within every budget).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fftconv_backward(const at::Tensor& grad_in, const at::Tensor& u_in,
@@ -198,6 +243,8 @@ TORCH_LIBRARY_FRAGMENT(monarch_fftconv, m) {
 }
 
 TORCH_LIBRARY_IMPL(monarch_fftconv, CUDA, m) {
+  m.impl("filter_spectrum", &filter_spectrum);
   m.impl("conv_forward", &conv_forward);
+  m.impl("fftconv", &fftconv);
   m.impl("fftconv_backward", &fftconv_backward);
 }

@@ -67,6 +67,18 @@ struct ConvBackwardParams {
   IOType io_type;
 };
 
+// The filter spectrum that ConvForwardParams takes, from the filter k (fp32 arithmetic):
+// spectrum[c][k1][k2] = FFT_N(zero-padded k_c)[k1 + n1·k2] / N, k1 in [0, n1/2].
+struct FilterSpectrumParams {
+  const float* filter;  // (channels, filter_len), contiguous
+  float* spectrum;      // (channels, n1/2+1, n2, 2), contiguous
+  int64_t channels;
+  int64_t filter_len;   // 1 <= filter_len <= fft_size / 2
+  int fft_size;
+  int n1;
+  int n2;
+};
+
 // The Monarch splits (n1, n2) the kernels are built for: the planner's factorisation of
 // N = 256 .. 16384 (n1 >= n2, n1 <= 2·n2). The one list behind the kernels' coverage (the
 // binding reports it to Python once, at load), their dispatch and their instantiation.
@@ -89,6 +101,9 @@ cudaError_t conv_forward_tensor_core(const ConvForwardParams& params, cudaStream
 
 // Fused fp32-accurate radix kernel: precision kFP32.
 cudaError_t conv_forward_fp32(const ConvForwardParams& params, cudaStream_t stream);
+
+// One launch, every precision (the tensor-core kernels take the same fp32 spectrum).
+cudaError_t filter_spectrum_fp32(const FilterSpectrumParams& params, cudaStream_t stream);
 
 // The backward (two kernels: the per-sequence gradients with per-chunk filter-gradient
 // spectra, then their fixed-order sum and inverse per channel). Deterministic. The workspace

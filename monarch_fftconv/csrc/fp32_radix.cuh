@@ -509,6 +509,188 @@ __device__ __forceinline__ void prefetch_u(IO* buf, const IO* src, int L, int tx
   }
 }
 // ------------------------------------------------------------------------------------
+// whole passes, as the backward and filter-spectrum kernels compose them (the forward kernel
+// inlines its own, with the u prefetch and the filter-walk fast path)
+// ------------------------------------------------------------------------------------
+// Mid-pass frequency pairs per thread: thread 0 owns two self-paired frequencies (0 with M,
+// and M/2) and so 17 pairs; every other thread owns 16.
+constexpr int kPairSlots = 17;
+
+// Forward passes p1 (global -> smem, radix R1, the upper half of z known zero) and p2: the
+// sequence x[0:Lv), zero beyond, leaves them in smem ready for the mid pass. Starts with a
+// barrier before its first smem write, so smem may still be read when it is called.
+template <int LOGM, typename IO>
+__device__ __forceinline__ void forward_passes(float* re, float* im, int tx, const float2* twFP2, const IO* x,
+                                               int Lv) {
+  using P = Plan<LOGM>;
+  constexpr int M = P::M, T = P::T, R = P::R1, NB = 32 / R;
+  const bool xpair = (reinterpret_cast<uintptr_t>(x) & (2 * sizeof(IO) - 1)) == 0;
+  cf v[NB][R];
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    const int j = tx + q * T;
+#pragma unroll
+    for (int r = 0; r < R / 2; ++r) {
+      const int t0 = 2 * (j + r * (M / R));
+      if (xpair && t0 + 1 < Lv) {
+        const float2 x2 = io_load2<IO>(x + t0);
+        v[q][r] = {x2.x, x2.y};
+      } else {
+        v[q][r].x = t0 < Lv ? io_load<IO>(x + t0) : 0.f;
+        v[q][r].y = t0 + 1 < Lv ? io_load<IO>(x + t0 + 1) : 0.f;
+      }
+    }
+#pragma unroll
+    for (int r = R / 2; r < R; ++r) v[q][r] = {0.f, 0.f};
+  }
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    if (q > 0) fence(v[q]);
+    fft_reg<R, false, true>(v[q]);
+    fence(v[q]);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    const int pb = pidx((tx + q * T) * R);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      re[pb + r] = v[q][r].x;
+      im[pb + r] = v[q][r].y;
+    }
+  }
+  __syncthreads();
+  if constexpr (P::LR2 > 0) pass_smem<M, T, P::R2, P::R1, false>(re, im, tx, twFP2);
+}
+
+// The mid pass's forward radix-16 butterflies j0 = tx and j1 (Z of the packed sequence at
+// k = j + r·M/16), from smem into registers.
+template <int M>
+__device__ __forceinline__ void mid_forward(const float* re, const float* im, int tx, const float2* twM,
+                                            cf (&A)[16], cf (&Bv)[16]) {
+  constexpr int NS = M / 16;
+  const int j0 = tx, j1 = tx == 0 ? M / 32 : NS - tx;
+  const int pj0 = pidx(j0), pj1 = pidx(j1);
+#pragma unroll
+  for (int r = 0; r < 16; ++r) {
+    A[r] = lds_s<NS>(re, im, j0, pj0, r);
+    Bv[r] = lds_s<NS>(re, im, j1, pj1, r);
+  }
+  const float2 w0 = twM[j0], w1 = twM[j1];
+  apply_pow<16>(A, cf{w0.x, w0.y});
+  fft_reg<16, false>(A);
+  fence(A);
+  fence(Bv);
+  apply_pow<16>(Bv, cf{w1.x, w1.y});
+  fft_reg<16, false>(Bv);
+}
+
+// The frequency pairs (k, M-k) of the mid pass as the forward kernel assigns them: for each,
+// op(slot, k, Z[k], Z[M-k], ω_N^k, V[k], V[M-k]), where V lands in the register of the inverse
+// radix-16 butterflies that read it. slot in [0, kPairSlots) numbers the thread's pairs.
+template <int M, class Op>
+__device__ __forceinline__ void for_each_pair(int tx, const cf (&A)[16], const cf (&Bv)[16], cf (&A2)[16],
+                                              cf (&B2)[16], cf wp0, cf wp1, Op&& op) {
+  constexpr int NS = M / 16;
+  if (tx != 0) {
+    // pairs (A[i], B[15-i]): k = tx + i·NS, M-k = j1 + (15-i)·NS
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      op(i, tx + i * NS, A[i], Bv[15 - i], tw_const<false>(wp0, i, 32), A2[i], B2[15 - i]);
+      if (i % kPairsPerFence == kPairsPerFence - 1) { fence(A2[i]); fence(B2[15 - i]); }
+    }
+  } else {
+    cf unused;
+    op(0, 0, A[0], A[0], cf{1.f, 0.f}, A2[0], unused);        // k = 0 with M - k = M (Z[M] = Z[0])
+    op(8, M / 2, A[8], A[8], cf{0.f, -1.f}, A2[8], unused);   // k = M/2 with itself; ω_N^(N/4) = -i
+#pragma unroll
+    for (int i = 1; i < 8; ++i) op(i, i * NS, A[i], A[16 - i], tw_const<false>(wp0, i, 32), A2[i], A2[16 - i]);
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      op(9 + i, M / 32 + i * NS, Bv[i], Bv[15 - i], tw_const<false>(wp1, i, 32), B2[i], B2[15 - i]);
+  }
+}
+
+// The mid pass's inverse radix-16 butterflies, the inverse p2 and the last inverse pass
+// (smem -> global): stores y[t] for t < Lv.
+template <int LOGM, typename IO>
+__device__ __forceinline__ void inverse_passes(float* re, float* im, int tx, const float2* twM, const float2* twIP2,
+                                               cf (&A2)[16], cf (&B2)[16], IO* y, int Lv) {
+  using P = Plan<LOGM>;
+  constexpr int M = P::M, T = P::T;
+  const int j0 = tx, j1 = tx == 0 ? M / 32 : M / 16 - tx;
+  fence(A2);
+  fft_reg<16, true>(A2);
+  fence(A2);
+  fence(B2);
+  fft_reg<16, true>(B2);
+  __syncthreads();  // everyone is done with the stage
+  {
+    const int pb0 = pidx(j0 * 16), pb1 = pidx(j1 * 16);
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      re[pb0 + r] = A2[r].x;
+      im[pb0 + r] = A2[r].y;
+      re[pb1 + r] = B2[r].x;
+      im[pb1 + r] = B2[r].y;
+    }
+  }
+  __syncthreads();
+  if constexpr (P::LR2 > 0) pass_smem<M, T, P::R2, 16, true>(re, im, tx, twIP2);
+
+  constexpr int R = P::R1, NB = 32 / R, NS = M / R;
+  cf v[NB][R];
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    const int j = tx + q * T, pj = pidx(j);
+#pragma unroll
+    for (int r = 0; r < R; ++r) v[q][r] = lds_s<NS>(re, im, j, pj, r);
+  }
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    const float2 w = twM[tx + q * T];
+    if (q > 0) fence(v[q]);
+    apply_pow<R>(v[q], cf{w.x, -w.y});
+    fft_reg<R, true>(v[q]);
+    fence(v[q]);
+  }
+  const bool ypair = (reinterpret_cast<uintptr_t>(y) & (2 * sizeof(IO) - 1)) == 0;
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    const int j = tx + q * T;
+#pragma unroll
+    for (int r = 0; r < R / 2; ++r) {
+      const int t0 = 2 * (j + r * NS);
+      if (ypair && t0 + 1 < Lv) {
+        io_store2<IO>(y + t0, v[q][r].x, v[q][r].y);
+      } else {
+        if (t0 < Lv) io_store<IO>(y + t0, v[q][r].x);
+        if (t0 + 1 < Lv) io_store<IO>(y + t0 + 1, v[q][r].y);
+      }
+    }
+  }
+}
+
+// The channel's filter spectrum into the stage (rows padded to n2 + 1 float2, as the forward
+// reads it), the skip term folded in. The caller has synchronized: smem is free.
+template <int T>
+__device__ __forceinline__ void stage_filter(float2* stage, const KArgs& a, int64_t c, bool valid, int tx) {
+  const int total = (a.n1 / 2 + 1) * a.n2;
+  const int rowp = a.n2 + 1;
+  if (valid) {
+    const float2* Kc = a.K + c * (int64_t)total;
+    for (int e = tx; e < total; e += T) cp_async8(stage + (e >> a.ln2) * rowp + (e & (a.n2 - 1)), Kc + e);
+  }
+  cp_async_wait_all();
+  if (a.skip != nullptr && valid) {
+    // K'[f] = K[f] + D/N: each thread adjusts the entries it copied itself
+    const float dsk = a.skip[c] * (1.f / (float)a.N);
+    for (int e = tx; e < total; e += T) stage[(e >> a.ln2) * rowp + (e & (a.n2 - 1))].x += dsk;
+  }
+  __syncthreads();
+}
+
+// ------------------------------------------------------------------------------------
 // host side
 // ------------------------------------------------------------------------------------
 inline int ilog2_host(int64_t v) {
@@ -548,6 +730,33 @@ inline size_t smem_bytes_for(int logm, int n1, int n2) {
     case 13: return smem_bytes<13>(n1, n2);
     default: return ~size_t(0);
   }
+}
+
+
+// Resident CTAs per SM and the SM count, for a kernel at a fixed dynamic smem size. The
+// occupancy queries cost host time on every call; they are asked once per kernel and device.
+template <auto Kernel>
+cudaError_t residency(int threads, size_t smem, int& ctas_per_sm, int& sms) {
+  static int cached_ctas[kMaxDevices], cached_sms[kMaxDevices];  // 0: not asked yet
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev < kMaxDevices && cached_ctas[dev] > 0) {
+    ctas_per_sm = cached_ctas[dev];
+    sms = cached_sms[dev];
+    return cudaSuccess;
+  }
+  if ((err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) != cudaSuccess)
+    return err;
+  if ((err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return err;
+  if ((err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, Kernel, threads, smem)) != cudaSuccess)
+    return err;
+  if (ctas_per_sm < 1) return cudaErrorInvalidConfiguration;
+  if (dev < kMaxDevices) {
+    cached_sms[dev] = sms;
+    cached_ctas[dev] = ctas_per_sm;
+  }
+  return cudaSuccess;
 }
 
 }  // namespace fp32_detail
