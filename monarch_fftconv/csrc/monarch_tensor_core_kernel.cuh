@@ -27,6 +27,7 @@
 #include <type_traits>
 
 #include "monarch_tensor_core.cuh"
+#include "residency.cuh"
 
 namespace monarch_fftconv {
 namespace tc {
@@ -693,29 +694,14 @@ __global__ void __launch_bounds__(C::kThreads, 2) monarch_tc_kernel(const ConvFo
 template <int N1, int N2, Precision P, IOType IO>
 cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream) {
   using C = Cfg<N1, N2, P, IO>;
-  auto kernel = monarch_tc_kernel<C>;
   constexpr size_t smem = C::kSmemBytes;
-  if constexpr (smem > 48 * 1024) {
-    const cudaError_t e =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    if (e != cudaSuccess) return e;
-  }
   // Persistent grid: as many CTAs as fit at once, each looping over sequences.
-  static int blocks_per_sm = 0;
-  if (blocks_per_sm == 0) {
-    const cudaError_t e =
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, C::kThreads, smem);
-    if (e != cudaSuccess) return e;
-    if (blocks_per_sm < 1) blocks_per_sm = 1;
-  }
-  int device = 0, sms = 0;
-  cudaError_t e = cudaGetDevice(&device);
-  if (e != cudaSuccess) return e;
-  e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  int blocks_per_sm = 0, sms = 0;
+  const cudaError_t e = residency<monarch_tc_kernel<C>>(C::kThreads, smem, blocks_per_sm, sms);
   if (e != cudaSuccess) return e;
   const int64_t nseq = p.batch * p.channels;
   const int64_t grid = std::min<int64_t>(nseq, int64_t(blocks_per_sm) * sms);
-  kernel<<<dim3(unsigned(grid)), dim3(C::kThreads), smem, stream>>>(p);
+  monarch_tc_kernel<C><<<dim3(unsigned(grid)), dim3(C::kThreads), smem, stream>>>(p);
   return cudaGetLastError();
 }
 
