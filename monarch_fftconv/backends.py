@@ -64,13 +64,13 @@ class _MonarchOps(Backend):
     """Runs the monarch_fftconv ops; the dispatcher picks their CPU or CUDA implementation."""
 
     def fftconv(self, u, k, skip, precision):
-        return ops.fftconv(u, k, skip, precision)[0]
+        return ops.fftconv_op(u, k, skip, precision)[0]
 
     def filter_spectrum(self, k, seq_len, precision):
-        return ops.filter_spectrum(k, seq_len, precision)
+        return ops.filter_spectrum_op(k, seq_len, precision)
 
     def conv(self, u, spectrum, skip, precision):
-        return ops.conv_forward(u, spectrum, skip, precision)
+        return ops.conv_forward_op(u, spectrum, skip, precision)
 
 
 class Portable(_MonarchOps):

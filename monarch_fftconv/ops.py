@@ -123,4 +123,11 @@ def _backward(ctx, grad: Tensor, _grad_spectrum: Tensor | None):
     )
 
 
+# CPU autograd; CUDA tensors take the same autograd in C++ (binding.cpp, AutogradCUDA).
 torch.library.register_autograd("monarch_fftconv::fftconv", _backward, setup_context=_setup_context)
+
+
+# The overloads themselves, for the call path: calling a CustomOpDef adds a Python frame.
+filter_spectrum_op = torch.ops.monarch_fftconv.filter_spectrum.default
+conv_forward_op = torch.ops.monarch_fftconv.conv_forward.default
+fftconv_op = torch.ops.monarch_fftconv.fftconv.default

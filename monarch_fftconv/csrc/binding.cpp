@@ -4,11 +4,14 @@
 // parameter structs of fftconv.h and launches on the current stream. It also reports the
 // kernels' coverage, which Python reads once when it loads this library.
 //
-// Per-op ATen headers and c10 CUDA headers only (no torch/all.h): keeps the JIT build fast.
+// Per-op ATen headers, c10 CUDA and the autograd Function header only (no torch/all.h):
+// keeps the JIT build fast.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <optional>
@@ -226,6 +229,60 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fftconv_backward(const at::Tensor
   return {du, dk, dskip};
 }
 
+// ------------------------------------------------------------------ autograd on CUDA
+// The same autograd as ops.py registers in Python (which serves the CPU), in C++ for CUDA
+// tensors (AutogradCUDA takes precedence over the Python Autograd kernel): a training step
+// then runs no Python between the op call and the kernels, forward or backward. Both
+// directions go through the dispatcher below autograd, so torch.compile's fake tensors
+// reach the fake kernels.
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+class FftconvFunction : public torch::autograd::Function<FftconvFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& u, const at::Tensor& k,
+                               const std::optional<at::Tensor>& skip, c10::string_view precision) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("monarch_fftconv::fftconv", "")
+                               .typed<std::tuple<at::Tensor, at::Tensor>(
+                                   const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                   c10::string_view)>();
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    auto [y, spectrum] = op.call(u, k, skip, precision);
+    ctx->mark_non_differentiable({spectrum});
+    ctx->save_for_backward({u, spectrum, skip ? *skip : at::Tensor()});
+    ctx->saved_data["filter_len"] = k.size(1);
+    ctx->saved_data["filter_dtype"] = static_cast<int64_t>(k.scalar_type());
+    ctx->saved_data["precision"] = std::string(precision);
+    return {y, spectrum};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("monarch_fftconv::fftconv_backward", "")
+                               .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+                                   const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                   const std::optional<at::Tensor>&, int64_t, c10::string_view)>();
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &u = saved[0], &spectrum = saved[1], &skip = saved[2];
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const std::string precision = ctx->saved_data["precision"].toStringRef();
+    auto [du, dk, dskip] = op.call(grads[0], u, spectrum, skip.defined() ? std::optional(skip) : std::nullopt,
+                                   ctx->saved_data["filter_len"].toInt(), precision);
+    const auto filter_dtype = static_cast<at::ScalarType>(ctx->saved_data["filter_dtype"].toInt());
+    return {ctx->needs_input_grad(0) ? du.to(u.scalar_type()) : at::Tensor(),
+            ctx->needs_input_grad(1) ? dk.to(filter_dtype) : at::Tensor(),
+            ctx->needs_input_grad(2) && skip.defined() ? dskip.to(skip.scalar_type()) : at::Tensor(), at::Tensor()};
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor> fftconv_autograd(const at::Tensor& u, const at::Tensor& k,
+                                                    const std::optional<at::Tensor>& skip,
+                                                    c10::string_view precision) {
+  const variable_list out = FftconvFunction::apply(u, k, skip, precision);
+  return {out[0], out[1]};
+}
+
 // (splits as a flat [n1, n2, n1, n2, ...] list, the io dtypes): what the kernels cover,
 // for every precision.
 std::tuple<std::vector<int64_t>, std::vector<std::string>> kernel_coverage() {
@@ -248,3 +305,5 @@ TORCH_LIBRARY_IMPL(monarch_fftconv, CUDA, m) {
   m.impl("fftconv", &fftconv);
   m.impl("fftconv_backward", &fftconv_backward);
 }
+
+TORCH_LIBRARY_IMPL(monarch_fftconv, AutogradCUDA, m) { m.impl("fftconv", &fftconv_autograd); }
