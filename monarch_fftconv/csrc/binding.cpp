@@ -251,7 +251,7 @@ class FftconvFunction : public torch::autograd::Function<FftconvFunction> {
     auto [y, spectrum] = op.call(u, k, skip, precision);
     ctx->mark_non_differentiable({spectrum});
     ctx->save_for_backward({u, spectrum, skip ? *skip : at::Tensor()});
-    ctx->saved_data["filter_len"] = k.size(1);
+    ctx->saved_data["filter_len"] = k.sym_size(1);  // symbolic under torch.compile(dynamic=True)
     ctx->saved_data["filter_dtype"] = static_cast<int64_t>(k.scalar_type());
     ctx->saved_data["precision"] = std::string(precision);
     return {y, spectrum};
@@ -262,13 +262,13 @@ class FftconvFunction : public torch::autograd::Function<FftconvFunction> {
                                .findSchemaOrThrow("monarch_fftconv::fftconv_backward", "")
                                .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
                                    const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                   const std::optional<at::Tensor>&, int64_t, c10::string_view)>();
+                                   const std::optional<at::Tensor>&, c10::SymInt, c10::string_view)>();
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &u = saved[0], &spectrum = saved[1], &skip = saved[2];
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     const std::string precision = ctx->saved_data["precision"].toStringRef();
     auto [du, dk, dskip] = op.call(grads[0], u, spectrum, skip.defined() ? std::optional(skip) : std::nullopt,
-                                   ctx->saved_data["filter_len"].toInt(), precision);
+                                   ctx->saved_data["filter_len"].toSymInt(), precision);
     const auto filter_dtype = static_cast<at::ScalarType>(ctx->saved_data["filter_dtype"].toInt());
     return {ctx->needs_input_grad(0) ? du.to(u.scalar_type()) : at::Tensor(),
             ctx->needs_input_grad(1) ? dk.to(filter_dtype) : at::Tensor(),
