@@ -11,9 +11,11 @@ precision, plan) and remembers the decision; `explain()` and the call share it.
 ``torch.fft``          torch.fft in fp32 (fp64 for fp64 input): CPU tensors, and GPU calls
                        no kernel covers; faster than emulating a precision, and at least as
                        accurate
-``portable``           the PyTorch Monarch engine with emulated operand precision, on any
-                       device, on request: ``MONARCH_FFTCONV_BACKEND=portable`` (read at call
-                       time). It is the executable spec the kernels are tested against.
+``portable``           the monarch_fftconv ops, on request: ``MONARCH_FFTCONV_BACKEND=portable``
+                       (read at call time). On CPU tensors they run the PyTorch Monarch engine
+                       with emulated operand precision, the executable spec the kernels are
+                       tested against; on CUDA tensors, the fused kernels (the ops' CUDA
+                       implementations), once the extension is loaded.
 =====================  ==========================================================
 """
 
