@@ -8,7 +8,9 @@
 #   TEST_ARGS=tests/test_cuda.py BENCH_ARGS="--no-plots" bash benchmarks/run_gpu.sh
 #   BWD_SHAPES=16x256x8192,16x256x1024 bash benchmarks/run_gpu.sh   # fwd+bwd shapes (default: seed)
 #   INSTALL_CHECK=1 bash benchmarks/run_gpu.sh  # also a wheel install and the AOT build, in fresh venvs
-# Results: $OUT/{gpu.txt,build.log,tests.log,bench_fwd.log,bench_bwd.log,install.log,bench.tgz}
+#   EXAMPLE=1 bash benchmarks/run_gpu.sh        # also examples/train_hyena.py (EXAMPLE_ARGS)
+# Results: $OUT/{gpu.txt,build.log,tests.log,fuzz.log,host.log,bench_fwd.log,bench_bwd.log,
+#                install.log,bench.tgz,hyena/}
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"
 
@@ -20,7 +22,17 @@ tar czf "$OUT/bench.tgz" -C /tmp bench_fwd
 if [ -z "${SKIP_TESTS:-}" ]; then
   echo "== tests"
   # The nvcc compile check already ran in CI and in the build above.
-  timeout 420 python3 -m pytest -q -rf -k "not kernel_compiles" ${TEST_ARGS:-tests} 2>&1 | tee "$OUT/tests.log" | tail -30
+  timeout 420 python3 -m pytest -q -rf -k "not kernel_compiles and not fuzz_cuda" ${TEST_ARGS:-tests} 2>&1 | tee "$OUT/tests.log" | tail -30
+  echo "== fuzz (its summary line counts the cases by backend)"
+  timeout 300 python3 -m pytest -q -s tests/test_fuzz.py -k fuzz_cuda 2>&1 | tee "$OUT/fuzz.log" | grep -E "fuzz|passed|failed"
+fi
+
+echo "== host time per call, GPU idle"
+timeout 120 python3 benchmarks/host_overhead.py 2>&1 | tee "$OUT/host.log"
+
+if [ -n "${EXAMPLE:-}" ]; then
+  echo "== training example"
+  timeout 400 python3 examples/train_hyena.py --out "$OUT/hyena" ${EXAMPLE_ARGS:-} 2>&1 | tail -20 | tee "$OUT/hyena.log"
 fi
 
 if [ -n "${INSTALL_CHECK:-}" ]; then
