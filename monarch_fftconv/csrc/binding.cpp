@@ -270,9 +270,10 @@ class FftconvFunction : public torch::autograd::Function<FftconvFunction> {
     auto [du, dk, dskip] = op.call(grads[0], u, spectrum, skip.defined() ? std::optional(skip) : std::nullopt,
                                    ctx->saved_data["filter_len"].toSymInt(), precision);
     const auto filter_dtype = static_cast<at::ScalarType>(ctx->saved_data["filter_dtype"].toInt());
+    // needs_input_grad counts tensor inputs only: the skip term is input 2 when it is given.
     return {ctx->needs_input_grad(0) ? du.to(u.scalar_type()) : at::Tensor(),
             ctx->needs_input_grad(1) ? dk.to(filter_dtype) : at::Tensor(),
-            ctx->needs_input_grad(2) && skip.defined() ? dskip.to(skip.scalar_type()) : at::Tensor(), at::Tensor()};
+            skip.defined() && ctx->needs_input_grad(2) ? dskip.to(skip.scalar_type()) : at::Tensor(), at::Tensor()};
   }
 };
 
