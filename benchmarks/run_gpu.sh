@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/run_gpu.sh                 # build, GPU tests, benchmarks
 #   SHAPES=16x256x8192 bash benchmarks/run_gpu.sh
-#   SKIP_TESTS=1 bash benchmarks/run_gpu.sh    # benchmarks only (SKIP_BWD=1: no fwd+bwd run)
+#   SKIP_TESTS=1 bash benchmarks/run_gpu.sh    # no tests (SKIP_FUZZ=1: no fuzz, SKIP_BWD=1: no fwd+bwd run)
 #   TEST_ARGS=tests/test_cuda.py BENCH_ARGS="--no-plots" bash benchmarks/run_gpu.sh
 #   BWD_SHAPES=16x256x8192,16x256x1024 bash benchmarks/run_gpu.sh   # fwd+bwd shapes (default: seed)
 #   INSTALL_CHECK=1 bash benchmarks/run_gpu.sh  # also a wheel install and the AOT build, in fresh venvs
@@ -23,6 +23,8 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   echo "== tests"
   # The nvcc compile check already ran in CI and in the build above.
   timeout 420 python3 -m pytest -q -rf -k "not kernel_compiles and not fuzz_cuda" ${TEST_ARGS:-tests} 2>&1 | tee "$OUT/tests.log" | tail -30
+fi
+if [ -z "${SKIP_FUZZ:-}" ]; then
   echo "== fuzz (its summary line counts the cases by backend)"
   timeout 300 python3 -m pytest -q -s tests/test_fuzz.py -k fuzz_cuda 2>&1 | tee "$OUT/fuzz.log" | grep -E "fuzz|passed|failed"
 fi
