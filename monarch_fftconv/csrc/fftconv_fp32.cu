@@ -382,12 +382,7 @@ cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream) {
   a.B = p.batch;
   a.C = p.channels;
   a.L = p.seq_len;
-  a.N = p.fft_size;
-  a.n1 = p.n1;
-  a.n2 = p.n2;
-  a.ln1 = ilog2_host(p.n1);
-  a.ln2 = ilog2_host(p.n2);
-  a.S = area_floats<LOGM>(p.n1, p.n2);
+  set_geometry<LOGM>(a, p.fft_size, p.n1, p.n2);
   const int64_t nseq = p.batch * p.channels;
   if (nseq == 0) return cudaSuccess;
   ForwardShape shape;
@@ -406,16 +401,7 @@ cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream) {
 
 template <typename IO>
 cudaError_t dispatch_size(const ConvForwardParams& p, cudaStream_t stream) {
-  switch (ilog2_host(p.fft_size)) {
-    case 8: return launch<7, IO>(p, stream);
-    case 9: return launch<8, IO>(p, stream);
-    case 10: return launch<9, IO>(p, stream);
-    case 11: return launch<10, IO>(p, stream);
-    case 12: return launch<11, IO>(p, stream);
-    case 13: return launch<12, IO>(p, stream);
-    case 14: return launch<13, IO>(p, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_plan(p.fft_size, cudaErrorInvalidValue, [&](auto logm) { return launch<decltype(logm)::value, IO>(p, stream); });
 }
 
 }  // namespace fp32_detail
@@ -427,7 +413,7 @@ cudaError_t conv_forward_fp32(const ConvForwardParams& p, cudaStream_t stream) {
   using namespace fp32_detail;
   const bool valid = p.precision == Precision::kFP32 && covers_split(p.n1, p.n2) && p.u && p.y &&
                      p.filter_spectrum && reinterpret_cast<uintptr_t>(p.filter_spectrum) % 8 == 0 &&
-                     smem_bytes_for(ilog2_host(p.fft_size) - 1, p.n1, p.n2) <= kMaxSmem;
+                     smem_bytes_for(p.fft_size, p.n1, p.n2) <= kMaxSmem;
   if (!valid) return cudaErrorInvalidValue;
   switch (p.io_type) {
     case IOType::kFloat32: return dispatch_size<float>(p, stream);

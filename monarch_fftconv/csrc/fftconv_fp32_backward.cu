@@ -54,17 +54,12 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, kMinCtasPerSm) fftconv_fp
   constexpr int M = P::M, T = P::T, SPB = P::SPB;
   const KArgs& a = g.k;
   extern __shared__ float4 smem_raw[];
-  float* sm = reinterpret_cast<float*>(smem_raw);
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  float* re = sm + (size_t)ty * 2 * a.S;
-  float* im = re + a.S;
+  const SlotSmem<LOGM> slot(reinterpret_cast<float*>(smem_raw), a.S);
+  float *re = slot.re, *im = slot.im;
   float2* stage = reinterpret_cast<float2*>(re);
-  float2* tw = reinterpret_cast<float2*>(sm + (size_t)SPB * 2 * a.S);
-  build_twiddles<LOGM>(tw, ty * T + tx, P::THREADS);
-  __syncthreads();
-  const float2 *twFP2 = tw + P::OFF_FP2, *twM = tw + P::OFF_TM, *twIP2 = tw + P::OFF_IP2;
-  const float2 p0 = tw[P::OFF_POST + tx], p1 = tw[P::OFF_POST + (tx == 0 ? M / 32 : M / 16 - tx)];
-  const cf wp0 = {p0.x, p0.y}, wp1 = {p1.x, p1.y};
+  const float2 *twFP2 = slot.fp2(), *twM = slot.mid(), *twIP2 = slot.ip2();
+  const cf wp0 = slot.wp0, wp1 = slot.wp1;
+  const int tx = threadIdx.x, ty = threadIdx.y;
 
   const int64_t item = (int64_t)blockIdx.x * SPB + ty;
   const bool has_item = item < g.items;
@@ -91,10 +86,10 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, kMinCtasPerSm) fftconv_fp
     {
       cf A[16], Bv[16], A2[16], B2[16];
       mid_forward<M>(re, im, tx, twM, A, Bv);
-      for_each_pair<M>(tx, A, Bv, A2, B2, wp0, wp1, [&](int slot, int, cf zk, cf zm, cf w, cf& vk, cf& vm) {
+      for_each_pair<M>(tx, A, Bv, A2, B2, wp0, wp1, [&](int pair, int, cf zk, cf zm, cf w, cf& vk, cf& vm) {
         cf xk, xm;
         split_pair(zk, zm, w, xk, xm);
-        if (valid) xu[slot * T + tx] = make_float4(xk.x, xk.y, xm.x, xm.y);
+        if (valid) xu[pair * T + tx] = make_float4(xk.x, xk.y, xm.x, xm.y);
         vk = vm = cf{0.f, 0.f};
       });
     }
@@ -105,14 +100,14 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, kMinCtasPerSm) fftconv_fp
     mid_forward<M>(re, im, tx, twM, A, Bv);
     __syncthreads();  // all of Z is in registers: smem becomes the filter stage
     stage_filter<T>(stage, a, c, valid, tx);
-    for_each_pair<M>(tx, A, Bv, A2, B2, wp0, wp1, [&](int slot, int f, cf zk, cf zm, cf w, cf& vk, cf& vm) {
+    for_each_pair<M>(tx, A, Bv, A2, B2, wp0, wp1, [&](int pair, int f, cf zk, cf zm, cf w, cf& vk, cf& vm) {
       fence(f);
       cf xk, xm;
       split_pair(zk, zm, w, xk, xm);
       if (valid) {
-        const float4 x4 = xu[slot * T + tx];
+        const float4 x4 = xu[pair * T + tx];
         cf pk = cmul(cf{x4.x, -x4.y}, xk), pm = cmul(cf{x4.z, -x4.w}, xm);
-        float4* acc_slot = acc + slot * T + tx;
+        float4* acc_slot = acc + pair * T + tx;
         if (i > 0) {
           const float4 o = *acc_slot;
           pk = cadd(pk, cf{o.x, o.y});
@@ -132,26 +127,19 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, kMinCtasPerSm) filter_gra
   constexpr int M = P::M, T = P::T, SPB = P::SPB;
   const KArgs& a = g.k;
   extern __shared__ float4 smem_raw[];
-  float* sm = reinterpret_cast<float*>(smem_raw);
+  const SlotSmem<LOGM> slot(reinterpret_cast<float*>(smem_raw), a.S);
   const int tx = threadIdx.x, ty = threadIdx.y;
-  float* re = sm + (size_t)ty * 2 * a.S;
-  float* im = re + a.S;
-  float2* tw = reinterpret_cast<float2*>(sm + (size_t)SPB * 2 * a.S);
-  build_twiddles<LOGM>(tw, ty * T + tx, P::THREADS);
-  __syncthreads();
-  const float2 p0 = tw[P::OFF_POST + tx], p1 = tw[P::OFF_POST + (tx == 0 ? M / 32 : M / 16 - tx)];
-  const cf wp0 = {p0.x, p0.y}, wp1 = {p1.x, p1.y};
 
   const int64_t c = (int64_t)blockIdx.x * SPB + ty;
   const bool valid = c < a.C;
   const float4* acc = g.acc + c * g.chunks * (kPairSlots * T);
   const float inv_n = 1.f / (float)a.N;  // a power of two: exact
   cf A[16] = {}, Bv[16] = {}, A2[16], B2[16];
-  for_each_pair<M>(tx, A, Bv, A2, B2, wp0, wp1, [&](int slot, int, cf, cf, cf w, cf& vk, cf& vm) {
+  for_each_pair<M>(tx, A, Bv, A2, B2, slot.wp0, slot.wp1, [&](int pair, int, cf, cf, cf w, cf& vk, cf& vm) {
     float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
     if (valid) {
       for (int q = 0; q < g.chunks; ++q) {  // chunk order: deterministic
-        const float4 o = acc[q * (kPairSlots * T) + slot * T + tx];
+        const float4 o = acc[q * (kPairSlots * T) + pair * T + tx];
         s.x += o.x;
         s.y += o.y;
         s.z += o.z;
@@ -161,7 +149,7 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, kMinCtasPerSm) filter_gra
     merge_pair(cf{s.x * inv_n, s.y * inv_n}, cf{s.z * inv_n, s.w * inv_n}, w, vk, vm);
   });
   float* dk = g.dk + c * g.Lk;
-  inverse_passes<LOGM, float>(re, im, tx, tw + P::OFF_TM, tw + P::OFF_IP2, A2, B2, dk, valid ? (int)g.Lk : 0);
+  inverse_passes<LOGM, float>(slot.re, slot.im, tx, slot.mid(), slot.ip2(), A2, B2, dk, valid ? (int)g.Lk : 0);
   // dD[c] = dk[c, 0], which this very thread stored (t = 0 belongs to thread 0)
   if (g.dskip != nullptr && valid && tx == 0) g.dskip[c] = dk[0];
 }
@@ -213,12 +201,7 @@ cudaError_t launch_grad(const ConvBackwardParams& p, cudaStream_t stream, size_t
   a.B = p.batch;
   a.C = p.channels;
   a.L = p.seq_len;
-  a.N = p.fft_size;
-  a.n1 = p.n1;
-  a.n2 = p.n2;
-  a.ln1 = ilog2_host(p.n1);
-  a.ln2 = ilog2_host(p.n2);
-  a.S = area_floats<LOGM>(p.n1, p.n2);
+  set_geometry<LOGM>(a, p.fft_size, p.n1, p.n2);
   g.dy = p.grad;
   g.du = p.grad_u;
   g.dk = p.grad_filter;
@@ -241,23 +224,15 @@ cudaError_t launch_grad(const ConvBackwardParams& p, cudaStream_t stream, size_t
 
 template <typename IO>
 cudaError_t grad_dispatch_size(const ConvBackwardParams& p, cudaStream_t stream, size_t* workspace_bytes) {
-  switch (ilog2_host(p.fft_size)) {
-    case 8: return launch_grad<7, IO>(p, stream, workspace_bytes);
-    case 9: return launch_grad<8, IO>(p, stream, workspace_bytes);
-    case 10: return launch_grad<9, IO>(p, stream, workspace_bytes);
-    case 11: return launch_grad<10, IO>(p, stream, workspace_bytes);
-    case 12: return launch_grad<11, IO>(p, stream, workspace_bytes);
-    case 13: return launch_grad<12, IO>(p, stream, workspace_bytes);
-    case 14: return launch_grad<13, IO>(p, stream, workspace_bytes);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_plan(p.fft_size, cudaErrorInvalidValue,
+                   [&](auto logm) { return launch_grad<decltype(logm)::value, IO>(p, stream, workspace_bytes); });
 }
 
 // workspace_bytes != nullptr: only size the workspace.
 cudaError_t grad_dispatch(const ConvBackwardParams& p, cudaStream_t stream, size_t* workspace_bytes) {
   const bool valid = covers_split(p.n1, p.n2) && p.batch > 0 && p.channels > 0 && p.filter_len >= 1 &&
                      p.filter_len <= p.seq_len && 2 * p.seq_len <= p.fft_size &&
-                     smem_bytes_for(ilog2_host(p.fft_size) - 1, p.n1, p.n2) <= kMaxSmem;
+                     smem_bytes_for(p.fft_size, p.n1, p.n2) <= kMaxSmem;
   if (!valid) return cudaErrorInvalidValue;
   if (workspace_bytes == nullptr &&
       !(p.u && p.grad && p.grad_u && p.grad_filter && p.workspace && p.filter_spectrum &&

@@ -26,27 +26,20 @@ template <int LOGM>
 __global__ void __launch_bounds__(Plan<LOGM>::THREADS, kMinCtasPerSm) filter_spectrum_kernel(const KArgs a,
                                                                                                float2* spectrum) {
   using P = Plan<LOGM>;
-  constexpr int M = P::M, T = P::T, SPB = P::SPB;
+  constexpr int M = P::M, SPB = P::SPB;
   extern __shared__ float4 smem_raw[];
-  float* sm = reinterpret_cast<float*>(smem_raw);
+  const SlotSmem<LOGM> slot(reinterpret_cast<float*>(smem_raw), a.S);
   const int tx = threadIdx.x, ty = threadIdx.y;
-  float* re = sm + (size_t)ty * 2 * a.S;
-  float* im = re + a.S;
-  float2* tw = reinterpret_cast<float2*>(sm + (size_t)SPB * 2 * a.S);
-  build_twiddles<LOGM>(tw, ty * T + tx, P::THREADS);
-  __syncthreads();
-  const float2 p0 = tw[P::OFF_POST + tx], p1 = tw[P::OFF_POST + (tx == 0 ? M / 32 : M / 16 - tx)];
-  const cf wp0 = {p0.x, p0.y}, wp1 = {p1.x, p1.y};
 
   const int64_t c = (int64_t)blockIdx.x * SPB + ty;
   const bool valid = c < a.C;
   const float* k = static_cast<const float*>(a.u) + (valid ? c : 0) * a.ucs;
-  forward_passes<LOGM, float>(re, im, tx, tw + P::OFF_FP2, k, valid ? (int)a.L : 0);
+  forward_passes<LOGM, float>(slot.re, slot.im, tx, slot.fp2(), k, valid ? (int)a.L : 0);
   cf A[16], Bv[16], A2[16], B2[16];
-  mid_forward<M>(re, im, tx, tw + P::OFF_TM, A, Bv);
+  mid_forward<M>(slot.re, slot.im, tx, slot.mid(), A, Bv);
   float2* S = spectrum + c * (int64_t)((a.n1 / 2 + 1) * a.n2);
   const float scale = 1.f / (float)a.N;  // a power of two: exact
-  for_each_pair<M>(tx, A, Bv, A2, B2, wp0, wp1, [&](int, int f, cf zk, cf zm, cf w, cf&, cf&) {
+  for_each_pair<M>(tx, A, Bv, A2, B2, slot.wp0, slot.wp1, [&](int, int f, cf zk, cf zm, cf w, cf&, cf&) {
     cf xk, xm;
     split_pair(zk, zm, w, xk, xm);
     if (valid) {
@@ -64,12 +57,7 @@ cudaError_t launch_spectrum(const FilterSpectrumParams& p, cudaStream_t stream) 
   a.ucs = p.filter_len;
   a.C = p.channels;
   a.L = p.filter_len;
-  a.N = p.fft_size;
-  a.n1 = p.n1;
-  a.n2 = p.n2;
-  a.ln1 = ilog2_host(p.n1);
-  a.ln2 = ilog2_host(p.n2);
-  a.S = area_floats<LOGM>(p.n1, p.n2);
+  set_geometry<LOGM>(a, p.fft_size, p.n1, p.n2);
   const size_t smem = smem_bytes<LOGM>(p.n1, p.n2);
   int ctas = 0, sms = 0;
   const cudaError_t err = residency<filter_spectrum_kernel<LOGM>>(P::THREADS, smem, ctas, sms);
@@ -88,16 +76,7 @@ cudaError_t filter_spectrum_fp32(const FilterSpectrumParams& p, cudaStream_t str
                      p.channels > 0 && 1 <= p.filter_len && 2 * p.filter_len <= p.fft_size &&
                      reinterpret_cast<uintptr_t>(p.spectrum) % 8 == 0;
   if (!valid) return cudaErrorInvalidValue;
-  switch (ilog2_host(p.fft_size)) {
-    case 8: return launch_spectrum<7>(p, stream);
-    case 9: return launch_spectrum<8>(p, stream);
-    case 10: return launch_spectrum<9>(p, stream);
-    case 11: return launch_spectrum<10>(p, stream);
-    case 12: return launch_spectrum<11>(p, stream);
-    case 13: return launch_spectrum<12>(p, stream);
-    case 14: return launch_spectrum<13>(p, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_plan(p.fft_size, cudaErrorInvalidValue, [&](auto logm) { return launch_spectrum<decltype(logm)::value>(p, stream); });
 }
 
 }  // namespace monarch_fftconv

@@ -517,6 +517,35 @@ __device__ __forceinline__ void prefetch_u(IO* buf, const IO* src, int L, int tx
 // and M/2) and so 17 pairs; every other thread owns 16.
 constexpr int kPairSlots = 17;
 
+// One sequence slot's view of a radix kernel's shared memory (layout: the slots' areas,
+// then the twiddle tables): its area re/im and the tables, which the constructor builds
+// with the whole CTA (a barrier: every thread of the CTA constructs one), and the split
+// twiddles ω_N^j of this thread's mid-pass butterflies j0 = tx and j1.
+template <int LOGM>
+struct SlotSmem {
+  using P = Plan<LOGM>;
+  float* re;
+  float* im;
+  const float2* tw;
+  cf wp0, wp1;
+
+  __device__ __forceinline__ SlotSmem(float* sm, int S) {
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    re = sm + (size_t)ty * 2 * S;
+    im = re + S;
+    float2* tables = reinterpret_cast<float2*>(sm + (size_t)P::SPB * 2 * S);
+    build_twiddles<LOGM>(tables, ty * P::T + tx, P::THREADS);
+    __syncthreads();
+    tw = tables;
+    const float2 p0 = tw[P::OFF_POST + tx], p1 = tw[P::OFF_POST + (tx == 0 ? P::M / 32 : P::M / 16 - tx)];
+    wp0 = {p0.x, p0.y};
+    wp1 = {p1.x, p1.y};
+  }
+  __device__ __forceinline__ const float2* fp2() const { return tw + P::OFF_FP2; }
+  __device__ __forceinline__ const float2* mid() const { return tw + P::OFF_TM; }
+  __device__ __forceinline__ const float2* ip2() const { return tw + P::OFF_IP2; }
+};
+
 // Forward passes p1 (global -> smem, radix R1, the upper half of z known zero) and p2: the
 // sequence x[0:Lv), zero beyond, leaves them in smem ready for the mid pass. Starts with a
 // barrier before its first smem write, so smem may still be read when it is called.
@@ -717,19 +746,36 @@ inline size_t smem_bytes(int n1, int n2) {
   return (size_t)P::SPB * 2 * area_floats<LOGM>(n1, n2) * sizeof(float) + (size_t)P::N_TW * sizeof(float2);
 }
 
-inline size_t smem_bytes_for(int logm, int n1, int n2) {
-  switch (logm) {
-    case 7: return smem_bytes<7>(n1, n2);
-    case 8: return smem_bytes<8>(n1, n2);
-    case 9: return smem_bytes<9>(n1, n2);
-    case 10: return smem_bytes<10>(n1, n2);
-    case 11: return smem_bytes<11>(n1, n2);
-    case 12: return smem_bytes<12>(n1, n2);
-    case 13: return smem_bytes<13>(n1, n2);
-    default: return ~size_t(0);
+// f(std::integral_constant<int, LOGM>{}) for the plan of fft_size = 2^(LOGM+1), N = 256 ..
+// 16384; `otherwise` for any other size. The one switch from a runtime size to a plan.
+template <class R, class F>
+inline R with_plan(int fft_size, R otherwise, F&& f) {
+  switch (ilog2_host(fft_size)) {
+    case 8: return f(std::integral_constant<int, 7>{});
+    case 9: return f(std::integral_constant<int, 8>{});
+    case 10: return f(std::integral_constant<int, 9>{});
+    case 11: return f(std::integral_constant<int, 10>{});
+    case 12: return f(std::integral_constant<int, 11>{});
+    case 13: return f(std::integral_constant<int, 12>{});
+    case 14: return f(std::integral_constant<int, 13>{});
+    default: return otherwise;
   }
 }
 
+inline size_t smem_bytes_for(int fft_size, int n1, int n2) {
+  return with_plan(fft_size, ~size_t(0), [&](auto logm) { return smem_bytes<decltype(logm)::value>(n1, n2); });
+}
+
+// The geometry fields of KArgs for Plan<LOGM> and the split (n1, n2) of fft_size.
+template <int LOGM>
+inline void set_geometry(KArgs& a, int fft_size, int n1, int n2) {
+  a.N = fft_size;
+  a.n1 = n1;
+  a.n2 = n2;
+  a.ln1 = ilog2_host(n1);
+  a.ln2 = ilog2_host(n2);
+  a.S = area_floats<LOGM>(n1, n2);
+}
 
 }  // namespace fp32_detail
 }  // namespace
