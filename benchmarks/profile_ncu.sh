@@ -3,6 +3,8 @@
 #
 #   PRECISION=bf16 bash benchmarks/profile_ncu.sh        # seed workload 16x256x8192
 #   PRECISION=tf32 SHAPE=16x256x4096 bash benchmarks/profile_ncu.sh
+#   BACKWARD=1 KERNEL=regex:grad_kernel PRECISION=fp32 bash benchmarks/profile_ncu.sh  # a training step
+#   SECTIONS="--section SpeedOfLight --section WarpStateStats" ...   # fewer sections: faster
 # Results in $OUT: prof_<precision>.ncu-rep (open in ncu-ui), details.txt (every section),
 # source.csv (per-SASS-line instruction and stall counts, with the CUDA line that made it).
 set -uo pipefail
@@ -18,14 +20,19 @@ import torch, monarch_fftconv as mf
 B, C, L = (int(x) for x in "$SHAPE".split("x"))
 u = torch.randn(B, C, L, device="cuda")
 k = torch.randn(C, L, device="cuda") / L ** 0.5
+backward = bool("${BACKWARD:-}")
+k.requires_grad_(backward)
+u.requires_grad_(backward)
 for _ in range(2):
     y = mf.fftconv(u, k, precision="$PRECISION")
+    if backward:
+        y.backward(torch.randn_like(y))
 torch.cuda.synchronize()
 print("backend:", mf.explain(u, k, precision="$PRECISION")["backend"])
 PY
 python3 /tmp/profile_driver.py 2>&1 | tail -2
 rep="$OUT/prof_${PRECISION}"
-"$NCU" --clock-control none --set full --import-source yes -k "$KERNEL" -s 1 -c 1 \
+"$NCU" --clock-control none ${SECTIONS:---set full} --import-source yes -k "$KERNEL" -s 1 -c 1 \
   -f -o "$rep" python3 /tmp/profile_driver.py 2>&1 | tail -5
 "$NCU" -i "$rep.ncu-rep" --page details > "$OUT/details.txt" 2>&1
 "$NCU" -i "$rep.ncu-rep" --page source --csv --print-source sass,cuda > "$OUT/source.csv" 2>&1 ||

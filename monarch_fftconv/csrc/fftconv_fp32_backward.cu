@@ -13,12 +13,15 @@
 //
 //   grad_kernel: one work item per (channel c, chunk of the batch). For each b of the chunk,
 //     in order:
-//       U  = forward passes of u[b,c]: each thread keeps the spectrum pairs X_u[k], X_u[M-k]
+//       U  = forward passes of u[b,c]: each thread parks the spectrum pairs X_u[k], X_u[M-k]
 //            of its mid-pass frequency pairs in a per-item scratch in global memory (it reads
-//            back only what it wrote itself, so no synchronisation; the scratch stays in L2)
-//       DY = forward passes of dy[b,c], then per pair:
-//              acc  += conj(X_u)·X_dy           (fp32, per item, fixed b order)
-//              V     = inverse split of X_dy · conj K'
+//            back only what it wrote itself, so no synchronisation; the scratch stays in L2,
+//            as the sequences are read and written with evict-first hints)
+//       DY = forward passes of dy[b,c] (the same code as U's: one copy keeps the kernel
+//            small enough for the instruction cache), then three sweeps over the pairs:
+//              acc += conj(X_u)·X_dy            (fp32, per item, fixed b order), while the
+//                                               channel's K' is copied into smem
+//              V    = inverse split of X_dy · conj K'
 //            and the forward's inverse passes store du[b,c].
 //   filter_grad_kernel: per channel, the chunks' accumulators summed in chunk order, ·1/N,
 //     the inverse split and inverse passes, the first Lk samples stored as dk[c] (and
@@ -66,9 +69,12 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, kMinCtasPerSm) fftconv_fp
   const int64_t c = has_item ? item / g.chunks : 0;
   const int64_t b_begin = has_item ? (item % g.chunks) * g.chunk : 0;
   const int64_t b_end = b_begin + g.chunk < a.B ? b_begin + g.chunk : a.B;
-  float4* xu = g.xu + item * (kPairSlots * T);
-  float4* acc = g.acc + item * (kPairSlots * T);
+  // The item's scratch: only this thread reads back what it wrote, so restrict holds and
+  // the loads of later pairs may be issued early.
+  float4* __restrict__ xu = g.xu + item * (kPairSlots * T) + tx;
+  float4* __restrict__ acc = g.acc + item * (kPairSlots * T) + tx;
   const int64_t L = a.L;
+  cf A[16], Bv[16], A2[16], B2[16];
 
   // Every slot of the CTA runs g.chunk iterations (the barriers must match); iterations past
   // the slot's own range compute on zeros and store nothing.
@@ -76,48 +82,59 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, kMinCtasPerSm) fftconv_fp
     const int64_t b = b_begin + i;
     const bool valid = has_item && b < b_end;
     const int Lv = valid ? (int)L : 0;
-    const IO* u = static_cast<const IO*>(a.u) + b * a.ubs + c * a.ucs;
     const int64_t row = (b * a.C + c) * L;
-    const IO* dy = static_cast<const IO*>(g.dy) + row;
-    IO* du = static_cast<IO*>(g.du) + row;
+    // The accumulator is read at the end of the iteration: ask L2 for it now.
+    if (valid && i > 0) {
+#pragma unroll
+      for (int pair = 0; pair < kPairSlots; ++pair) prefetch_l2(acc + pair * T);
+    }
 
-    // ---- U: spectrum pairs of u into the item's scratch
-    forward_passes<LOGM, IO>(re, im, tx, twFP2, u, Lv);
-    {
-      cf A[16], Bv[16], A2[16], B2[16];
+    // Forward passes of u, then of dy, through one copy of the code (the kernel's size, not
+    // its registers, limits it: instruction-fetch stalls). After the u pass, each thread
+    // parks its spectrum pairs X_u[k], X_u[M-k] in the scratch.
+#pragma unroll 1
+    for (int pass = 0; pass < 2; ++pass) {
+      const IO* x = pass == 0 ? static_cast<const IO*>(a.u) + b * a.ubs + c * a.ucs : static_cast<const IO*>(g.dy) + row;
+      forward_passes<LOGM, IO>(re, im, tx, twFP2, x, Lv);
       mid_forward<M>(re, im, tx, twM, A, Bv);
-      for_each_pair<M>(tx, A, Bv, A2, B2, wp0, wp1, [&](int pair, int, cf zk, cf zm, cf w, cf& vk, cf& vm) {
+      if (pass == 1) break;
+      for_each_pair<M>(tx, A, Bv, A2, B2, wp0, wp1, [&](int pair, int, cf zk, cf zm, cf w, cf&, cf&) {
         cf xk, xm;
         split_pair(zk, zm, w, xk, xm);
-        if (valid) xu[pair * T + tx] = make_float4(xk.x, xk.y, xm.x, xm.y);
-        vk = vm = cf{0.f, 0.f};
+        if (valid) xu[pair * T] = make_float4(xk.x, xk.y, xm.x, xm.y);
       });
     }
 
-    // ---- DY: the filter-gradient accumulator, and du through conj K'
-    forward_passes<LOGM, IO>(re, im, tx, twFP2, dy, Lv);
-    cf A[16], Bv[16], A2[16], B2[16];
-    mid_forward<M>(re, im, tx, twM, A, Bv);
+    // The filter stage's copy runs while the accumulator sweep below waits on L2.
     __syncthreads();  // all of Z is in registers: smem becomes the filter stage
-    stage_filter<T>(stage, a, c, valid, tx);
-    for_each_pair<M>(tx, A, Bv, A2, B2, wp0, wp1, [&](int pair, int f, cf zk, cf zm, cf w, cf& vk, cf& vm) {
-      fence(f);
-      cf xk, xm;
-      split_pair(zk, zm, w, xk, xm);
-      if (valid) {
-        const float4 x4 = xu[pair * T + tx];
+    stage_filter_begin<T>(stage, a, c, valid, tx);
+
+    // acc += conj(X_u)·X_dy per pair, in a sweep of its own: the filter sweep below then
+    // holds no scratch values (the split is cheap to redo).
+    if (valid) {
+      for_each_pair<M>(tx, A, Bv, A2, B2, wp0, wp1, [&](int pair, int, cf zk, cf zm, cf w, cf&, cf&) {
+        cf xk, xm;
+        split_pair(zk, zm, w, xk, xm);
+        const float4 x4 = xu[pair * T];
         cf pk = cmul(cf{x4.x, -x4.y}, xk), pm = cmul(cf{x4.z, -x4.w}, xm);
-        float4* acc_slot = acc + pair * T + tx;
         if (i > 0) {
-          const float4 o = *acc_slot;
+          const float4 o = acc[pair * T];
           pk = cadd(pk, cf{o.x, o.y});
           pm = cadd(pm, cf{o.z, o.w});
         }
-        *acc_slot = make_float4(pk.x, pk.y, pm.x, pm.y);
-      }
+        acc[pair * T] = make_float4(pk.x, pk.y, pm.x, pm.y);
+      });
+    }
+
+    // du = IFFT(X_dy · conj K')
+    stage_filter_end<T>(stage, a, c, valid, tx);
+    for_each_pair<M>(tx, A, Bv, A2, B2, wp0, wp1, [&](int, int f, cf zk, cf zm, cf w, cf& vk, cf& vm) {
+      fence(f);
+      cf xk, xm;
+      split_pair(zk, zm, w, xk, xm);
       merge_pair(cmul(xk, cconj(kspec(stage, f, a))), cmul(xm, cconj(kspec(stage, M - f, a))), w, vk, vm);
     });
-    inverse_passes<LOGM, IO>(re, im, tx, twM, twIP2, A2, B2, du, Lv);
+    inverse_passes<LOGM, IO>(re, im, tx, twM, twIP2, A2, B2, static_cast<IO*>(g.du) + row, Lv);
   }
 }
 

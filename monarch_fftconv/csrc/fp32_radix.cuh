@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <utility>
 
@@ -268,44 +269,61 @@ __device__ __forceinline__ void sts_s(float* re, float* im, int pj, int r, cf v)
   im[p] = v.y;
 }
 
-// io conversions
+// io conversions. Sequences are read and written once per kernel: the accesses are
+// streaming (evict-first, .cs), so that data a kernel reuses (the backward's scratch) keeps
+// its place in L2.
 template <typename IO> __device__ __forceinline__ float io_load(const IO* p);
-template <> __device__ __forceinline__ float io_load<float>(const float* p) { return __ldg(p); }
+template <> __device__ __forceinline__ float io_load<float>(const float* p) { return __ldcs(p); }
 template <> __device__ __forceinline__ float io_load<__nv_bfloat16>(const __nv_bfloat16* p) {
-  return __bfloat162float(*p);
+  return __bfloat162float(__ushort_as_bfloat16(__ldcs(reinterpret_cast<const unsigned short*>(p))));
 }
-template <> __device__ __forceinline__ float io_load<__half>(const __half* p) { return __half2float(*p); }
+template <> __device__ __forceinline__ float io_load<__half>(const __half* p) {
+  return __half2float(__ushort_as_half(__ldcs(reinterpret_cast<const unsigned short*>(p))));
+}
 template <typename IO> __device__ __forceinline__ void io_store(IO* p, float v);
-template <> __device__ __forceinline__ void io_store<float>(float* p, float v) { *p = v; }
+template <> __device__ __forceinline__ void io_store<float>(float* p, float v) { __stcs(p, v); }
 template <> __device__ __forceinline__ void io_store<__nv_bfloat16>(__nv_bfloat16* p, float v) {
-  *p = __float2bfloat16_rn(v);
+  __stcs(reinterpret_cast<unsigned short*>(p), __bfloat16_as_ushort(__float2bfloat16_rn(v)));
 }
-template <> __device__ __forceinline__ void io_store<__half>(__half* p, float v) { *p = __float2half_rn(v); }
+template <> __device__ __forceinline__ void io_store<__half>(__half* p, float v) {
+  __stcs(reinterpret_cast<unsigned short*>(p), __half_as_ushort(__float2half_rn(v)));
+}
 
 __device__ __forceinline__ float io_to_float(float v) { return v; }
 __device__ __forceinline__ float io_to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float io_to_float(__half v) { return __half2float(v); }
 
-// two consecutive elements p[0], p[1] (p aligned to two elements)
+// two consecutive elements p[0], p[1] (p aligned to two elements); 16-bit pairs travel as
+// one 32-bit word
+template <typename H2> __device__ __forceinline__ H2 bits_as(unsigned w) {
+  H2 h;
+  memcpy(&h, &w, sizeof(h));
+  return h;
+}
+template <typename H2> __device__ __forceinline__ unsigned as_bits(H2 h) {
+  unsigned w;
+  memcpy(&w, &h, sizeof(w));
+  return w;
+}
 template <typename IO> __device__ __forceinline__ float2 io_load2(const IO* p);
 template <> __device__ __forceinline__ float2 io_load2<float>(const float* p) {
-  return __ldg(reinterpret_cast<const float2*>(p));
+  return __ldcs(reinterpret_cast<const float2*>(p));
 }
 template <> __device__ __forceinline__ float2 io_load2<__nv_bfloat16>(const __nv_bfloat16* p) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+  return __bfloat1622float2(bits_as<__nv_bfloat162>(__ldcs(reinterpret_cast<const unsigned*>(p))));
 }
 template <> __device__ __forceinline__ float2 io_load2<__half>(const __half* p) {
-  return __half22float2(*reinterpret_cast<const __half2*>(p));
+  return __half22float2(bits_as<__half2>(__ldcs(reinterpret_cast<const unsigned*>(p))));
 }
 template <typename IO> __device__ __forceinline__ void io_store2(IO* p, float a, float b);
 template <> __device__ __forceinline__ void io_store2<float>(float* p, float a, float b) {
-  *reinterpret_cast<float2*>(p) = make_float2(a, b);
+  __stcs(reinterpret_cast<float2*>(p), make_float2(a, b));
 }
 template <> __device__ __forceinline__ void io_store2<__nv_bfloat16>(__nv_bfloat16* p, float a, float b) {
-  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+  __stcs(reinterpret_cast<unsigned*>(p), as_bits(__floats2bfloat162_rn(a, b)));
 }
 template <> __device__ __forceinline__ void io_store2<__half>(__half* p, float a, float b) {
-  *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
+  __stcs(reinterpret_cast<unsigned*>(p), as_bits(__floats2half2_rn(a, b)));
 }
 
 __device__ __forceinline__ void cp_async8(void* smem_dst, const void* gmem_src) {
@@ -318,6 +336,7 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem_dst, const void* gme
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem_src), "r"(src_bytes)
                : "memory");
 }
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 // ------------------------------------------------------------------------------------
@@ -702,18 +721,24 @@ __device__ __forceinline__ void inverse_passes(float* re, float* im, int tx, con
 }
 
 // The channel's filter spectrum into the stage (rows padded to n2 + 1 float2, as the forward
-// reads it), the skip term folded in. The caller has synchronized: smem is free.
+// reads it), in two halves so that work can hide the copy: begin issues it (the caller has
+// synchronized: smem is free), end waits for it, folds in the skip term and synchronizes.
 template <int T>
-__device__ __forceinline__ void stage_filter(float2* stage, const KArgs& a, int64_t c, bool valid, int tx) {
+__device__ __forceinline__ void stage_filter_begin(float2* stage, const KArgs& a, int64_t c, bool valid, int tx) {
   const int total = (a.n1 / 2 + 1) * a.n2;
   const int rowp = a.n2 + 1;
   if (valid) {
     const float2* Kc = a.K + c * (int64_t)total;
     for (int e = tx; e < total; e += T) cp_async8(stage + (e >> a.ln2) * rowp + (e & (a.n2 - 1)), Kc + e);
   }
+}
+template <int T>
+__device__ __forceinline__ void stage_filter_end(float2* stage, const KArgs& a, int64_t c, bool valid, int tx) {
   cp_async_wait_all();
   if (a.skip != nullptr && valid) {
     // K'[f] = K[f] + D/N: each thread adjusts the entries it copied itself
+    const int total = (a.n1 / 2 + 1) * a.n2;
+    const int rowp = a.n2 + 1;
     const float dsk = a.skip[c] * (1.f / (float)a.N);
     for (int e = tx; e < total; e += T) stage[(e >> a.ln2) * rowp + (e & (a.n2 - 1))].x += dsk;
   }
