@@ -21,7 +21,7 @@ def filter_spectrum(k: Tensor, plan: MonarchPlan) -> Tensor:
 
 def conv(u: Tensor, spectrum: Tensor, skip: Tensor | None, plan: MonarchPlan) -> Tensor:
     """y = causal_conv(u, k) (+ skip·u) from k's `filter_spectrum`, in u's dtype."""
-    x = u.to(spectrum.real.dtype)
+    x = u.to(torch.float64 if spectrum.dtype == torch.complex128 else torch.float32)
     # The spectrum carries 1/N already: the inverse must not divide again.
     y = torch.fft.irfft(torch.fft.rfft(x, n=plan.fft_size) * spectrum, n=plan.fft_size, norm="forward")
     y = y[..., : u.shape[-1]]
