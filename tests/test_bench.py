@@ -58,6 +58,14 @@ def test_presets(bench, preset, expected):
     assert cfg["shapes"] == expected
 
 
+def test_long_preset_holds_the_same_work_at_every_length(bench):
+    """Issue #11's sweep: L from 16384 to 4M, each shape with 2^27 input elements."""
+    cfg = bench.cli.resolve_config(bench.cli.parse_args(["--preset", "long", "--device", "cpu"]))
+    lengths = [L for _, _, L in cfg["shapes"]]
+    assert lengths == sorted(lengths) and lengths[0] == 16384 and lengths[-1] == 4 * 2**20
+    assert all(b * c * L == 2**27 for b, c, L in cfg["shapes"])
+
+
 def test_shapes_parse(bench):
     a = bench.cli.parse_args(["--shapes", "16x256x8192,16x256x1024", "--backward", "--reps", "31",
                           "--compile", "--energy", "--out", "x"])

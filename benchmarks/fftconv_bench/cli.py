@@ -14,6 +14,8 @@ PRESETS: Dict[str, List[Shape]] = {
     "seed": [(16, 256, 8192)],
     "lengths": [(16, 256, L) for L in (1024, 2048, 4096, 8192, 16384)],
     "hyena": [(64, 768, 8192)],
+    # long sequences, each shape holding 2^27 input elements (512 MB of fp32 u)
+    "long": [(32, 256, 16384), (8, 256, 65536), (4, 256, 131072), (1, 128, 1 << 20), (1, 32, 1 << 22)],
 }
 CPU_DEFAULT_SHAPES: List[Shape] = [(2, 4, 2048)]
 QUICK_SHAPES: List[Shape] = [(1, 2, 256)]
@@ -62,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--shapes", type=_shapes_type, default=None,
                    help="comma-separated BxCxL list, e.g. 16x256x8192,16x256x1024")
     g.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                   help="seed: 16x256x8192; lengths: B=16,C=256,L=1024..16384; hyena: 64x768x8192")
+                   help="seed: 16x256x8192; lengths: B=16,C=256,L=1024..16384; hyena: 64x768x8192; "
+                        "long: L=16384..4M, 2^27 input elements each")
     p.add_argument("--backward", action="store_true",
                    help="time a training step, forward+backward (grads w.r.t. u and k), "
                         "instead of forward only: each method by torch.autograd.grad and, as "
