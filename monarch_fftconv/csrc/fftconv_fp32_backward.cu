@@ -18,7 +18,7 @@
 //            back only what it wrote itself, so no synchronisation; the scratch stays in L2,
 //            as the sequences are read and written with evict-first hints)
 //       DY = forward passes of dy[b,c] (the same code as U's: one copy keeps the kernel
-//            small enough for the instruction cache), then three sweeps over the pairs:
+//            small enough for the instruction cache), then two sweeps over the pairs:
 //              acc += conj(X_u)·X_dy            (fp32, per item, fixed b order), while the
 //                                               channel's K' is copied into smem
 //              V    = inverse split of X_dy · conj K'
