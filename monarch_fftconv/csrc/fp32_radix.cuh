@@ -720,27 +720,31 @@ __device__ __forceinline__ void inverse_passes(float* re, float* im, int tx, con
   }
 }
 
-// The channel's filter spectrum into the stage (rows padded to n2 + 1 float2, as the forward
-// reads it), in two halves so that work can hide the copy: begin issues it (the caller has
-// synchronized: smem is free), end waits for it, folds in the skip term and synchronizes.
+// The channel's filter spectrum into the stage: its (n1/2 + 1) x n2 entries, rows padded to
+// n2 + 1 float2 (as the filter walk reads them). Each thread copies, and later adjusts, the
+// entries e = tx, tx + T, ...
+__device__ __forceinline__ int stage_entries(const KArgs& a) { return (a.n1 / 2 + 1) * a.n2; }
+__device__ __forceinline__ int stage_index(const KArgs& a, int e) { return (e >> a.ln2) * (a.n2 + 1) + (e & (a.n2 - 1)); }
+
+// The copy in two halves, so that work can hide it: begin issues it (the caller has
+// synchronized: smem is free); end waits for it, folds the skip term in when `fold` (K'[f] =
+// K[f] + D/N) and synchronizes.
 template <int T>
 __device__ __forceinline__ void stage_filter_begin(float2* stage, const KArgs& a, int64_t c, bool valid, int tx) {
-  const int total = (a.n1 / 2 + 1) * a.n2;
-  const int rowp = a.n2 + 1;
-  if (valid) {
-    const float2* Kc = a.K + c * (int64_t)total;
-    for (int e = tx; e < total; e += T) cp_async8(stage + (e >> a.ln2) * rowp + (e & (a.n2 - 1)), Kc + e);
-  }
+  if (!valid) return;
+  const int total = stage_entries(a);
+  const float2* Kc = a.K + c * (int64_t)total;
+  for (int e = tx; e < total; e += T) cp_async8(stage + stage_index(a, e), Kc + e);
 }
 template <int T>
-__device__ __forceinline__ void stage_filter_end(float2* stage, const KArgs& a, int64_t c, bool valid, int tx) {
+__device__ __forceinline__ void stage_filter_end(float2* stage, const KArgs& a, int64_t c, bool fold, int tx) {
   cp_async_wait_all();
-  if (a.skip != nullptr && valid) {
-    // K'[f] = K[f] + D/N: each thread adjusts the entries it copied itself
-    const int total = (a.n1 / 2 + 1) * a.n2;
-    const int rowp = a.n2 + 1;
+  if (a.skip != nullptr && fold) {
+    // 1/N is a power of two: exact. The real part of a stored entry is the real part of every
+    // K[f] read from it, also of the conjugated ones.
     const float dsk = a.skip[c] * (1.f / (float)a.N);
-    for (int e = tx; e < total; e += T) stage[(e >> a.ln2) * rowp + (e & (a.n2 - 1))].x += dsk;
+    const int total = stage_entries(a);
+    for (int e = tx; e < total; e += T) stage[stage_index(a, e)].x += dsk;
   }
   __syncthreads();
 }
