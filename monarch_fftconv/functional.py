@@ -94,7 +94,8 @@ def conv(
     shape = u.shape
     if u.numel() == 0:
         return _empty_batch(u, k, D)
-    if u.dim() != 3:
+    batched = u.dim() == 3
+    if not batched:
         u = u.reshape(-1, *shape[-2:])  # (..., C, L) -> (B, C, L): a view unless the strides forbid
     chosen, _ = policy.resolve(precision, u.dtype, module_precision)
     backend = select_backend(u.device, u.dtype, chosen, plan_for(u.shape[-1]))
@@ -103,7 +104,7 @@ def conv(
         y = backend.conv(u, cached_spectrum(backend, k, chosen), skip, chosen)
     else:
         y = backend.fftconv(u, k, skip, chosen)
-    return y if y.dim() == len(shape) else y.reshape(shape)
+    return y if batched else y.reshape(shape)
 
 
 def _empty_batch(u: Tensor, k: Tensor, D: Tensor | None) -> Tensor:
