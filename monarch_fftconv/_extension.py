@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from .planner import MonarchPlan
+
 CSRC = Path(__file__).resolve().parent / "csrc"
 EXTENSION_NAME = "monarch_fftconv_cuda"
 AOT_MODULE = "monarch_fftconv._C"
@@ -44,13 +46,22 @@ CXX_FLAGS = ["-O3", "-std=c++20"]
 
 @dataclass(frozen=True)
 class Coverage:
-    """What the loaded kernels cover, for every precision."""
+    """What the loaded kernels cover. A split is (n1, row length) of the planner's plan: the
+    shape of the Monarch spectrum the kernels take."""
 
-    splits: frozenset[tuple[int, int]]  # Monarch splits (n1, n2)
+    splits: frozenset[tuple[int, int]]  # every kernel, tensor-core and fp32 radix
+    radix_only_splits: frozenset[tuple[int, int]]  # the fp32 radix kernels only, for every precision
     io_dtypes: frozenset[torch.dtype]  # dtypes of u and y
 
-    def covers(self, factors: tuple[int, ...], dtype: torch.dtype) -> bool:
-        return dtype in self.io_dtypes and factors in self.splits
+    def kernel_for(self, plan: MonarchPlan, dtype: torch.dtype) -> str | None:
+        """"any" (every kernel covers the call), "radix" (only the fp32 radix kernel), or None."""
+        split = (plan.n1, plan.row_size)
+        if dtype not in self.io_dtypes:
+            return None
+        return "any" if split in self.splits else "radix" if split in self.radix_only_splits else None
+
+    def fft_sizes(self) -> list[int]:
+        return sorted(n1 * n2 for n1, n2 in self.splits | self.radix_only_splits)
 
 
 def cutlass_include_dirs() -> list[str]:
@@ -120,9 +131,12 @@ def build(verbose: bool = False) -> None:
 
 
 def _read_coverage() -> Coverage:
-    splits, io_dtypes = torch.ops.monarch_fftconv._kernel_coverage()
-    pairs = frozenset(zip(splits[0::2], splits[1::2]))
-    return Coverage(pairs, frozenset(getattr(torch, name) for name in io_dtypes))
+    splits, radix_only, io_dtypes = torch.ops.monarch_fftconv._kernel_coverage()
+    return Coverage(_pairs(splits), _pairs(radix_only), frozenset(getattr(torch, name) for name in io_dtypes))
+
+
+def _pairs(flat: list[int]) -> frozenset[tuple[int, int]]:
+    return frozenset(zip(flat[0::2], flat[1::2]))
 
 
 _lock = threading.Lock()

@@ -6,7 +6,8 @@ the flop count of its algorithm. `select_backend` decides once per (device, dtyp
 precision, plan) and remembers the decision; `explain()` and the call share it.
 
 =====================  ==========================================================
-``cuda-fp32``          the fused fp32 radix kernel (Hopper, N = 256 .. 16384)
+``cuda-fp32``          the fused fp32 radix kernel (Hopper, N = 256 .. 32768); at N = 32768,
+                       where no tensor-core kernel runs, for every precision
 ``cuda-tensor-core``   the fused Monarch kernel on tensor cores (Hopper, N = 256 .. 16384)
 ``torch.fft``          torch.fft in fp32 (fp64 for fp64 input): CPU tensors, and GPU calls
                        no kernel covers; faster than emulating a precision, and at least as
@@ -165,8 +166,9 @@ def _decide(
                        "the CUDA extension is not loaded yet, and explain() never builds it")
     if isinstance(coverage, str):
         return TorchFFT("torch.fft", fallback, f"no CUDA kernel: {coverage}")
-    if not coverage.covers(plan.factors, dtype):
-        sizes = "/".join(str(n1 * n2) for n1, n2 in sorted(coverage.splits))
+    kernels = coverage.kernel_for(plan, dtype)
+    if kernels is None:
+        sizes = "/".join(map(str, coverage.fft_sizes()))
         dtypes = "/".join(sorted(str(d).removeprefix("torch.") for d in coverage.io_dtypes))
         return TorchFFT("torch.fft", fallback,
                         f"no CUDA kernel for N={plan.fft_size} ({factors}) with {str(dtype).removeprefix('torch.')}"
@@ -174,5 +176,9 @@ def _decide(
     if precision == "fp32":
         return FusedFP32("cuda-fp32", f"fused fp32 radix FFT conv, N={plan.fft_size}",
                          "the fp32-accurate fused kernel covers this call")
+    if kernels == "radix":
+        return FusedFP32("cuda-fp32", f"fused fp32 radix FFT conv, N={plan.fft_size}",
+                         f"no tensor-core kernel at N={plan.fft_size}: the fp32-accurate fused kernel serves "
+                         f"{precision}, more accurate than asked")
     return FusedTensorCore("cuda-tensor-core", f"fused Monarch {factors} on tensor cores, {precision} operands",
                            "the fused tensor-core kernel covers this call")

@@ -45,16 +45,24 @@ def test_kernel_compiles(source, compiled_units):
     assert result.returncode == 0, result.stderr[-4000:]
 
 
-def kernel_splits() -> list[tuple[int, int]]:
-    """The split list of fftconv.h (MONARCH_FFTCONV_SPLITS), read from the header."""
+def kernel_splits(macro: str = "MONARCH_FFTCONV_SPLITS") -> list[tuple[int, int]]:
+    """A split list of fftconv.h, read from the header."""
     header = (_extension.CSRC / "fftconv.h").read_text()
-    line = re.search(r"#define MONARCH_FFTCONV_SPLITS\(X\)(.*)", header).group(1)
+    line = re.search(rf"#define {macro}\(X\)(.*)", header).group(1)
     return [(int(a), int(b)) for a, b in re.findall(r"X\((\d+),\s*(\d+)\)", line)]
 
 
 def test_kernel_splits_are_the_planners():
     """The kernels are built for exactly the planner's factorisation of N = 256 .. 16384."""
     assert kernel_splits() == [plan_for(n // 2).factors for n in (256, 512, 1024, 2048, 4096, 8192, 16384)]
+
+
+def test_radix_only_splits_have_the_planners_spectrum_shape():
+    """N = 32768 (three factors) runs the radix kernels on the spectrum shape the planner (and
+    so the ops' fake kernels) gives it: (n1, row length)."""
+    plan = plan_for(16384)
+    assert kernel_splits("MONARCH_FFTCONV_RADIX_ONLY_SPLITS") == [(plan.n1, plan.row_size)]
+    assert len(plan.factors) == 3 and plan.fft_size == 32768
 
 
 def test_kernel_sources_are_torch_free():
@@ -70,7 +78,8 @@ def hopper_kernels(monkeypatch):
     checkable without a GPU."""
     from monarch_fftconv import backends
 
-    coverage = _extension.Coverage(frozenset(kernel_splits()), frozenset({torch.float32, torch.bfloat16, torch.float16}))
+    coverage = _extension.Coverage(frozenset(kernel_splits()), frozenset(kernel_splits("MONARCH_FFTCONV_RADIX_ONLY_SPLITS")),
+                                   frozenset({torch.float32, torch.bfloat16, torch.float16}))
     monkeypatch.setattr(_extension, "coverage", lambda build=True: coverage)
     monkeypatch.setattr(backends, "_decisions", {})
     return backends
@@ -85,8 +94,16 @@ def test_gpu_calls_a_kernel_covers_take_it(hopper_kernels, precision, name):
         assert hopper_kernels.select_backend(torch.device("cuda", 0), torch.float32, precision, plan_for(length)) is backend
 
 
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16", "fp16"])
+def test_gpu_calls_at_n_32768_take_the_radix_kernel_in_every_precision(hopper_kernels, precision):
+    for length in (8193, 12345, 16384):
+        backend = hopper_kernels.select_backend(torch.device("cuda", 0), torch.float32, precision, plan_for(length))
+        assert backend.name == "cuda-fp32"
+        assert precision == "fp32" or "no tensor-core kernel at N=32768" in backend.reason
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("length, dtype, why", [(8193, torch.float32, "N=32768"), (100, torch.float64, "float64"),
+@pytest.mark.parametrize("length, dtype, why", [(16385, torch.float32, "N=65536"), (100, torch.float64, "float64"),
                                                 (64, torch.float32, "N=128")])
 def test_gpu_calls_no_kernel_covers_take_cufft(hopper_kernels, length, dtype, why, precision):
 

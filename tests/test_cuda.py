@@ -15,12 +15,14 @@ from helpers import BUDGETS, randn, reference, rel_l2
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-KERNEL_LENGTHS = [128, 256, 512, 1024, 2048, 4096, 8192]  # N = 2L from 256 to 16384
+KERNEL_LENGTHS = [128, 256, 512, 1024, 2048, 4096, 8192, 16384]  # N = 2L from 256 to 32768
 DEVICE = "cuda"
 
 
-def expected_backend(precision: str) -> str:
-    return "cuda-fp32" if precision == "fp32" else "cuda-tensor-core"
+def expected_backend(precision: str, length: int) -> str:
+    """fp32 takes the radix kernel; other precisions the tensor cores up to N = 16384, and the
+    radix kernel at N = 32768, where no tensor-core kernel runs."""
+    return "cuda-fp32" if precision == "fp32" or plan_for(length).fft_size > 16384 else "cuda-tensor-core"
 
 
 def poisoned_call(fn, like: torch.Tensor):
@@ -41,16 +43,18 @@ def emulate(u: torch.Tensor, k: torch.Tensor, precision: str, D=None) -> torch.T
 def test_kernel_every_size(length, precision, gen):
     u, k = randn(gen, 3, 5, length, device=DEVICE), randn(gen, 5, length, device=DEVICE)
     y = poisoned_call(lambda: mf.fftconv(u, k, precision=precision), u)
-    assert mf.explain(u, k, precision=precision)["backend"] == expected_backend(precision)
+    backend = mf.explain(u, k, precision=precision)["backend"]
+    assert backend == expected_backend(precision, length)
     assert torch.isfinite(y).all(), "unwritten (NaN) outputs"
     ref = reference(u, k)
     assert rel_l2(y, ref) <= BUDGETS[precision]
-    if precision != "fp32":  # the fp32 kernel is a radix FFT, not the emulated Monarch
+    if backend == "cuda-tensor-core":  # the fp32 kernel is a radix FFT, not the emulated Monarch
         assert rel_l2(y, emulate(u, k, precision)) <= BUDGETS[precision] / 4
 
 
 @pytest.mark.parametrize("precision", list(BUDGETS))
-@pytest.mark.parametrize("batch, channels, length, filter_len", [(1, 3, 1000, 1000), (3, 2, 5000, 77), (5, 3, 100, 100)])
+@pytest.mark.parametrize("batch, channels, length, filter_len", [(1, 3, 1000, 1000), (3, 2, 5000, 77), (5, 3, 100, 100),
+                                                                 (3, 2, 12345, 3001)])
 def test_kernel_odd_lengths(batch, channels, length, filter_len, precision, gen):
     u, k = randn(gen, batch, channels, length, device=DEVICE), randn(gen, channels, filter_len, device=DEVICE)
     y = poisoned_call(lambda: mf.fftconv(u, k, precision=precision), u)
@@ -116,7 +120,7 @@ def test_runs_on_the_current_stream(precision, gen):
     torch.testing.assert_close(y, expected, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("length, filter_len", [(length, length) for length in KERNEL_LENGTHS] + [(1000, 77), (8191, 1)])
+@pytest.mark.parametrize("length, filter_len", [(length, length) for length in KERNEL_LENGTHS] + [(1000, 77), (8191, 1), (12345, 999)])
 def test_filter_spectrum_kernel(length, filter_len, gen):
     """The one-launch CUDA filter spectrum is float64 torch.fft's, in the Monarch layout."""
     k = randn(gen, 6, filter_len, device=DEVICE)
@@ -124,7 +128,12 @@ def test_filter_spectrum_kernel(length, filter_len, gen):
     torch.empty(6 * 2 * length * 4, device=DEVICE).fill_(float("nan"))  # poison the next block
     ours = torch.view_as_complex(ops.filter_spectrum(k, length, "bf16"))
     full = torch.fft.fft(k.cpu().double(), n=plan.fft_size) / plan.fft_size
-    want = full[:, spectrum_frequencies(plan)]
+    # The CUDA layout's columns are in natural frequency order: the planner's order for two
+    # factors, not its digit reversal for three (N = 32768).
+    frequencies = torch.arange(plan.half_rows).unsqueeze(1) + plan.n1 * torch.arange(plan.row_size).unsqueeze(0)
+    if len(plan.factors) == 2:
+        assert torch.equal(frequencies, spectrum_frequencies(plan))
+    want = full[:, frequencies]
     assert ours.shape == want.shape and torch.isfinite(torch.view_as_real(ours)).all()
     assert rel_l2(ours.cpu(), want) <= 1e-6
 
@@ -137,6 +146,7 @@ GRAD_CASES = [(3, 5, length, length) for length in KERNEL_LENGTHS] + [
     (2, 3, 130, 1),  # a one-tap filter
     (17, 2, 300, 299),  # one work item per sequence
     (7, 100, 5000, 4999),  # channels sharing the GPU: chunks of 4 and 3 sequences per channel
+    (3, 2, 12345, 3001),  # N = 32768, odd sizes, Lk < L
 ]
 IO_ROUNDING = {torch.float32: 0.0, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 

@@ -62,7 +62,7 @@ Split check_plan(const at::Tensor& u, const at::Tensor& spectrum) {
   TORCH_CHECK_VALUE(is_pow2(fft_size) && fft_size / 4 < seq_len && seq_len <= fft_size / 2,
                     "monarch_fftconv: the spectrum's plan N=", fft_size, " (", n1, "x", n2,
                     ") does not fit L=", seq_len, " (N must be 2·next_pow2(L))");
-  TORCH_CHECK_VALUE(mf::covers_split(static_cast<int>(n1), static_cast<int>(n2)),
+  TORCH_CHECK_VALUE(mf::covers_radix_split(static_cast<int>(n1), static_cast<int>(n2)),
                     "monarch_fftconv: no CUDA kernel for the split ", n1, "x", n2);
   TORCH_CHECK_VALUE(spectrum.device() == u.device(), "monarch_fftconv: u and the filter spectrum are on ", u.device(),
                     " and ", spectrum.device());
@@ -121,6 +121,9 @@ at::Tensor conv_forward(const at::Tensor& u_in, const at::Tensor& spectrum_in,
   p.n2 = static_cast<int>(split.n2);
   p.io_type = io_type_of(u);
   p.precision = precision_of(precision);
+  // Splits no tensor-core kernel covers run the fp32-accurate kernel whatever the precision
+  // asked for: more accurate than asked, and the only kernel there.
+  if (!mf::covers_split(p.n1, p.n2)) p.precision = mf::Precision::kFP32;
   check_launch(p.precision == mf::Precision::kFP32 ? mf::conv_forward_fp32(p, current_stream(u))
                                                   : mf::conv_forward_tensor_core(p, current_stream(u)));
   return y;
@@ -132,11 +135,12 @@ int64_t next_pow2(int64_t v) {
   return p;
 }
 
-// The planner's split of N (the kernels' list, fftconv.h).
+// The planner's split of N (the kernels' lists, fftconv.h).
 Split split_for(int64_t fft_size) {
 #define MONARCH_FFTCONV_MATCH(N1_, N2_) \
   if (fft_size == N1_ * N2_) return {N1_, N2_, fft_size};
   MONARCH_FFTCONV_SPLITS(MONARCH_FFTCONV_MATCH)
+  MONARCH_FFTCONV_RADIX_ONLY_SPLITS(MONARCH_FFTCONV_MATCH)
 #undef MONARCH_FFTCONV_MATCH
   TORCH_CHECK_VALUE(false, "monarch_fftconv: no CUDA kernel for N=", fft_size);
 }
@@ -284,20 +288,23 @@ std::tuple<at::Tensor, at::Tensor> fftconv_autograd(const at::Tensor& u, const a
   return {out[0], out[1]};
 }
 
-// (splits as a flat [n1, n2, n1, n2, ...] list, the io dtypes): what the kernels cover,
-// for every precision.
-std::tuple<std::vector<int64_t>, std::vector<std::string>> kernel_coverage() {
-  std::vector<int64_t> splits;
+// (splits every kernel covers, splits only the fp32 radix kernels cover, each as a flat
+// [n1, n2, n1, n2, ...] list; the io dtypes): what the kernels cover.
+std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::vector<std::string>> kernel_coverage() {
+  std::vector<int64_t> splits, radix_only;
 #define MONARCH_FFTCONV_LIST(N1_, N2_) splits.insert(splits.end(), {N1_, N2_});
   MONARCH_FFTCONV_SPLITS(MONARCH_FFTCONV_LIST)
 #undef MONARCH_FFTCONV_LIST
-  return {splits, {"float32", "bfloat16", "float16"}};
+#define MONARCH_FFTCONV_LIST(N1_, N2_) radix_only.insert(radix_only.end(), {N1_, N2_});
+  MONARCH_FFTCONV_RADIX_ONLY_SPLITS(MONARCH_FFTCONV_LIST)
+#undef MONARCH_FFTCONV_LIST
+  return {splits, radix_only, {"float32", "bfloat16", "float16"}};
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(monarch_fftconv, m) {
-  m.def("_kernel_coverage() -> (int[] splits, str[] io_dtypes)", &kernel_coverage);
+  m.def("_kernel_coverage() -> (int[] splits, int[] radix_only_splits, str[] io_dtypes)", &kernel_coverage);
 }
 
 TORCH_LIBRARY_IMPL(monarch_fftconv, CUDA, m) {

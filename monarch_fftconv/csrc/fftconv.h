@@ -84,12 +84,24 @@ struct FilterSpectrumParams {
 // binding reports it to Python once, at load), their dispatch and their instantiation.
 #define MONARCH_FFTCONV_SPLITS(X) X(16, 16) X(32, 16) X(32, 32) X(64, 32) X(64, 64) X(128, 64) X(128, 128)
 
+// Splits only the fp32 radix kernels cover (one CTA per sequence, 512 threads), for every
+// precision: N = 32768 as the planner's first factor and the row length, (32, 1024). The
+// CUDA spectrum then has the planner's shape, with its columns in natural frequency order.
+#define MONARCH_FFTCONV_RADIX_ONLY_SPLITS(X) X(32, 1024)
+
+// Every kernel covers these splits (the tensor-core kernels only these).
 constexpr bool covers_split(int n1, int n2) {
 #define MONARCH_FFTCONV_COVERS(N1_, N2_) \
   if (n1 == N1_ && n2 == N2_) return true;
   MONARCH_FFTCONV_SPLITS(MONARCH_FFTCONV_COVERS)
-#undef MONARCH_FFTCONV_COVERS
   return false;
+}
+
+// The fp32 radix kernels (forward, backward, filter spectrum) cover these.
+constexpr bool covers_radix_split(int n1, int n2) {
+  MONARCH_FFTCONV_RADIX_ONLY_SPLITS(MONARCH_FFTCONV_COVERS)
+#undef MONARCH_FFTCONV_COVERS
+  return covers_split(n1, n2);
 }
 
 // The launches. The binding has checked the tensors and the split against the coverage;
@@ -99,7 +111,7 @@ constexpr bool covers_split(int n1, int n2) {
 // Fused tensor-core Monarch kernel: precisions kTF32, kBF16, kFP16.
 cudaError_t conv_forward_tensor_core(const ConvForwardParams& params, cudaStream_t stream);
 
-// Fused fp32-accurate radix kernel: precision kFP32.
+// Fused fp32-accurate radix kernel: precision kFP32, every radix split.
 cudaError_t conv_forward_fp32(const ConvForwardParams& params, cudaStream_t stream);
 
 // One launch, every precision (the tensor-core kernels take the same fp32 spectrum).

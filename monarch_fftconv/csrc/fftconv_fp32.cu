@@ -38,6 +38,8 @@
 // CTA: 256 threads (M/32 per sequence; 256/(M/32) sequences per CTA below N = 16384),
 // __launch_bounds__(256, 2): two CTAs per SM, <= 128 registers per thread.
 // N = 16384: 76 KB smem per CTA (fp32 io), 109 KB with the u prefetch buffer (bf16/fp16 io).
+// N = 32768: one CTA of 512 threads per sequence and per SM (the same 16 warps and 128
+// registers per thread), 156 KB smem (fp32 io), 188 KB with the prefetch buffer.
 // Timings and accuracy: docs/performance.md.
 //
 // Each sequence is independent: nothing is shared between two sequences' arithmetic.
@@ -50,7 +52,7 @@ namespace fp32_detail {
 
 
 template <int LOGM, typename IO>
-__global__ void __launch_bounds__(Plan<LOGM>::THREADS, kMinCtasPerSm) fftconv_fp32_kernel(const KArgs a) {
+__global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) fftconv_fp32_kernel(const KArgs a) {
   using P = Plan<LOGM>;
   constexpr int M = P::M, T = P::T, SPB = P::SPB;
   extern __shared__ float4 smem_raw[];
@@ -98,7 +100,7 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, kMinCtasPerSm) fftconv_fp
     }
     const IO* u = static_cast<const IO*>(a.u) + b * a.ubs + c * a.ucs;
     IO* y = static_cast<IO*>(a.y) + (b * a.C + c) * L;  // y is contiguous (B, C, L)
-    // valid length as int (L <= N/2 <= 8192); an invalid slot reads and writes nothing
+    // valid length as int (L <= N/2 <= 16384); an invalid slot reads and writes nothing
     const int Lv = valid ? (int)L : 0;
     const bool upair = (reinterpret_cast<uintptr_t>(u) & (2 * sizeof(IO) - 1)) == 0;
     const bool ypair = (reinterpret_cast<uintptr_t>(y) & (2 * sizeof(IO) - 1)) == 0;
@@ -411,7 +413,7 @@ cudaError_t dispatch_size(const ConvForwardParams& p, cudaStream_t stream) {
 // only guards the launch itself.
 cudaError_t conv_forward_fp32(const ConvForwardParams& p, cudaStream_t stream) {
   using namespace fp32_detail;
-  const bool valid = p.precision == Precision::kFP32 && covers_split(p.n1, p.n2) && p.u && p.y &&
+  const bool valid = p.precision == Precision::kFP32 && covers_radix_split(p.n1, p.n2) && p.u && p.y &&
                      p.filter_spectrum && reinterpret_cast<uintptr_t>(p.filter_spectrum) % 8 == 0 &&
                      smem_bytes_for(p.fft_size, p.n1, p.n2) <= kMaxSmem;
   if (!valid) return cudaErrorInvalidValue;

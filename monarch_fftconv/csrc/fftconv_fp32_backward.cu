@@ -52,7 +52,7 @@ struct GradArgs {
 };
 
 template <int LOGM, typename IO>
-__global__ void __launch_bounds__(Plan<LOGM>::THREADS, kMinCtasPerSm) fftconv_fp32_grad_kernel(const GradArgs g) {
+__global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) fftconv_fp32_grad_kernel(const GradArgs g) {
   using P = Plan<LOGM>;
   constexpr int M = P::M, T = P::T, SPB = P::SPB;
   const KArgs& a = g.k;
@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, kMinCtasPerSm) fftconv_fp
 }
 
 template <int LOGM>
-__global__ void __launch_bounds__(Plan<LOGM>::THREADS, kMinCtasPerSm) filter_grad_kernel(const GradArgs g) {
+__global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) filter_grad_kernel(const GradArgs g) {
   using P = Plan<LOGM>;
   constexpr int M = P::M, T = P::T, SPB = P::SPB;
   const KArgs& a = g.k;
@@ -247,7 +247,7 @@ cudaError_t grad_dispatch_size(const ConvBackwardParams& p, cudaStream_t stream,
 
 // workspace_bytes != nullptr: only size the workspace.
 cudaError_t grad_dispatch(const ConvBackwardParams& p, cudaStream_t stream, size_t* workspace_bytes) {
-  const bool valid = covers_split(p.n1, p.n2) && p.batch > 0 && p.channels > 0 && p.filter_len >= 1 &&
+  const bool valid = covers_radix_split(p.n1, p.n2) && p.batch > 0 && p.channels > 0 && p.filter_len >= 1 &&
                      p.filter_len <= p.seq_len && 2 * p.seq_len <= p.fft_size &&
                      smem_bytes_for(p.fft_size, p.n1, p.n2) <= kMaxSmem;
   if (!valid) return cudaErrorInvalidValue;

@@ -23,7 +23,7 @@ __device__ __forceinline__ void store_frequency(float2* S, int h, cf x, float sc
 }
 
 template <int LOGM>
-__global__ void __launch_bounds__(Plan<LOGM>::THREADS, kMinCtasPerSm) filter_spectrum_kernel(const KArgs a,
+__global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) filter_spectrum_kernel(const KArgs a,
                                                                                                float2* spectrum) {
   using P = Plan<LOGM>;
   constexpr int M = P::M, SPB = P::SPB;
@@ -72,7 +72,7 @@ cudaError_t launch_spectrum(const FilterSpectrumParams& p, cudaStream_t stream) 
 
 cudaError_t filter_spectrum_fp32(const FilterSpectrumParams& p, cudaStream_t stream) {
   using namespace fp32_detail;
-  const bool valid = covers_split(p.n1, p.n2) && p.n1 * p.n2 == p.fft_size && p.filter && p.spectrum &&
+  const bool valid = covers_radix_split(p.n1, p.n2) && p.n1 * p.n2 == p.fft_size && p.filter && p.spectrum &&
                      p.channels > 0 && 1 <= p.filter_len && 2 * p.filter_len <= p.fft_size &&
                      reinterpret_cast<uintptr_t>(p.spectrum) % 8 == 0;
   if (!valid) return cudaErrorInvalidValue;

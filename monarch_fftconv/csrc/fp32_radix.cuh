@@ -342,9 +342,13 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 // ------------------------------------------------------------------------------------
 // plan
 // ------------------------------------------------------------------------------------
+// CTAs per SM the register allocation is sized for: 2 CTAs of 256 threads -> at most 128
+// registers per thread
+constexpr int kMinCtasPerSm = 2;
+
 template <int LOGM>
 struct Plan {
-  static_assert(LOGM >= 7 && LOGM <= 13, "fft_size must be in [256, 16384]");
+  static_assert(LOGM >= 7 && LOGM <= 14, "fft_size must be in [256, 32768]");
   static constexpr int M = 1 << LOGM;  // complex FFT size = N/2
   static constexpr int E = 32;         // complex values per thread
   static constexpr int T = M / E;      // threads per sequence
@@ -355,6 +359,8 @@ struct Plan {
   static constexpr int R2 = 1 << LR2;
   static constexpr int SPB = T >= 256 ? 1 : 256 / T;  // sequences per CTA
   static constexpr int THREADS = T * SPB;
+  // N = 32768 runs one CTA of 512 threads per SM: the same 128 registers per thread
+  static constexpr int MIN_CTAS = THREADS > 256 ? 1 : kMinCtasPerSm;
   // twiddle tables (float2), all W_S^m = exp(-2πi m/S)
   static constexpr int N_FP2 = LR2 ? R1 : 0;                  // span R1·R2, forward p2
   static constexpr int N_TM = M / (R1 < 16 ? R1 : 16);        // span M: forward mid, inverse last
@@ -384,9 +390,6 @@ __device__ __forceinline__ void build_twiddles(float2* tw, int tid, int threads)
     tw[i] = make_float2((float)c, (float)(-s));
   }
 }
-
-// CTAs per SM the register allocation is sized for: 2 -> at most 128 registers per thread
-constexpr int kMinCtasPerSm = 2;
 
 // The mid pass fences the outputs of every second frequency pair, so that the pairs' products
 // are not all interleaved (register budget).
@@ -776,7 +779,7 @@ inline size_t smem_bytes(int n1, int n2) {
 }
 
 // f(std::integral_constant<int, LOGM>{}) for the plan of fft_size = 2^(LOGM+1), N = 256 ..
-// 16384; `otherwise` for any other size. The one switch from a runtime size to a plan.
+// 32768; `otherwise` for any other size. The one switch from a runtime size to a plan.
 template <class R, class F>
 inline R with_plan(int fft_size, R otherwise, F&& f) {
   switch (ilog2_host(fft_size)) {
@@ -787,6 +790,7 @@ inline R with_plan(int fft_size, R otherwise, F&& f) {
     case 12: return f(std::integral_constant<int, 11>{});
     case 13: return f(std::integral_constant<int, 12>{});
     case 14: return f(std::integral_constant<int, 13>{});
+    case 15: return f(std::integral_constant<int, 14>{});
     default: return otherwise;
   }
 }
