@@ -9,6 +9,9 @@ precision, plan) and remembers the decision; `explain()` and the call share it.
 ``cuda-fp32``          the fused fp32 radix kernel (Hopper, N = 256 .. 32768); at N = 32768,
                        where no tensor-core kernel runs, for every precision
 ``cuda-tensor-core``   the fused Monarch kernel on tensor cores (Hopper, N = 256 .. 16384)
+``cuda-four-step``     long sequences (Hopper, N = 65536 .. 262144): the four-step kernels, an outer
+                       DFT down the columns, the fused inner FFT conv along the rows and the outer
+                       inverse, in fp32 for every precision
 ``torch.fft``          torch.fft in fp32 (fp64 for fp64 input): CPU tensors, and GPU calls
                        no kernel covers; faster than emulating a precision, and at least as
                        accurate
@@ -28,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from . import _extension, ops, torch_fft
+from . import _extension, fourstep, ops, torch_fft
 from .planner import MonarchPlan, plan_for, real_fft_flops
 
 
@@ -109,6 +112,24 @@ class TorchFFT(Backend):
         return _radix_conv_flops(plan, batch, channels)
 
 
+class FourStep(Backend):
+    """Every precision in fp32: the intermediate is fp32, the arithmetic fp32."""
+
+    def fftconv(self, u, k, skip, precision):
+        return fourstep.conv(u, fourstep.filter_spectrum(k, plan_for(u.shape[-1]).fft_size, skip))
+
+    def filter_spectrum(self, k, seq_len, precision):
+        return fourstep.filter_spectrum(k, plan_for(seq_len).fft_size)
+
+    def conv(self, u, spectrum, skip, precision):
+        if skip is not None:
+            spectrum = spectrum + (skip.to(spectrum.real.dtype) / plan_for(u.shape[-1]).fft_size).reshape(-1, 1, 1)
+        return fourstep.conv(u, spectrum)
+
+    def flops(self, plan, batch, channels):
+        return _radix_conv_flops(plan, batch, channels)
+
+
 class Pending(Backend):
     """explain() before the CUDA extension is loaded: it never builds, so it can't know yet."""
 
@@ -167,6 +188,13 @@ def _decide(
     if isinstance(coverage, str):
         return TorchFFT("torch.fft", fallback, f"no CUDA kernel: {coverage}")
     kernels = coverage.kernel_for(plan, dtype)
+    if kernels is None and coverage.fourstep_covers(plan, dtype):
+        outer = fourstep.outer_size(plan.fft_size)
+        return FourStep("cuda-four-step",
+                        f"four-step fp32 FFT conv, N={plan.fft_size} = {outer}x{fourstep.INNER_SIZE}: outer "
+                        f"{outer}-point DFT, fused inner {fourstep.INNER_SIZE}-point FFT conv, outer inverse",
+                        f"N={plan.fft_size} is beyond the fused kernels; the four-step kernels cover it in fp32"
+                        + ("" if precision == "fp32" else f", more accurate than {precision}"))
     if kernels is None:
         sizes = "/".join(map(str, coverage.fft_sizes()))
         dtypes = "/".join(sorted(str(d).removeprefix("torch.") for d in coverage.io_dtypes))

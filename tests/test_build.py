@@ -72,6 +72,23 @@ def test_kernel_sources_are_torch_free():
         assert "#include <torch" not in text and "#include <ATen" not in text, path.name
 
 
+def header_constant(name: str) -> int:
+    header = (_extension.CSRC / "fftconv.h").read_text()
+    return int(re.search(rf"constexpr int {name} = (\d+);", header).group(1))
+
+
+def fourstep_coverage() -> tuple[int, int, int]:
+    """What the binding reports for the four-step kernels, from the header's constants."""
+    inner = header_constant("kFourStepInnerSize")
+    return inner, inner * header_constant("kFourStepMinOuter"), inner * header_constant("kFourStepMaxOuter")
+
+
+def test_fourstep_constants_are_the_packages():
+    from monarch_fftconv import fourstep
+
+    assert fourstep_coverage() == (fourstep.INNER_SIZE, 65536, fourstep.INNER_SIZE * fourstep.MAX_OUTER)
+
+
 @pytest.fixture
 def hopper_kernels(monkeypatch):
     """Pretend the CUDA extension loaded with the kernels' coverage: the decision is then
@@ -79,7 +96,7 @@ def hopper_kernels(monkeypatch):
     from monarch_fftconv import backends
 
     coverage = _extension.Coverage(frozenset(kernel_splits()), frozenset(kernel_splits("MONARCH_FFTCONV_RADIX_ONLY_SPLITS")),
-                                   frozenset({torch.float32, torch.bfloat16, torch.float16}))
+                                   frozenset({torch.float32, torch.bfloat16, torch.float16}), fourstep_coverage())
     monkeypatch.setattr(_extension, "coverage", lambda build=True: coverage)
     monkeypatch.setattr(backends, "_decisions", {})
     return backends
@@ -102,8 +119,16 @@ def test_gpu_calls_at_n_32768_take_the_radix_kernel_in_every_precision(hopper_ke
         assert precision == "fp32" or "no tensor-core kernel at N=32768" in backend.reason
 
 
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16", "fp16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_calls_at_n_65536_to_262144_take_the_four_step_kernels(hopper_kernels, precision, dtype):
+    for length in (16385, 40000, 131072):
+        backend = hopper_kernels.select_backend(torch.device("cuda", 0), dtype, precision, plan_for(length))
+        assert backend.name == "cuda-four-step" and "8192" in backend.kernel
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("length, dtype, why", [(16385, torch.float32, "N=65536"), (100, torch.float64, "float64"),
+@pytest.mark.parametrize("length, dtype, why", [(131073, torch.float32, "N=524288"), (100, torch.float64, "float64"),
                                                 (64, torch.float32, "N=128")])
 def test_gpu_calls_no_kernel_covers_take_cufft(hopper_kernels, length, dtype, why, precision):
 

@@ -304,13 +304,13 @@ def test_explain_never_builds_and_then_names_the_kernel():
     assert out.stdout.split() == ["pending", "cuda-fp32", "cuda-tensor-core"]
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_compiled_training_step(precision, gen):
+@pytest.mark.parametrize("precision, length", [("fp32", 2048), ("bf16", 2048), ("fp32", 20000)])
+def test_compiled_training_step(precision, length, gen):
     """torch.compile(fullgraph=True) of a module holding FFTConv, forward and backward,
-    matches eager."""
-    model = torch.nn.Sequential(mf.FFTConv(4, 2048, precision=precision), torch.nn.GELU()).to(DEVICE)
+    matches eager (L = 20000: the four-step ops)."""
+    model = torch.nn.Sequential(mf.FFTConv(4, length, precision=precision), torch.nn.GELU()).to(DEVICE)
     compiled = torch.compile(model, fullgraph=True)
-    x = randn(gen, 2, 4, 2048, device=DEVICE)
+    x = randn(gen, 2, 4, length, device=DEVICE)
     grads = []
     for run in (model, compiled):
         xg = x.clone().requires_grad_()
@@ -355,3 +355,79 @@ def test_cuda_graph_capture_and_replay(precision, gen):
         torch.testing.assert_close(y, mf.fftconv(u, k, precision=precision), rtol=0, atol=0)
         expected = torch.autograd.grad(layer(x).square().mean(), layer.filter)[0]
         assert rel_l2(layer.filter.grad, expected) <= 1e-6
+
+
+# ---------------------------------------------------------------- long sequences: four-step
+# N = 65536 .. 262144 (L = 16385 .. 131072): outer DFT, fused inner FFT conv, outer inverse,
+# in fp32 for every precision.
+FOURSTEP_LENGTHS = [16385, 32768, 40000, 131072]  # N = 65536, 65536, 131072, 262144
+
+
+@pytest.mark.parametrize("precision", list(BUDGETS))
+@pytest.mark.parametrize("length", FOURSTEP_LENGTHS)
+def test_fourstep_every_size(length, precision, gen):
+    u, k = randn(gen, 2, 3, length, device=DEVICE), randn(gen, 3, length, device=DEVICE)
+    y = poisoned_call(lambda: mf.fftconv(u, k, precision=precision), u)
+    assert mf.explain(u, k, precision=precision)["backend"] == "cuda-four-step"
+    assert torch.isfinite(y).all(), "unwritten (NaN) outputs"
+    assert rel_l2(y, reference(u, k)) <= BUDGETS["fp32"]  # fp32 arithmetic whatever the precision
+
+
+def test_fourstep_kernels_are_the_cpu_algorithm(gen):
+    """The three kernels against the ops' CPU implementation (the same four steps in float64
+    torch.fft), given the same spectrum; and the spectrum kernel against torch.fft."""
+    from monarch_fftconv import fourstep
+
+    length, n = 50000, 131072
+    u, k = randn(gen, 2, 3, length, device=DEVICE), randn(gen, 3, 777, device=DEVICE)
+    spectrum = torch.view_as_real(fourstep.filter_spectrum(k, n))
+    for conjugate in (False, True):
+        ours = fourstep.fourstep_conv(u, spectrum, conjugate)
+        theirs = fourstep.fourstep_conv(u.cpu().double(), spectrum.cpu().double(), conjugate)
+        assert rel_l2(ours.cpu(), theirs) <= 1e-6
+    ours = torch.view_as_complex(fourstep.fourstep_spectrum(u, n, fourstep.INNER_SIZE))
+    want = fourstep.spectrum_reference(u.cpu().double(), n, fourstep.INNER_SIZE)
+    assert rel_l2(torch.view_as_real(ours).cpu(), torch.view_as_real(want)) <= 1e-6
+
+
+@pytest.mark.parametrize("io_dtype", [torch.bfloat16, torch.float16])
+def test_fourstep_half_io(io_dtype, gen):
+    u, k = randn(gen, 2, 3, 30000, device=DEVICE, dtype=io_dtype), randn(gen, 3, 30000, device=DEVICE)
+    y = poisoned_call(lambda: mf.fftconv(u, k, precision="bf16"), u)
+    assert y.dtype == io_dtype and torch.isfinite(y).all()
+    assert rel_l2(y, reference(u, k)) <= 2 * IO_ROUNDING[io_dtype]
+
+
+def test_fourstep_odd_length_skip_and_strided_input(gen):
+    """L = 100003 (N = 262144), Lk < L, the skip term, every other channel of a larger u."""
+    base = randn(gen, 3, 4, 100003, device=DEVICE)
+    u, k, D = base[:, ::2], randn(gen, 2, 1001, device=DEVICE), randn(gen, 2, device=DEVICE)
+    y = poisoned_call(lambda: mf.fftconv(u, k, D=D), u)
+    assert torch.isfinite(y).all()
+    assert rel_l2(y, reference(u, k, D)) <= BUDGETS["fp32"]
+
+
+def test_fourstep_sequences_stay_independent(gen):
+    u, k = randn(gen, 3, 2, 20000, device=DEVICE), randn(gen, 2, 20000, device=DEVICE)
+    y = mf.fftconv(u, k)
+    u2 = u.clone()
+    u2[1, 0] = float("nan")
+    y2 = mf.fftconv(u2, k)
+    mask = torch.ones(3, 2, dtype=torch.bool)
+    mask[1, 0] = False
+    assert torch.equal(y[mask], y2[mask]) and torch.isnan(y2[1, 0]).all()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("batch, channels, length, filter_len", [(3, 2, 20000, 20000), (2, 3, 70001, 333)])
+def test_fourstep_gradients(batch, channels, length, filter_len, precision, gen):
+    u = randn(gen, batch, channels, length, device=DEVICE).requires_grad_()
+    k = (randn(gen, channels, filter_len, device=DEVICE) / filter_len**0.5).requires_grad_()
+    D = randn(gen, channels, device=DEVICE).requires_grad_()
+    g = randn(gen, batch, channels, length, device=DEVICE)
+    for skip in (D, None):
+        ours, theirs = gradients(u, k, skip, g, precision)
+        for name, got, want in zip(("du", "dk", "dD"), ours, theirs):
+            assert got.shape == want.shape, name
+            assert torch.isfinite(got).all(), f"{name}: unwritten (NaN) elements"
+            assert rel_l2(got, want) <= 1.5 * BUDGETS["fp32"], (name, skip is None)

@@ -233,6 +233,69 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fftconv_backward(const at::Tensor
   return {du, dk, dskip};
 }
 
+// ------------------------------------------------------------------ four-step (N > 32768)
+// The plan of a four-step call: N = 2·next_pow2(L) = P·M, M = kFourStepInnerSize, P in [8, 32].
+int64_t fourstep_fft_size(int64_t seq_len) {
+  const int64_t fft_size = 2 * next_pow2(seq_len);
+  const int64_t smallest = int64_t(mf::kFourStepInnerSize) * mf::kFourStepMinOuter,
+                largest = int64_t(mf::kFourStepInnerSize) * mf::kFourStepMaxOuter;
+  TORCH_CHECK_VALUE(smallest <= fft_size && fft_size <= largest, "monarch_fftconv: the four-step kernels cover N = ",
+                    smallest, " .. ", largest, ", not N=", fft_size, " (L=", seq_len, ")");
+  return fft_size;
+}
+
+mf::FourStepParams fourstep_params(const at::Tensor& x, int64_t fft_size, at::Tensor& intermediate) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t rows = fft_size / mf::kFourStepInnerSize / 2 + 1;
+  intermediate = at::empty({x.size(0), x.size(1), rows, mf::kFourStepInnerSize, 2}, x.options().dtype(at::kFloat));
+  mf::FourStepParams p{};
+  p.x = x.data_ptr();
+  p.x_batch_stride = x.stride(0);
+  p.x_channel_stride = x.stride(1);
+  p.intermediate = intermediate.data_ptr<float>();
+  p.batch = x.size(0);
+  p.channels = x.size(1);
+  p.seq_len = x.size(2);
+  p.fft_size = static_cast<int>(fft_size);
+  p.io_type = io_type_of(x);
+  return p;
+}
+
+// y = x convolved with (correlated with, when conjugate) the filter whose four-step spectrum
+// is given, (C, P/2+1, M, 2) float32; y in x's dtype, (B, C, L) contiguous.
+at::Tensor fourstep_conv(const at::Tensor& x_in, const at::Tensor& spectrum_in, bool conjugate) {
+  const at::Tensor x = time_contiguous(x_in);
+  const int64_t fft_size = fourstep_fft_size(x.size(2));
+  const at::Tensor spectrum = spectrum_in.to(at::kFloat).contiguous();
+  const int64_t rows = fft_size / mf::kFourStepInnerSize / 2 + 1;
+  TORCH_CHECK_VALUE(spectrum.dim() == 4 && spectrum.size(0) == x.size(1) && spectrum.size(1) == rows &&
+                        spectrum.size(2) == mf::kFourStepInnerSize && spectrum.size(3) == 2 &&
+                        spectrum.device() == x.device(),
+                    "monarch_fftconv: the four-step spectrum must be (C, P/2+1, M, 2) = (", x.size(1), ", ", rows,
+                    ", ", mf::kFourStepInnerSize, ", 2) on ", x.device(), ", got ", spectrum.sizes(), " on ",
+                    spectrum.device());
+  at::Tensor y = at::empty(x.sizes(), x.options());
+  if (y.numel() == 0) return y;
+  at::Tensor intermediate;
+  mf::FourStepParams p = fourstep_params(x, fft_size, intermediate);
+  p.filter_spectrum = spectrum.data_ptr<float>();
+  p.y = y.data_ptr();
+  p.conjugate = conjugate ? 1 : 0;
+  check_launch(mf::fourstep_conv(p, current_stream(x)));
+  return y;
+}
+
+// X[b, c, k2, k1] = FFT_N(x[b, c])[P·k1 + k2], k2 <= P/2: (B, C, P/2+1, M, 2) float32, unscaled.
+at::Tensor fourstep_spectrum(const at::Tensor& x_in, int64_t fft_size) {
+  const at::Tensor x = time_contiguous(x_in);
+  TORCH_CHECK_VALUE(fft_size == fourstep_fft_size(x.size(2)), "monarch_fftconv: fft_size ", fft_size,
+                    " is not 2·next_pow2(L) for L=", x.size(2));
+  at::Tensor intermediate;
+  mf::FourStepParams p = fourstep_params(x, fft_size, intermediate);
+  if (intermediate.numel() > 0) check_launch(mf::fourstep_spectrum(p, current_stream(x)));
+  return intermediate;
+}
+
 // ------------------------------------------------------------------ autograd on CUDA
 // The same autograd as ops.py registers in Python (which serves the CPU), in C++ for CUDA
 // tensors (AutogradCUDA takes precedence over the Python Autograd kernel): a training step
@@ -289,8 +352,10 @@ std::tuple<at::Tensor, at::Tensor> fftconv_autograd(const at::Tensor& u, const a
 }
 
 // (splits every kernel covers, splits only the fp32 radix kernels cover, each as a flat
-// [n1, n2, n1, n2, ...] list; the io dtypes): what the kernels cover.
-std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::vector<std::string>> kernel_coverage() {
+// [n1, n2, n1, n2, ...] list; the four-step kernels' [inner size M, smallest N, largest N]; the io
+// dtypes): what the kernels cover.
+std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, std::vector<std::string>>
+kernel_coverage() {
   std::vector<int64_t> splits, radix_only;
 #define MONARCH_FFTCONV_LIST(N1_, N2_) splits.insert(splits.end(), {N1_, N2_});
   MONARCH_FFTCONV_SPLITS(MONARCH_FFTCONV_LIST)
@@ -298,13 +363,16 @@ std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::vector<std::string>>
 #define MONARCH_FFTCONV_LIST(N1_, N2_) radix_only.insert(radix_only.end(), {N1_, N2_});
   MONARCH_FFTCONV_RADIX_ONLY_SPLITS(MONARCH_FFTCONV_LIST)
 #undef MONARCH_FFTCONV_LIST
-  return {splits, radix_only, {"float32", "bfloat16", "float16"}};
+  const std::vector<int64_t> fourstep = {mf::kFourStepInnerSize, int64_t(mf::kFourStepInnerSize) * mf::kFourStepMinOuter,
+                                         int64_t(mf::kFourStepInnerSize) * mf::kFourStepMaxOuter};
+  return {splits, radix_only, fourstep, {"float32", "bfloat16", "float16"}};
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(monarch_fftconv, m) {
-  m.def("_kernel_coverage() -> (int[] splits, int[] radix_only_splits, str[] io_dtypes)", &kernel_coverage);
+  m.def("_kernel_coverage() -> (int[] splits, int[] radix_only_splits, int[] fourstep, str[] io_dtypes)",
+        &kernel_coverage);
 }
 
 TORCH_LIBRARY_IMPL(monarch_fftconv, CUDA, m) {
@@ -312,6 +380,8 @@ TORCH_LIBRARY_IMPL(monarch_fftconv, CUDA, m) {
   m.impl("conv_forward", &conv_forward);
   m.impl("fftconv", &fftconv);
   m.impl("fftconv_backward", &fftconv_backward);
+  m.impl("fourstep_conv", &fourstep_conv);
+  m.impl("fourstep_spectrum", &fourstep_spectrum);
 }
 
 TORCH_LIBRARY_IMPL(monarch_fftconv, AutogradCUDA, m) { m.impl("fftconv", &fftconv_autograd); }

@@ -104,6 +104,34 @@ constexpr bool covers_radix_split(int n1, int n2) {
   return covers_split(n1, n2);
 }
 
+// Long sequences, N = 65536 .. 262144: the four-step algorithm (docs/design.md), N = P·M with
+// the inner size M = kFourStepInnerSize and the outer size P in [8, 32], t = m + M·p,
+// f = P·k1 + k2. Three launches through one complex intermediate of (B·C, P/2+1, M):
+//   outer forward:  a[s][k2][m] = W_N^(m·k2) · Σ_{p < P/2} x[s][m + M·p]·W_P^(p·k2),  k2 <= P/2
+//   inner:          per row (s, k2): FFT_M, times the filter spectrum row (or its conjugate),
+//                   unnormalised inverse FFT_M, in place
+//   outer inverse:  y[s][m + M·p] = Re Σ_{k2 < P} W_P^(-p·k2) · W_N^(-m·k2) · c[s][k2][m], the rows
+//                   k2 > P/2 being the conjugates of P - k2 (y is real); t < L stored
+// The filter spectrum is K[c][k2][k1] = FFT_N(k_c)[P·k1 + k2] / N, k2 in [0, P/2], k1 in [0, M).
+constexpr int kFourStepInnerSize = 8192;
+constexpr int kFourStepMinOuter = 8;   // below, N <= 32768: the radix kernels
+constexpr int kFourStepMaxOuter = 32;  // the outer DFT in registers
+
+struct FourStepParams {
+  const void* x;                  // real input (batch, channels, seq_len), time stride 1, io_type
+  int64_t x_batch_stride;         // in elements
+  int64_t x_channel_stride;
+  const float* filter_spectrum;   // (channels, P/2+1, M, 2); unused by fourstep_spectrum
+  void* y;                        // fourstep_conv: (batch, channels, seq_len) contiguous, io_type
+  float* intermediate;            // (batch·channels, P/2+1, M, 2): scratch, or fourstep_spectrum's output
+  int64_t batch;
+  int64_t channels;
+  int64_t seq_len;                // 1 <= seq_len <= fft_size / 2
+  int fft_size;                   // N
+  int conjugate;                  // multiply by the conjugate filter spectrum (the correlation)
+  IOType io_type;
+};
+
 // The launches. The binding has checked the tensors and the split against the coverage;
 // a launch only guards itself (cudaErrorInvalidValue) and otherwise returns the launch
 // status. Both launch on `stream`, with 64-bit element indexing.
@@ -122,5 +150,11 @@ cudaError_t filter_spectrum_fp32(const FilterSpectrumParams& params, cudaStream_
 // size depends on the call's shape and the current device; 0 on an invalid call.
 size_t conv_backward_fp32_workspace_bytes(const ConvBackwardParams& params);
 cudaError_t conv_backward_fp32(const ConvBackwardParams& params, cudaStream_t stream);
+
+// Four-step: y = the convolution (or correlation) of x with the filter spectrum, through the
+// intermediate; and the spectrum alone, X[s][k2][k1] = FFT_N(x_s)[P·k1 + k2] (unscaled),
+// into the intermediate (the filter gradient's inputs).
+cudaError_t fourstep_conv(const FourStepParams& params, cudaStream_t stream);
+cudaError_t fourstep_spectrum(const FourStepParams& params, cudaStream_t stream);
 
 }  // namespace monarch_fftconv

@@ -1,0 +1,339 @@
+// monarch_fftconv: long sequences, N = P·M > 32768, by the four-step algorithm.
+//
+// One FFT of N points does not fit on chip, so it is cut in two: t = m + M·p (m < M inner,
+// p < P outer), f = P·k1 + k2. Then
+//   X[P·k1 + k2] = Σ_m W_M^(m·k1) · [ W_N^(m·k2) · Σ_p x[m + M·p]·W_P^(p·k2) ]
+// The bracket is the outer stage: a P-point DFT down each column m (stride M in memory),
+// times the twiddle. The outer sum is the inner stage: an M-point FFT along each row k2,
+// which is contiguous. Three kernels, one complex intermediate (B·C, P/2+1, M) in HBM:
+//
+//   outer_forward   one thread per column (s, m): the P/2 samples x[m + M·p], p < P/2 (the
+//                   rest is the zero padding), a P-point DFT in registers, the twiddles,
+//                   rows k2 = 0 .. P/2 stored (x is real: the rows above are conjugates)
+//   inner           one CTA slot per row (s, k2): the fp32 radix kernels' Stockham passes
+//                   (fp32_radix.cuh, plan of M), the filter product between the last forward
+//                   and the first inverse pass, the unnormalised inverse; in place
+//   outer_inverse   one thread per column: the twiddles' conjugates, the rows k2 > P/2 as
+//                   conjugates of P - k2, an inverse P-point DFT, the real part of the first
+//                   P/2 outputs stored where t < L
+// The filter spectrum K[c][k2][k1] = FFT_N(k_c)[P·k1 + k2] / N carries the 1/N; every transform
+// here is unnormalised. Arithmetic is fp32 throughout, the intermediate fp32.
+//
+// Each sequence is independent: nothing is shared between two sequences' arithmetic.
+
+#include "fp32_radix.cuh"
+
+namespace monarch_fftconv {
+namespace {
+namespace fp32_detail {
+
+constexpr int kInnerLogM = 13;  // the inner plan, Plan<13>: M = 8192 complex points
+static_assert(Plan<kInnerLogM>::M == kFourStepInnerSize, "inner plan");
+constexpr int kOuterThreads = 256;
+
+struct FourStepArgs {
+  const void* x;
+  int64_t xbs, xcs;
+  const float2* K;   // (C, R, M)
+  void* y;           // (B, C, L)
+  float2* a;         // (B·C, R, M)
+  int64_t B, C, L;
+  int64_t columns;   // B·C·M
+  int N, R;
+  int conj;          // inner: multiply by conj K
+  int spectrum_only; // inner: store the forward spectrum, no product, no inverse
+};
+
+// W_N^(e), e = (m·k2) mod N reduced exactly in integers: the argument of sincospif is then
+// exact (N a power of two), and the value within about one ulp.
+__device__ __forceinline__ cf twiddle_n(int64_t m, int k2, int N) {
+  const int e = (int)((m * k2) & (N - 1));
+  float s, c;
+  sincospif(2.f * (float)e / (float)N, &s, &c);
+  return {c, -s};
+}
+
+template <int P, typename IO>
+__global__ void __launch_bounds__(kOuterThreads) outer_forward_kernel(const FourStepArgs g) {
+  constexpr int M = kFourStepInnerSize;
+  const int64_t col = (int64_t)blockIdx.x * kOuterThreads + threadIdx.x;
+  if (col >= g.columns) return;
+  const int64_t s = col / M, m = col % M;
+  const int64_t b = s / g.C, c = s % g.C;
+  const IO* x = static_cast<const IO*>(g.x) + b * g.xbs + c * g.xcs;
+  cf v[P];
+#pragma unroll
+  for (int p = 0; p < P / 2; ++p) {
+    const int64_t t = m + (int64_t)M * p;
+    v[p] = {t < g.L ? io_load<IO>(x + t) : 0.f, 0.f};
+  }
+#pragma unroll
+  for (int p = P / 2; p < P; ++p) v[p] = {0.f, 0.f};
+  fft_reg<P, false, true>(v);  // the upper half of the column is the zero padding
+  float2* out = g.a + s * (int64_t)g.R * M + m;
+#pragma unroll
+  for (int k2 = 0; k2 <= P / 2; ++k2) {
+    const cf z = k2 == 0 ? v[0] : cmul(v[k2], twiddle_n(m, k2, g.N));
+    __stcg(out + (int64_t)k2 * M, make_float2(z.x, z.y));  // read once by the inner kernel: L2 only
+  }
+}
+
+template <int P, typename IO>
+__global__ void __launch_bounds__(kOuterThreads) outer_inverse_kernel(const FourStepArgs g) {
+  constexpr int M = kFourStepInnerSize;
+  const int64_t col = (int64_t)blockIdx.x * kOuterThreads + threadIdx.x;
+  if (col >= g.columns) return;
+  const int64_t s = col / M, m = col % M;
+  const float2* in = g.a + s * (int64_t)g.R * M + m;
+  cf v[P];
+#pragma unroll
+  for (int k2 = 0; k2 <= P / 2; ++k2) {
+    const float2 z = __ldcs(in + (int64_t)k2 * M);
+    v[k2] = k2 == 0 ? cf{z.x, z.y} : cmul(cf{z.x, z.y}, cconj(twiddle_n(m, k2, g.N)));
+  }
+#pragma unroll
+  for (int k2 = P / 2 + 1; k2 < P; ++k2) v[k2] = cconj(v[P - k2]);
+  fft_reg<P, true>(v);
+  IO* y = static_cast<IO*>(g.y) + s * g.L;
+#pragma unroll
+  for (int p = 0; p < P / 2; ++p) {
+    const int64_t t = m + (int64_t)M * p;
+    if (t < g.L) io_store<IO>(y + t, v[p].x);
+  }
+}
+
+// One row (s, k2) of M complex values per CTA slot: forward FFT_M (Stockham passes p1, p2 and
+// the radix-16 "mid" pass, whose outputs are Z[j + r·M/16] in natural order), the filter
+// product, and the inverse passes in the mirror order, in place.
+template <int LOGM>
+__global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inner_kernel(const FourStepArgs g, int S) {
+  using Pl = Plan<LOGM>;
+  constexpr int M = Pl::M, T = Pl::T, SPB = Pl::SPB, R1 = Pl::R1;
+  extern __shared__ float4 smem_raw[];
+  const SlotSmem<LOGM> slot(reinterpret_cast<float*>(smem_raw), S);
+  float *re = slot.re, *im = slot.im;
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t rows = g.columns / M * g.R;
+
+  for (int64_t rb = (int64_t)blockIdx.x * SPB; rb < rows; rb += (int64_t)gridDim.x * SPB) {
+    const int64_t row = rb + ty;
+    const bool valid = row < rows;
+    float2* data = g.a + (valid ? row : 0) * M;
+
+    // ---- forward p1: global -> smem, radix R1, NS = 1
+    {
+      constexpr int NB = 32 / R1;
+      cf v[NB][R1];
+#pragma unroll
+      for (int q = 0; q < NB; ++q) {
+        const int j = tx + q * T;
+#pragma unroll
+        for (int r = 0; r < R1; ++r) {
+          const float2 z = valid ? __ldcg(data + j + r * (M / R1)) : make_float2(0.f, 0.f);
+          v[q][r] = {z.x, z.y};
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < NB; ++q) {
+        if (q > 0) fence(v[q]);
+        fft_reg<R1, false>(v[q]);
+        fence(v[q]);
+      }
+      __syncthreads();  // the previous row's last pass has read smem
+#pragma unroll
+      for (int q = 0; q < NB; ++q) {
+        const int pb = pidx((tx + q * T) * R1);
+#pragma unroll
+        for (int r = 0; r < R1; ++r) {
+          re[pb + r] = v[q][r].x;
+          im[pb + r] = v[q][r].y;
+        }
+      }
+      __syncthreads();
+    }
+    if constexpr (Pl::LR2 > 0) pass_smem<M, T, Pl::R2, R1, false>(re, im, tx, slot.fp2());
+
+    // ---- mid: forward radix 16 (NS = M/16) -> Z[k], k = j + r·M/16; times K[k]; inverse radix 16
+    {
+      constexpr int NS = M / 16, NB = NS / T;
+      cf v[NB][16];
+      const float2* twM = slot.mid();
+#pragma unroll
+      for (int q = 0; q < NB; ++q) {
+        const int j = tx + q * T, pj = pidx(j);
+#pragma unroll
+        for (int r = 0; r < 16; ++r) v[q][r] = lds_s<NS>(re, im, j, pj, r);
+      }
+      const int64_t s = row / g.R;
+      const int k2 = (int)(row % g.R);
+      const float2* Krow = g.K + ((s % g.C) * g.R + k2) * (int64_t)M;
+#pragma unroll
+      for (int q = 0; q < NB; ++q) {
+        const int j = tx + q * T;
+        if (q > 0) fence(v[q]);
+        const float2 w = twM[j];
+        apply_pow<16>(v[q], cf{w.x, w.y});
+        fft_reg<16, false>(v[q]);
+        if (g.spectrum_only) {
+          if (valid) {
+#pragma unroll
+            for (int r = 0; r < 16; ++r) __stcs(data + j + r * NS, make_float2(v[q][r].x, v[q][r].y));
+          }
+          continue;
+        }
+#pragma unroll
+        for (int r = 0; r < 16; ++r) {
+          const float2 kk = valid ? __ldg(Krow + j + r * NS) : make_float2(0.f, 0.f);
+          v[q][r] = cmul(v[q][r], cf{kk.x, g.conj ? -kk.y : kk.y});
+        }
+        fft_reg<16, true>(v[q]);
+        fence(v[q]);
+      }
+      if (g.spectrum_only) continue;  // uniform across the CTA
+      __syncthreads();  // everyone has read the forward pass's smem
+#pragma unroll
+      for (int q = 0; q < NB; ++q) {
+        const int pb = pidx((tx + q * T) * 16);
+#pragma unroll
+        for (int r = 0; r < 16; ++r) {
+          re[pb + r] = v[q][r].x;
+          im[pb + r] = v[q][r].y;
+        }
+      }
+      __syncthreads();
+    }
+    if constexpr (Pl::LR2 > 0) pass_smem<M, T, Pl::R2, 16, true>(re, im, tx, slot.ip2());
+
+    // ---- inverse last: radix R1, NS = M/R1, smem -> global
+    {
+      constexpr int NB = 32 / R1, NS = M / R1;
+      const float2* twM = slot.mid();
+      cf v[NB][R1];
+#pragma unroll
+      for (int q = 0; q < NB; ++q) {
+        const int j = tx + q * T, pj = pidx(j);
+#pragma unroll
+        for (int r = 0; r < R1; ++r) v[q][r] = lds_s<NS>(re, im, j, pj, r);
+      }
+#pragma unroll
+      for (int q = 0; q < NB; ++q) {
+        const int j = tx + q * T;
+        const float2 w = twM[j];
+        if (q > 0) fence(v[q]);
+        apply_pow<R1>(v[q], cf{w.x, -w.y});
+        fft_reg<R1, true>(v[q]);
+        fence(v[q]);
+        if (valid) {
+#pragma unroll
+          for (int r = 0; r < R1; ++r) __stcg(data + j + r * NS, make_float2(v[q][r].x, v[q][r].y));
+        }
+      }
+    }
+  }
+}
+
+// The outer size P as a compile-time constant: f(std::integral_constant<int, P>{}).
+template <class F>
+cudaError_t with_outer(int outer, F&& f) {
+  switch (outer) {
+    case 8: return f(std::integral_constant<int, 8>{});
+    case 16: return f(std::integral_constant<int, 16>{});
+    case 32: return f(std::integral_constant<int, 32>{});
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+template <class F>
+cudaError_t with_io(IOType io, F&& f) {
+  switch (io) {
+    case IOType::kFloat32: return f(float{});
+    case IOType::kBFloat16: return f(__nv_bfloat16{});
+    case IOType::kFloat16: return f(__half{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+bool valid_params(const FourStepParams& p) {
+  const int64_t M = kFourStepInnerSize;
+  return p.fft_size % M == 0 && kFourStepMinOuter <= p.fft_size / M && p.fft_size / M <= kFourStepMaxOuter &&
+         (p.fft_size & (p.fft_size - 1)) == 0 && p.batch > 0 && p.channels > 0 && 1 <= p.seq_len &&
+         2 * p.seq_len <= p.fft_size && p.x && p.intermediate &&
+         reinterpret_cast<uintptr_t>(p.intermediate) % 16 == 0;
+}
+
+FourStepArgs make_args(const FourStepParams& p) {
+  FourStepArgs g{};
+  g.x = p.x;
+  g.xbs = p.x_batch_stride;
+  g.xcs = p.x_channel_stride;
+  g.K = reinterpret_cast<const float2*>(p.filter_spectrum);
+  g.y = p.y;
+  g.a = reinterpret_cast<float2*>(p.intermediate);
+  g.B = p.batch;
+  g.C = p.channels;
+  g.L = p.seq_len;
+  g.columns = p.batch * p.channels * kFourStepInnerSize;
+  g.N = p.fft_size;
+  g.R = p.fft_size / kFourStepInnerSize / 2 + 1;
+  g.conj = p.conjugate;
+  return g;
+}
+
+unsigned outer_blocks(const FourStepArgs& g) { return (unsigned)((g.columns + kOuterThreads - 1) / kOuterThreads); }
+
+cudaError_t launch_inner(const FourStepArgs& g, cudaStream_t stream) {
+  constexpr int LOGM = kInnerLogM;
+  using Pl = Plan<LOGM>;
+  const int S = area_floats<LOGM>(2, 1);  // no filter stage: the sequence area alone
+  const size_t smem = (size_t)Pl::SPB * 2 * S * sizeof(float) + (size_t)Pl::N_TW * sizeof(float2);
+  int ctas = 0, sms = 0;
+  cudaError_t err = residency<inner_kernel<LOGM>>(Pl::THREADS, smem, ctas, sms);
+  if (err != cudaSuccess) return err;
+  const int64_t rows = g.columns / Pl::M * g.R;
+  int64_t grid = (int64_t)ctas * sms;
+  const int64_t needed = (rows + Pl::SPB - 1) / Pl::SPB;
+  if (grid > needed) grid = needed;
+  inner_kernel<LOGM><<<(unsigned)grid, dim3(Pl::T, Pl::SPB), smem, stream>>>(g, S);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_outer_forward(const FourStepArgs& g, IOType io, cudaStream_t stream) {
+  return with_outer(g.N / kFourStepInnerSize, [&](auto outer) {
+    return with_io(io, [&](auto io_value) {
+      using IO = decltype(io_value);
+      outer_forward_kernel<decltype(outer)::value, IO><<<outer_blocks(g), kOuterThreads, 0, stream>>>(g);
+      return cudaGetLastError();
+    });
+  });
+}
+
+}  // namespace fp32_detail
+}  // namespace
+
+cudaError_t fourstep_conv(const FourStepParams& p, cudaStream_t stream) {
+  using namespace fp32_detail;
+  if (!valid_params(p) || !p.y || !p.filter_spectrum || reinterpret_cast<uintptr_t>(p.filter_spectrum) % 8 != 0)
+    return cudaErrorInvalidValue;
+  FourStepArgs g = make_args(p);
+  cudaError_t err = launch_outer_forward(g, p.io_type, stream);
+  if (err == cudaSuccess) err = launch_inner(g, stream);
+  if (err != cudaSuccess) return err;
+  return with_outer(g.N / kFourStepInnerSize, [&](auto outer) {
+    return with_io(p.io_type, [&](auto io_value) {
+      using IO = decltype(io_value);
+      outer_inverse_kernel<decltype(outer)::value, IO><<<outer_blocks(g), kOuterThreads, 0, stream>>>(g);
+      return cudaGetLastError();
+    });
+  });
+}
+
+cudaError_t fourstep_spectrum(const FourStepParams& p, cudaStream_t stream) {
+  using namespace fp32_detail;
+  if (!valid_params(p)) return cudaErrorInvalidValue;
+  FourStepArgs g = make_args(p);
+  g.spectrum_only = 1;
+  const cudaError_t err = launch_outer_forward(g, p.io_type, stream);
+  return err == cudaSuccess ? launch_inner(g, stream) : err;
+}
+
+}  // namespace monarch_fftconv

@@ -1,0 +1,162 @@
+"""Long sequences, N = 2·next_pow2(L) > 32768: the four-step algorithm.
+
+One N-point FFT does not fit on chip, so it is cut in two, N = P·M: time t = m + M·p, frequency
+f = P·k1 + k2. A P-point DFT down each column m (the outer stage, with the twiddles
+W_N^(m·k2)) leaves rows k2 of M values, whose M-point FFTs are the spectrum in the order
+X[k2][k1] = FFT_N(x)[P·k1 + k2]. The filter product and the inverse transforms run on those
+rows, and the outer stage's inverse gives y. x is real: only the rows k2 = 0 .. P/2 are kept
+(the others are their conjugates), and only the first half of the columns holds data (the
+zero padding). docs/design.md derives it; csrc/fftconv_fourstep.cu runs it on the GPU.
+
+Two ops, with their CPU implementations here (the same algorithm in torch.fft, the spec the
+kernels are tested against), fake kernels and autograd:
+
+==============================================================  =============================
+``fourstep_conv(x, S, conjugate) -> y``                         y = x convolved with the filter
+                                                                whose four-step spectrum is S
+                                                                (correlated, when conjugate)
+``fourstep_spectrum(x, fft_size, inner_size) -> X``             x's spectrum, rows k2 <= P/2
+==============================================================  =============================
+
+S is (C, P/2+1, M, 2) real (a complex view), scaled by 1/N, with any skip term folded in.
+
+The CPU code conjugates with conj_physical, never with lazy conjugate views: a product with a
+conjugate view came out unconjugated when AOTAutograd ran the op (torch 2.13, CPU; the ops'
+opcheck test catches it).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .planner import compute_dtype
+
+INNER_SIZE = 8192  # M: the inner FFT, on chip (the CUDA kernels' kFourStepInnerSize)
+MAX_OUTER = 32  # P: the outer DFT, in registers (kFourStepMaxOuter)
+
+
+def outer_size(fft_size: int, inner_size: int = INNER_SIZE) -> int:
+    return fft_size // inner_size
+
+
+def spectrum_rows(fft_size: int, inner_size: int = INNER_SIZE) -> int:
+    """Rows k2 = 0 .. P/2 of the spectrum that are stored."""
+    return outer_size(fft_size, inner_size) // 2 + 1
+
+
+def row_weights(rows: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """How often each stored row occurs in the full spectrum: rows 0 and P/2 once, the others
+    twice (as themselves and as the conjugate row P - k2)."""
+    weights = torch.full((rows, 1), 2.0, dtype=dtype, device=device)
+    weights[0] = weights[-1] = 1.0
+    return weights
+
+
+def twiddles(fft_size: int, inner_size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """(P/2+1, M) complex: W_N^(m·k2) = exp(-2πi·m·k2/N), the exponent reduced exactly."""
+    rows = spectrum_rows(fft_size, inner_size)
+    exponent = (torch.arange(rows).unsqueeze(1) * torch.arange(inner_size).unsqueeze(0)) % fft_size
+    angle = exponent.to(torch.float64) * (-2 * math.pi / fft_size)
+    return torch.polar(torch.ones_like(angle), angle).to(dtype=dtype, device=device)
+
+
+def _columns(x: Tensor, fft_size: int, inner_size: int) -> Tensor:
+    """x zero-padded to N/2 and viewed as (..., P/2, M): row p holds t = M·p .. M·p + M - 1."""
+    half = fft_size // 2
+    x = F.pad(x.to(compute_dtype(x)), (0, half - x.shape[-1]))
+    return x.reshape(*x.shape[:-1], half // inner_size, inner_size)
+
+
+def spectrum_reference(x: Tensor, fft_size: int, inner_size: int) -> Tensor:
+    """(..., P/2+1, M) complex: FFT_N(x)[P·k1 + k2] at [k2, k1], by the four steps in torch.fft."""
+    P = outer_size(fft_size, inner_size)
+    a = torch.fft.rfft(_columns(x, fft_size, inner_size), n=P, dim=-2)  # outer DFT down the columns
+    return torch.fft.fft(a * twiddles(fft_size, inner_size, a.dtype, a.device), dim=-1)
+
+
+def conv_reference(x: Tensor, spectrum: Tensor, conjugate: bool) -> Tensor:
+    """fourstep_conv in torch.fft, the algorithm the kernels run (in x's compute dtype)."""
+    rows, inner_size = spectrum.shape[-2:]
+    fft_size = 2 * (rows - 1) * inner_size
+    P, L = outer_size(fft_size, inner_size), x.shape[-1]
+    X = spectrum_reference(x, fft_size, inner_size)
+    Y = X * (spectrum.conj_physical() if conjugate else spectrum).to(X.dtype)
+    tw = twiddles(fft_size, inner_size, X.dtype, X.device)
+    c = torch.fft.ifft(Y, dim=-1, norm="forward") * tw.conj_physical()  # unnormalised: the 1/N is in the spectrum
+    y = torch.fft.irfft(c, n=P, dim=-2, norm="forward")[..., : P // 2, :]
+    return y.reshape(*y.shape[:-2], -1)[..., :L].to(x.dtype).contiguous()
+
+
+def filter_spectrum(k: Tensor, fft_size: int, skip: Tensor | None = None, inner_size: int = INNER_SIZE) -> Tensor:
+    """k's four-step spectrum, (C, P/2+1, M) complex, scaled by 1/N, with the skip term D
+    folded in (K + D/N: D·u is the convolution with D at lag 0). Differentiable in k and D."""
+    P = outer_size(fft_size, inner_size)
+    full = torch.fft.fft(k.to(compute_dtype(k)), n=fft_size, norm="forward")  # (C, N), f = P·k1 + k2
+    spectrum = full.reshape(k.shape[0], inner_size, P)[:, :, : P // 2 + 1].transpose(1, 2)
+    if skip is not None:
+        spectrum = spectrum + (skip.to(spectrum.real.dtype) / fft_size).reshape(-1, 1, 1)
+    return spectrum.contiguous()
+
+
+# --------------------------------------------------------------------------- ops
+
+
+@torch.library.custom_op("monarch_fftconv::fourstep_conv", mutates_args=(), device_types="cpu")
+def fourstep_conv(x: Tensor, spectrum: Tensor, conjugate: bool) -> Tensor:
+    return conv_reference(x, torch.view_as_complex(spectrum.contiguous()), conjugate)
+
+
+@fourstep_conv.register_fake
+def _(x: Tensor, spectrum: Tensor, conjugate: bool) -> Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("monarch_fftconv::fourstep_spectrum", mutates_args=(), device_types="cpu")
+def fourstep_spectrum(x: Tensor, fft_size: int, inner_size: int) -> Tensor:
+    return torch.view_as_real(spectrum_reference(x, fft_size, inner_size)).contiguous()
+
+
+@fourstep_spectrum.register_fake
+def _(x: Tensor, fft_size: int, inner_size: int) -> Tensor:
+    shape = (*x.shape[:-1], spectrum_rows(fft_size, inner_size), inner_size, 2)
+    return x.new_empty(shape, dtype=compute_dtype(x))
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, spectrum, conjugate = inputs
+    ctx.save_for_backward(x, spectrum)
+    ctx.conjugate = conjugate
+
+
+def _backward(ctx, grad: Tensor):
+    """y = Re(A·(X ⊙ K)) with A complex-linear (the inner inverse, the twiddles and the outer
+    inverse, which counts the middle rows twice). So
+      dx = the same pipeline on grad with conj K (the correlation),
+      dK = w ⊙ Σ_b conj(X_b) ⊙ DY_b, w the row weights, DY the spectrum of grad."""
+    x, spectrum = ctx.saved_tensors
+    needs_x, needs_spectrum, _ = ctx.needs_input_grad
+    grad_x = grad_spectrum = None
+    if needs_x:
+        grad_x = fourstep_conv(grad.to(x.dtype), spectrum, not ctx.conjugate)
+    if needs_spectrum:
+        rows, inner_size = spectrum.shape[1], spectrum.shape[2]
+        fft_size = 2 * (rows - 1) * inner_size
+        X = torch.view_as_complex(fourstep_spectrum(x, fft_size, inner_size))
+        DY = torch.view_as_complex(fourstep_spectrum(grad.to(x.dtype), fft_size, inner_size))
+        g = (X.conj_physical() * DY).sum(dim=0) * row_weights(rows, X.real.dtype, X.device)
+        grad_spectrum = torch.view_as_real(g.conj_physical() if ctx.conjugate else g).to(spectrum.dtype)
+    return grad_x, grad_spectrum, None
+
+
+torch.library.register_autograd("monarch_fftconv::fourstep_conv", _backward, setup_context=_setup_context)
+
+fourstep_conv_op = torch.ops.monarch_fftconv.fourstep_conv.default
+
+
+def conv(u: Tensor, spectrum: Tensor) -> Tensor:
+    """y = causal_conv(u, k) from k's `filter_spectrum` (complex), differentiable in both."""
+    return fourstep_conv_op(u, torch.view_as_real(spectrum), False)
