@@ -286,10 +286,12 @@ at::Tensor fourstep_conv(const at::Tensor& x_in, const at::Tensor& spectrum_in, 
 }
 
 // X[b, c, k2, k1] = FFT_N(x[b, c])[P·k1 + k2], k2 <= P/2: (B, C, P/2+1, M, 2) float32, unscaled.
-at::Tensor fourstep_spectrum(const at::Tensor& x_in, int64_t fft_size) {
+at::Tensor fourstep_spectrum(const at::Tensor& x_in, int64_t fft_size, int64_t inner_size) {
   const at::Tensor x = time_contiguous(x_in);
   TORCH_CHECK_VALUE(fft_size == fourstep_fft_size(x.size(2)), "monarch_fftconv: fft_size ", fft_size,
                     " is not 2·next_pow2(L) for L=", x.size(2));
+  TORCH_CHECK_VALUE(inner_size == mf::kFourStepInnerSize, "monarch_fftconv: the four-step kernels' inner size is ",
+                    mf::kFourStepInnerSize, ", not ", inner_size);
   at::Tensor intermediate;
   mf::FourStepParams p = fourstep_params(x, fft_size, intermediate);
   if (intermediate.numel() > 0) check_launch(mf::fourstep_spectrum(p, current_stream(x)));
