@@ -52,13 +52,10 @@ class Coverage:
     splits: frozenset[tuple[int, int]]  # every kernel, tensor-core and fp32 radix
     radix_only_splits: frozenset[tuple[int, int]]  # the fp32 radix kernels only, for every precision
     io_dtypes: frozenset[torch.dtype]  # dtypes of u and y
-    fourstep: tuple[int, int, int] | None = None  # the four-step kernels' (inner size M, smallest N, largest N)
+    fourstep: frozenset[tuple[int, int]] = frozenset()  # the four-step kernels' (N, inner size M)
 
     def fourstep_covers(self, plan: MonarchPlan, dtype: torch.dtype) -> bool:
-        if self.fourstep is None or dtype not in self.io_dtypes:
-            return False
-        _, smallest, largest = self.fourstep
-        return smallest <= plan.fft_size <= largest
+        return dtype in self.io_dtypes and any(n == plan.fft_size for n, _ in self.fourstep)
 
     def kernel_for(self, plan: MonarchPlan, dtype: torch.dtype) -> str | None:
         """"any" (every kernel covers the call), "radix" (only the fp32 radix kernel), or None."""
@@ -140,7 +137,7 @@ def build(verbose: bool = False) -> None:
 def _read_coverage() -> Coverage:
     splits, radix_only, fourstep, io_dtypes = torch.ops.monarch_fftconv._kernel_coverage()
     dtypes = frozenset(getattr(torch, name) for name in io_dtypes)
-    return Coverage(_pairs(splits), _pairs(radix_only), dtypes, (fourstep[0], fourstep[1], fourstep[2]))
+    return Coverage(_pairs(splits), _pairs(radix_only), dtypes, _pairs(fourstep))
 
 
 def _pairs(flat: list[int]) -> frozenset[tuple[int, int]]:

@@ -9,7 +9,7 @@ precision, plan) and remembers the decision; `explain()` and the call share it.
 ``cuda-fp32``          the fused fp32 radix kernel (Hopper, N = 256 .. 32768); at N = 32768,
                        where no tensor-core kernel runs, for every precision
 ``cuda-tensor-core``   the fused Monarch kernel on tensor cores (Hopper, N = 256 .. 16384)
-``cuda-four-step``     long sequences (Hopper, N = 65536 .. 262144): the four-step kernels, an outer
+``cuda-four-step``     long sequences (Hopper, N = 65536 .. 2^23, L <= 4M): the four-step kernels, an outer
                        DFT down the columns, the fused inner FFT conv along the rows and the outer
                        inverse, in fp32 for every precision
 ``torch.fft``          torch.fft in fp32 (fp64 for fp64 input): CPU tensors, and GPU calls
@@ -189,10 +189,11 @@ def _decide(
         return TorchFFT("torch.fft", fallback, f"no CUDA kernel: {coverage}")
     kernels = coverage.kernel_for(plan, dtype)
     if kernels is None and coverage.fourstep_covers(plan, dtype):
-        outer = fourstep.outer_size(plan.fft_size)
+        inner = fourstep.inner_for(plan.fft_size)
+        outer = plan.fft_size // inner
         return FourStep("cuda-four-step",
-                        f"four-step fp32 FFT conv, N={plan.fft_size} = {outer}x{fourstep.INNER_SIZE}: outer "
-                        f"{outer}-point DFT, fused inner {fourstep.INNER_SIZE}-point FFT conv, outer inverse",
+                        f"four-step fp32 FFT conv, N={plan.fft_size} = {outer}x{inner}: outer {outer}-point DFT, "
+                        f"fused inner {inner}-point FFT conv, outer inverse",
                         f"N={plan.fft_size} is beyond the fused kernels; the four-step kernels cover it in fp32"
                         + ("" if precision == "fp32" else f", more accurate than {precision}"))
     if kernels is None:

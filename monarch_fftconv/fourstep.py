@@ -27,6 +27,7 @@ opcheck test catches it).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -35,17 +36,24 @@ from torch import Tensor
 
 from .planner import compute_dtype
 
-INNER_SIZE = 8192  # M: the inner FFT, on chip (the CUDA kernels' kFourStepInnerSize)
-MAX_OUTER = 32  # P: the outer DFT, in registers (kFourStepMaxOuter)
+MIN_FFT_SIZE = 65536  # below, the fused radix kernels hold the whole FFT on chip
+MAX_FFT_SIZE = 1 << 23  # L = 4M
 
 
-def outer_size(fft_size: int, inner_size: int = INNER_SIZE) -> int:
-    return fft_size // inner_size
+def inner_for(fft_size: int) -> int:
+    """M, the inner FFT on chip, as the CUDA kernels split N (fftconv.h fourstep_inner_size):
+    8192, except at N = 2^19, whose outer size would be 64 (the outer DFT runs in registers
+    for P <= 32 and in shared memory for P >= 128): there 4096."""
+    return 4096 if fft_size == 1 << 19 else 8192
 
 
-def spectrum_rows(fft_size: int, inner_size: int = INNER_SIZE) -> int:
+def outer_size(fft_size: int, inner: int | None = None) -> int:
+    return fft_size // (inner or inner_for(fft_size))
+
+
+def spectrum_rows(fft_size: int, inner: int | None = None) -> int:
     """Rows k2 = 0 .. P/2 of the spectrum that are stored."""
-    return outer_size(fft_size, inner_size) // 2 + 1
+    return outer_size(fft_size, inner) // 2 + 1
 
 
 def row_weights(rows: int, dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -56,6 +64,7 @@ def row_weights(rows: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     return weights
 
 
+@functools.lru_cache(maxsize=32)  # a few MB each at most; the backward asks for them every step
 def twiddles(fft_size: int, inner_size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     """(P/2+1, M) complex: W_N^(m·k2) = exp(-2πi·m·k2/N), the exponent reduced exactly."""
     rows = spectrum_rows(fft_size, inner_size)
@@ -91,15 +100,16 @@ def conv_reference(x: Tensor, spectrum: Tensor, conjugate: bool) -> Tensor:
     return y.reshape(*y.shape[:-2], -1)[..., :L].to(x.dtype).contiguous()
 
 
-def filter_spectrum(k: Tensor, fft_size: int, skip: Tensor | None = None, inner_size: int = INNER_SIZE) -> Tensor:
+def filter_spectrum(k: Tensor, fft_size: int, skip: Tensor | None = None, inner: int | None = None) -> Tensor:
     """k's four-step spectrum, (C, P/2+1, M) complex, scaled by 1/N, with the skip term D
-    folded in (K + D/N: D·u is the convolution with D at lag 0). Differentiable in k and D."""
-    P = outer_size(fft_size, inner_size)
-    full = torch.fft.fft(k.to(compute_dtype(k)), n=fft_size, norm="forward")  # (C, N), f = P·k1 + k2
-    spectrum = full.reshape(k.shape[0], inner_size, P)[:, :, : P // 2 + 1].transpose(1, 2)
+    folded in (K + D/N: D·u is the convolution with D at lag 0). Differentiable in k and D.
+    On the GPU the spectrum kernels compute it (fp32), as they do u's."""
+    x = k.unsqueeze(0).to(torch.float32 if k.is_cuda else compute_dtype(k))
+    spectrum = torch.view_as_complex(fourstep_spectrum_op(x, fft_size, inner or inner_for(fft_size)))[0]
+    spectrum = spectrum * (1.0 / fft_size)
     if skip is not None:
         spectrum = spectrum + (skip.to(spectrum.real.dtype) / fft_size).reshape(-1, 1, 1)
-    return spectrum.contiguous()
+    return spectrum
 
 
 # --------------------------------------------------------------------------- ops
@@ -124,6 +134,28 @@ def fourstep_spectrum(x: Tensor, fft_size: int, inner_size: int) -> Tensor:
 def _(x: Tensor, fft_size: int, inner_size: int) -> Tensor:
     shape = (*x.shape[:-1], spectrum_rows(fft_size, inner_size), inner_size, 2)
     return x.new_empty(shape, dtype=compute_dtype(x))
+
+
+def _spectrum_setup_context(ctx, inputs, output) -> None:
+    x, ctx.fft_size, ctx.inner_size = inputs
+    ctx.length, ctx.dtype = x.shape[-1], x.dtype
+
+
+def _spectrum_backward(ctx, grad: Tensor):
+    """X = B·x with x real: dx = Re(Bᴴ dX). Bᴴ: the unnormalised inverse FFT_M, the conjugate
+    twiddles and the outer DFT's adjoint, Σ_{k2 <= P/2} W_P^(-p·k2)·c[k2], which is irfft's
+    Hermitian sum once each middle row is halved (irfft counts them twice)."""
+    fft_size, inner_size = ctx.fft_size, ctx.inner_size
+    G = torch.view_as_complex(grad.contiguous())
+    rows = G.shape[-2]
+    c = torch.fft.ifft(G, dim=-1, norm="forward") * twiddles(fft_size, inner_size, G.dtype, G.device).conj_physical()
+    c = c / row_weights(rows, G.real.dtype, G.device)
+    x = torch.fft.irfft(c, n=outer_size(fft_size, inner_size), dim=-2, norm="forward")[..., : rows - 1, :]
+    return x.reshape(*x.shape[:-2], -1)[..., : ctx.length].to(ctx.dtype), None, None
+
+
+torch.library.register_autograd("monarch_fftconv::fourstep_spectrum", _spectrum_backward,
+                                setup_context=_spectrum_setup_context)
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -155,6 +187,7 @@ def _backward(ctx, grad: Tensor):
 torch.library.register_autograd("monarch_fftconv::fourstep_conv", _backward, setup_context=_setup_context)
 
 fourstep_conv_op = torch.ops.monarch_fftconv.fourstep_conv.default
+fourstep_spectrum_op = torch.ops.monarch_fftconv.fourstep_spectrum.default
 
 
 def conv(u: Tensor, spectrum: Tensor) -> Tensor:

@@ -74,19 +74,26 @@ def test_kernel_sources_are_torch_free():
 
 def header_constant(name: str) -> int:
     header = (_extension.CSRC / "fftconv.h").read_text()
-    return int(re.search(rf"constexpr int {name} = (\d+);", header).group(1))
+    value = re.search(rf"constexpr int64_t {name} = ([^;]+);", header).group(1)
+    shift = re.fullmatch(r"1 << (\d+)", value)
+    return 1 << int(shift.group(1)) if shift else int(value)
 
 
-def fourstep_coverage() -> tuple[int, int, int]:
-    """What the binding reports for the four-step kernels, from the header's constants."""
-    inner = header_constant("kFourStepInnerSize")
-    return inner, inner * header_constant("kFourStepMinOuter"), inner * header_constant("kFourStepMaxOuter")
-
-
-def test_fourstep_constants_are_the_packages():
+def fourstep_coverage() -> frozenset[tuple[int, int]]:
+    """What the binding reports for the four-step kernels: (N, inner size) from the header's
+    range and the package's split (a GPU test compares the split with the binding's)."""
     from monarch_fftconv import fourstep
 
-    assert fourstep_coverage() == (fourstep.INNER_SIZE, 65536, fourstep.INNER_SIZE * fourstep.MAX_OUTER)
+    sizes = [1 << e for e in range(16, 24) if header_constant("kFourStepMinSize") <= 1 << e <= header_constant("kFourStepMaxSize")]
+    return frozenset((n, fourstep.inner_for(n)) for n in sizes)
+
+
+def test_fourstep_range_is_the_packages():
+    from monarch_fftconv import fourstep
+
+    assert (header_constant("kFourStepMinSize"), header_constant("kFourStepMaxSize")) == (fourstep.MIN_FFT_SIZE, fourstep.MAX_FFT_SIZE)
+    # every split has an outer size one of the outer kernels takes: registers or shared memory
+    assert all(n // m in (8, 16, 32, 128, 256, 512, 1024) for n, m in fourstep_coverage())
 
 
 @pytest.fixture
@@ -121,14 +128,14 @@ def test_gpu_calls_at_n_32768_take_the_radix_kernel_in_every_precision(hopper_ke
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16", "fp16"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gpu_calls_at_n_65536_to_262144_take_the_four_step_kernels(hopper_kernels, precision, dtype):
-    for length in (16385, 40000, 131072):
+def test_gpu_calls_at_n_65536_to_2_23_take_the_four_step_kernels(hopper_kernels, precision, dtype):
+    for length, split in ((16385, "8x8192"), (131072, "32x8192"), (200000, "128x4096"), (1 << 22, "1024x8192")):
         backend = hopper_kernels.select_backend(torch.device("cuda", 0), dtype, precision, plan_for(length))
-        assert backend.name == "cuda-four-step" and "8192" in backend.kernel
+        assert backend.name == "cuda-four-step" and split in backend.kernel
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("length, dtype, why", [(131073, torch.float32, "N=524288"), (100, torch.float64, "float64"),
+@pytest.mark.parametrize("length, dtype, why", [((1 << 22) + 1, torch.float32, "N=16777216"), (100, torch.float64, "float64"),
                                                 (64, torch.float32, "N=128")])
 def test_gpu_calls_no_kernel_covers_take_cufft(hopper_kernels, length, dtype, why, precision):
 

@@ -358,36 +358,46 @@ def test_cuda_graph_capture_and_replay(precision, gen):
 
 
 # ---------------------------------------------------------------- long sequences: four-step
-# N = 65536 .. 262144 (L = 16385 .. 131072): outer DFT, fused inner FFT conv, outer inverse,
-# in fp32 for every precision.
-FOURSTEP_LENGTHS = [16385, 32768, 40000, 131072]  # N = 65536, 65536, 131072, 262144
+# N = 65536 .. 2^23 (L = 16385 .. 4M): outer DFT, fused inner FFT conv, outer inverse, in fp32
+# for every precision. The outer DFT runs in registers up to P = 32, in shared memory from 128.
+FOURSTEP_LENGTHS = [16385, 32768, 40000, 131072]  # N = 65536, 65536, 131072, 262144 (P = 8 .. 32)
+FOURSTEP_LONG = [200000, 1 << 19, 600000, 1 << 21, 3_000_001]  # N = 2^19 .. 2^23 (P = 128 .. 1024)
 
 
-@pytest.mark.parametrize("precision", list(BUDGETS))
-@pytest.mark.parametrize("length", FOURSTEP_LENGTHS)
+@pytest.mark.parametrize("precision, length", [(p, n) for p in BUDGETS for n in FOURSTEP_LENGTHS]
+                         + [("fp32", n) for n in FOURSTEP_LONG])
 def test_fourstep_every_size(length, precision, gen):
-    u, k = randn(gen, 2, 3, length, device=DEVICE), randn(gen, 3, length, device=DEVICE)
+    batch, channels = (2, 3) if length < 150_000 else (1, 2)
+    u, k = randn(gen, batch, channels, length, device=DEVICE), randn(gen, channels, length, device=DEVICE)
     y = poisoned_call(lambda: mf.fftconv(u, k, precision=precision), u)
     assert mf.explain(u, k, precision=precision)["backend"] == "cuda-four-step"
     assert torch.isfinite(y).all(), "unwritten (NaN) outputs"
     assert rel_l2(y, reference(u, k)) <= BUDGETS["fp32"]  # fp32 arithmetic whatever the precision
 
 
-def test_fourstep_kernels_are_the_cpu_algorithm(gen):
+@pytest.mark.parametrize("length, n", [(50000, 131072), (300000, 1 << 20)])
+def test_fourstep_kernels_are_the_cpu_algorithm(length, n, gen):
     """The three kernels against the ops' CPU implementation (the same four steps in float64
-    torch.fft), given the same spectrum; and the spectrum kernel against torch.fft."""
+    torch.fft), given the same spectrum; and the spectrum kernel against torch.fft; for a
+    register (P = 16) and a shared-memory (P = 128) outer stage."""
     from monarch_fftconv import fourstep
 
-    length, n = 50000, 131072
     u, k = randn(gen, 2, 3, length, device=DEVICE), randn(gen, 3, 777, device=DEVICE)
     spectrum = torch.view_as_real(fourstep.filter_spectrum(k, n))
     for conjugate in (False, True):
         ours = fourstep.fourstep_conv(u, spectrum, conjugate)
         theirs = fourstep.fourstep_conv(u.cpu().double(), spectrum.cpu().double(), conjugate)
         assert rel_l2(ours.cpu(), theirs) <= 1e-6
-    ours = torch.view_as_complex(fourstep.fourstep_spectrum(u, n, fourstep.INNER_SIZE))
-    want = fourstep.spectrum_reference(u.cpu().double(), n, fourstep.INNER_SIZE)
+    ours = torch.view_as_complex(fourstep.fourstep_spectrum(u, n, fourstep.inner_for(n)))
+    want = fourstep.spectrum_reference(u.cpu().double(), n, fourstep.inner_for(n))
     assert rel_l2(torch.view_as_real(ours).cpu(), torch.view_as_real(want)) <= 1e-6
+
+
+def test_fourstep_split_is_the_bindings():
+    from monarch_fftconv import fourstep, _extension
+
+    coverage = _extension.coverage()
+    assert coverage.fourstep == frozenset((1 << e, fourstep.inner_for(1 << e)) for e in range(16, 24))
 
 
 @pytest.mark.parametrize("io_dtype", [torch.bfloat16, torch.float16])
@@ -419,7 +429,8 @@ def test_fourstep_sequences_stay_independent(gen):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("batch, channels, length, filter_len", [(3, 2, 20000, 20000), (2, 3, 70001, 333)])
+@pytest.mark.parametrize("batch, channels, length, filter_len",
+                         [(3, 2, 20000, 20000), (2, 3, 70001, 333), (2, 1, 700000, 700000)])
 def test_fourstep_gradients(batch, channels, length, filter_len, precision, gen):
     u = randn(gen, batch, channels, length, device=DEVICE).requires_grad_()
     k = (randn(gen, channels, filter_len, device=DEVICE) / filter_len**0.5).requires_grad_()

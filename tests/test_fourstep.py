@@ -9,8 +9,9 @@ from monarch_fftconv import fourstep
 
 from helpers import randn, reference, rel_l2
 
-# (batch, channels, L, Lk, inner size M): N = 2·next_pow2(L) = P·M with P from 4 to 32
-CASES = [(2, 3, 32, 32, 8), (3, 2, 29, 7, 4), (1, 2, 64, 64, 8), (2, 2, 100, 51, 16), (1, 1, 255, 255, 16)]
+# (batch, channels, L, Lk, inner size M): N = 2·next_pow2(L) = P·M with P from 4 to 128
+CASES = [(2, 3, 32, 32, 8), (3, 2, 29, 7, 4), (1, 2, 64, 64, 8), (2, 2, 100, 51, 16), (1, 1, 255, 255, 16),
+         (1, 2, 250, 99, 4)]  # the last: P = 128
 
 
 def fft_size(length: int) -> int:
@@ -35,7 +36,7 @@ def test_conv_is_the_causal_convolution(batch, channels, length, filter_len, inn
     u = randn(gen, batch, channels, length, dtype=torch.float64)
     k = randn(gen, channels, filter_len, dtype=torch.float64)
     D = randn(gen, channels, dtype=torch.float64) if with_skip else None
-    spectrum = fourstep.filter_spectrum(k, fft_size(length), D, inner_size=inner)
+    spectrum = fourstep.filter_spectrum(k, fft_size(length), D, inner=inner)
     assert spectrum.shape == (channels, fft_size(length) // inner // 2 + 1, inner)
     y = fourstep.conv(u, spectrum)
     assert y.shape == u.shape and y.dtype == u.dtype
@@ -45,7 +46,7 @@ def test_conv_is_the_causal_convolution(batch, channels, length, filter_len, inn
 def test_conjugate_spectrum_gives_the_correlation(gen):
     """conjugate=True is the backward's du: Σ_s dy[s]·k[s - t]."""
     u, k = randn(gen, 2, 3, 40, dtype=torch.float64), randn(gen, 3, 40, dtype=torch.float64)
-    spectrum = fourstep.filter_spectrum(k, fft_size(40), inner_size=8)
+    spectrum = fourstep.filter_spectrum(k, fft_size(40), inner=8)
     ours = fourstep.fourstep_conv(u, torch.view_as_real(spectrum), True)
     want = torch.stack([torch.stack([torch.stack([(u[b, c, t:] * k[c, : 40 - t]).sum() for t in range(40)])
                                      for c in range(3)]) for b in range(2)])
@@ -66,7 +67,7 @@ def test_gradcheck_through_the_ops(batch, channels, length, filter_len, inner, g
 
 def test_gradcheck_of_the_conjugate_op(gen):
     x = randn(gen, 2, 2, 30, dtype=torch.float64).requires_grad_()
-    spectrum = torch.view_as_real(fourstep.filter_spectrum(randn(gen, 2, 30, dtype=torch.float64), 64, inner_size=8))
+    spectrum = torch.view_as_real(fourstep.filter_spectrum(randn(gen, 2, 30, dtype=torch.float64), 64, inner=8))
     spectrum = spectrum.clone().requires_grad_()
     assert torch.autograd.gradcheck(lambda x, s: fourstep.fourstep_conv(x, s, True), (x, spectrum))
 
@@ -74,7 +75,7 @@ def test_gradcheck_of_the_conjugate_op(gen):
 def test_opcheck():
     """Schemas, fake kernels and autograd registration agree with the implementations."""
     x = torch.randn(2, 3, 50, dtype=torch.float64)
-    spectrum = torch.view_as_real(fourstep.filter_spectrum(torch.randn(3, 20, dtype=torch.float64), 128, inner_size=16))
+    spectrum = torch.view_as_real(fourstep.filter_spectrum(torch.randn(3, 20, dtype=torch.float64), 128, inner=16))
     torch.library.opcheck(torch.ops.monarch_fftconv.fourstep_conv.default, (x, spectrum.clone().requires_grad_(), False))
     torch.library.opcheck(torch.ops.monarch_fftconv.fourstep_spectrum.default, (x, 128, 16))
 
@@ -82,6 +83,6 @@ def test_opcheck():
 def test_half_io_keeps_the_dtype(gen):
     u = randn(gen, 2, 2, 60, dtype=torch.bfloat16)
     k = randn(gen, 2, 60)
-    y = fourstep.conv(u, fourstep.filter_spectrum(k, 128, inner_size=16))
+    y = fourstep.conv(u, fourstep.filter_spectrum(k, 128, inner=16))
     assert y.dtype == torch.bfloat16
     assert rel_l2(y, reference(u, k)) < 1e-2

@@ -234,20 +234,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fftconv_backward(const at::Tensor
 }
 
 // ------------------------------------------------------------------ four-step (N > 32768)
-// The plan of a four-step call: N = 2·next_pow2(L) = P·M, M = kFourStepInnerSize, P in [8, 32].
-int64_t fourstep_fft_size(int64_t seq_len) {
-  const int64_t fft_size = 2 * next_pow2(seq_len);
-  const int64_t smallest = int64_t(mf::kFourStepInnerSize) * mf::kFourStepMinOuter,
-                largest = int64_t(mf::kFourStepInnerSize) * mf::kFourStepMaxOuter;
-  TORCH_CHECK_VALUE(smallest <= fft_size && fft_size <= largest, "monarch_fftconv: the four-step kernels cover N = ",
-                    smallest, " .. ", largest, ", not N=", fft_size, " (L=", seq_len, ")");
-  return fft_size;
+// The four-step kernels cover N = kFourStepMinSize .. kFourStepMaxSize; a sequence of length
+// L needs 2·L <= N.
+void check_fourstep_size(int64_t fft_size, int64_t seq_len) {
+  TORCH_CHECK_VALUE(is_pow2(fft_size) && mf::kFourStepMinSize <= fft_size && fft_size <= mf::kFourStepMaxSize &&
+                        2 * seq_len <= fft_size,
+                    "monarch_fftconv: the four-step kernels cover N = ", mf::kFourStepMinSize, " .. ",
+                    mf::kFourStepMaxSize, " (powers of two, N >= 2·L), not N=", fft_size, " with L=", seq_len);
 }
 
 mf::FourStepParams fourstep_params(const at::Tensor& x, int64_t fft_size, at::Tensor& intermediate) {
   const c10::cuda::CUDAGuard guard(x.device());
-  const int64_t rows = fft_size / mf::kFourStepInnerSize / 2 + 1;
-  intermediate = at::empty({x.size(0), x.size(1), rows, mf::kFourStepInnerSize, 2}, x.options().dtype(at::kFloat));
+  const int64_t inner = mf::fourstep_inner_size(fft_size), rows = fft_size / inner / 2 + 1;
+  intermediate = at::empty({x.size(0), x.size(1), rows, inner, 2}, x.options().dtype(at::kFloat));
   mf::FourStepParams p{};
   p.x = x.data_ptr();
   p.x_batch_stride = x.stride(0);
@@ -265,15 +264,14 @@ mf::FourStepParams fourstep_params(const at::Tensor& x, int64_t fft_size, at::Te
 // is given, (C, P/2+1, M, 2) float32; y in x's dtype, (B, C, L) contiguous.
 at::Tensor fourstep_conv(const at::Tensor& x_in, const at::Tensor& spectrum_in, bool conjugate) {
   const at::Tensor x = time_contiguous(x_in);
-  const int64_t fft_size = fourstep_fft_size(x.size(2));
+  const int64_t fft_size = 2 * next_pow2(x.size(2));
+  check_fourstep_size(fft_size, x.size(2));
   const at::Tensor spectrum = spectrum_in.to(at::kFloat).contiguous();
-  const int64_t rows = fft_size / mf::kFourStepInnerSize / 2 + 1;
+  const int64_t inner = mf::fourstep_inner_size(fft_size), rows = fft_size / inner / 2 + 1;
   TORCH_CHECK_VALUE(spectrum.dim() == 4 && spectrum.size(0) == x.size(1) && spectrum.size(1) == rows &&
-                        spectrum.size(2) == mf::kFourStepInnerSize && spectrum.size(3) == 2 &&
-                        spectrum.device() == x.device(),
+                        spectrum.size(2) == inner && spectrum.size(3) == 2 && spectrum.device() == x.device(),
                     "monarch_fftconv: the four-step spectrum must be (C, P/2+1, M, 2) = (", x.size(1), ", ", rows,
-                    ", ", mf::kFourStepInnerSize, ", 2) on ", x.device(), ", got ", spectrum.sizes(), " on ",
-                    spectrum.device());
+                    ", ", inner, ", 2) on ", x.device(), ", got ", spectrum.sizes(), " on ", spectrum.device());
   at::Tensor y = at::empty(x.sizes(), x.options());
   if (y.numel() == 0) return y;
   at::Tensor intermediate;
@@ -285,13 +283,13 @@ at::Tensor fourstep_conv(const at::Tensor& x_in, const at::Tensor& spectrum_in, 
   return y;
 }
 
-// X[b, c, k2, k1] = FFT_N(x[b, c])[P·k1 + k2], k2 <= P/2: (B, C, P/2+1, M, 2) float32, unscaled.
+// X[b, c, k2, k1] = FFT_N(x[b, c] zero-padded to N)[P·k1 + k2], k2 <= P/2: (B, C, P/2+1, M, 2)
+// float32, unscaled.
 at::Tensor fourstep_spectrum(const at::Tensor& x_in, int64_t fft_size, int64_t inner_size) {
   const at::Tensor x = time_contiguous(x_in);
-  TORCH_CHECK_VALUE(fft_size == fourstep_fft_size(x.size(2)), "monarch_fftconv: fft_size ", fft_size,
-                    " is not 2·next_pow2(L) for L=", x.size(2));
-  TORCH_CHECK_VALUE(inner_size == mf::kFourStepInnerSize, "monarch_fftconv: the four-step kernels' inner size is ",
-                    mf::kFourStepInnerSize, ", not ", inner_size);
+  check_fourstep_size(fft_size, x.size(2));
+  TORCH_CHECK_VALUE(inner_size == mf::fourstep_inner_size(fft_size), "monarch_fftconv: the four-step kernels' inner ",
+                    "size at N=", fft_size, " is ", mf::fourstep_inner_size(fft_size), ", not ", inner_size);
   at::Tensor intermediate;
   mf::FourStepParams p = fourstep_params(x, fft_size, intermediate);
   if (intermediate.numel() > 0) check_launch(mf::fourstep_spectrum(p, current_stream(x)));
@@ -354,7 +352,7 @@ std::tuple<at::Tensor, at::Tensor> fftconv_autograd(const at::Tensor& u, const a
 }
 
 // (splits every kernel covers, splits only the fp32 radix kernels cover, each as a flat
-// [n1, n2, n1, n2, ...] list; the four-step kernels' [inner size M, smallest N, largest N]; the io
+// [n1, n2, n1, n2, ...] list; the four-step kernels' [N, inner size M, N, M, ...]; the io
 // dtypes): what the kernels cover.
 std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, std::vector<std::string>>
 kernel_coverage() {
@@ -365,8 +363,8 @@ kernel_coverage() {
 #define MONARCH_FFTCONV_LIST(N1_, N2_) radix_only.insert(radix_only.end(), {N1_, N2_});
   MONARCH_FFTCONV_RADIX_ONLY_SPLITS(MONARCH_FFTCONV_LIST)
 #undef MONARCH_FFTCONV_LIST
-  const std::vector<int64_t> fourstep = {mf::kFourStepInnerSize, int64_t(mf::kFourStepInnerSize) * mf::kFourStepMinOuter,
-                                         int64_t(mf::kFourStepInnerSize) * mf::kFourStepMaxOuter};
+  std::vector<int64_t> fourstep;
+  for (int64_t n = mf::kFourStepMinSize; n <= mf::kFourStepMaxSize; n *= 2) fourstep.insert(fourstep.end(), {n, mf::fourstep_inner_size(n)});
   return {splits, radix_only, fourstep, {"float32", "bfloat16", "float16"}};
 }
 

@@ -104,18 +104,20 @@ constexpr bool covers_radix_split(int n1, int n2) {
   return covers_split(n1, n2);
 }
 
-// Long sequences, N = 65536 .. 262144: the four-step algorithm (docs/design.md), N = P·M with
-// the inner size M = kFourStepInnerSize and the outer size P in [8, 32], t = m + M·p,
+// Long sequences, N = 65536 .. 2^23 (L up to 4M): the four-step algorithm (docs/design.md),
+// N = P·M with the inner size M (fourstep_inner_size) and the outer size P, t = m + M·p,
 // f = P·k1 + k2. Three launches through one complex intermediate of (B·C, P/2+1, M):
 //   outer forward:  a[s][k2][m] = W_N^(m·k2) · Σ_{p < P/2} x[s][m + M·p]·W_P^(p·k2),  k2 <= P/2
+//                   (P <= 32 in registers, one thread per column; P >= 128 in shared memory)
 //   inner:          per row (s, k2): FFT_M, times the filter spectrum row (or its conjugate),
 //                   unnormalised inverse FFT_M, in place
 //   outer inverse:  y[s][m + M·p] = Re Σ_{k2 < P} W_P^(-p·k2) · W_N^(-m·k2) · c[s][k2][m], the rows
 //                   k2 > P/2 being the conjugates of P - k2 (y is real); t < L stored
 // The filter spectrum is K[c][k2][k1] = FFT_N(k_c)[P·k1 + k2] / N, k2 in [0, P/2], k1 in [0, M).
-constexpr int kFourStepInnerSize = 8192;
-constexpr int kFourStepMinOuter = 8;   // below, N <= 32768: the radix kernels
-constexpr int kFourStepMaxOuter = 32;  // the outer DFT in registers
+constexpr int64_t kFourStepMinSize = 65536;    // below, the radix kernels run on chip
+constexpr int64_t kFourStepMaxSize = 1 << 23;  // L = 4M
+// M = 8192, except at N = 2^19, whose P would be 64 (neither kernel family's size): M = 4096.
+constexpr int fourstep_inner_size(int64_t fft_size) { return fft_size == (int64_t(1) << 19) ? 4096 : 8192; }
 
 struct FourStepParams {
   const void* x;                  // real input (batch, channels, seq_len), time stride 1, io_type

@@ -27,8 +27,6 @@ namespace monarch_fftconv {
 namespace {
 namespace fp32_detail {
 
-constexpr int kInnerLogM = 13;  // the inner plan, Plan<13>: M = 8192 complex points
-static_assert(Plan<kInnerLogM>::M == kFourStepInnerSize, "inner plan");
 constexpr int kOuterThreads = 256;
 
 struct FourStepArgs {
@@ -39,7 +37,7 @@ struct FourStepArgs {
   float2* a;         // (B·C, R, M)
   int64_t B, C, L;
   int64_t columns;   // B·C·M
-  int N, R;
+  int N, M, logM, R; // R = P/2 + 1
   int conj;          // inner: multiply by conj K
   int spectrum_only; // inner: store the forward spectrum, no product, no inverse
 };
@@ -53,42 +51,48 @@ __device__ __forceinline__ cf twiddle_n(int64_t m, int k2, int N) {
   return {c, -s};
 }
 
+// x[s] for the sequence s = b·C + c
+template <typename IO>
+__device__ __forceinline__ const IO* sequence(const FourStepArgs& g, int64_t s) {
+  return static_cast<const IO*>(g.x) + (s / g.C) * g.xbs + (s % g.C) * g.xcs;
+}
+
+// ---------------------------------------------------------------- outer stage, P <= 32
+// One thread per column (s, m): the column's P values in registers. Consecutive threads own
+// consecutive m, so every load and store is coalesced.
 template <int P, typename IO>
-__global__ void __launch_bounds__(kOuterThreads) outer_forward_kernel(const FourStepArgs g) {
-  constexpr int M = kFourStepInnerSize;
+__global__ void __launch_bounds__(kOuterThreads) outer_forward_reg_kernel(const FourStepArgs g) {
   const int64_t col = (int64_t)blockIdx.x * kOuterThreads + threadIdx.x;
   if (col >= g.columns) return;
-  const int64_t s = col / M, m = col % M;
-  const int64_t b = s / g.C, c = s % g.C;
-  const IO* x = static_cast<const IO*>(g.x) + b * g.xbs + c * g.xcs;
+  const int64_t s = col >> g.logM, m = col & (g.M - 1);
+  const IO* x = sequence<IO>(g, s);
   cf v[P];
 #pragma unroll
   for (int p = 0; p < P / 2; ++p) {
-    const int64_t t = m + (int64_t)M * p;
+    const int64_t t = m + (int64_t)g.M * p;
     v[p] = {t < g.L ? io_load<IO>(x + t) : 0.f, 0.f};
   }
 #pragma unroll
   for (int p = P / 2; p < P; ++p) v[p] = {0.f, 0.f};
   fft_reg<P, false, true>(v);  // the upper half of the column is the zero padding
-  float2* out = g.a + s * (int64_t)g.R * M + m;
+  float2* out = g.a + s * (int64_t)g.R * g.M + m;
 #pragma unroll
   for (int k2 = 0; k2 <= P / 2; ++k2) {
     const cf z = k2 == 0 ? v[0] : cmul(v[k2], twiddle_n(m, k2, g.N));
-    __stcg(out + (int64_t)k2 * M, make_float2(z.x, z.y));  // read once by the inner kernel: L2 only
+    __stcg(out + (int64_t)k2 * g.M, make_float2(z.x, z.y));  // read once by the inner kernel: L2 only
   }
 }
 
 template <int P, typename IO>
-__global__ void __launch_bounds__(kOuterThreads) outer_inverse_kernel(const FourStepArgs g) {
-  constexpr int M = kFourStepInnerSize;
+__global__ void __launch_bounds__(kOuterThreads) outer_inverse_reg_kernel(const FourStepArgs g) {
   const int64_t col = (int64_t)blockIdx.x * kOuterThreads + threadIdx.x;
   if (col >= g.columns) return;
-  const int64_t s = col / M, m = col % M;
-  const float2* in = g.a + s * (int64_t)g.R * M + m;
+  const int64_t s = col >> g.logM, m = col & (g.M - 1);
+  const float2* in = g.a + s * (int64_t)g.R * g.M + m;
   cf v[P];
 #pragma unroll
   for (int k2 = 0; k2 <= P / 2; ++k2) {
-    const float2 z = __ldcs(in + (int64_t)k2 * M);
+    const float2 z = __ldcs(in + (int64_t)k2 * g.M);
     v[k2] = k2 == 0 ? cf{z.x, z.y} : cmul(cf{z.x, z.y}, cconj(twiddle_n(m, k2, g.N)));
   }
 #pragma unroll
@@ -97,8 +101,90 @@ __global__ void __launch_bounds__(kOuterThreads) outer_inverse_kernel(const Four
   IO* y = static_cast<IO*>(g.y) + s * g.L;
 #pragma unroll
   for (int p = 0; p < P / 2; ++p) {
-    const int64_t t = m + (int64_t)M * p;
+    const int64_t t = m + (int64_t)g.M * p;
     if (t < g.L) io_store<IO>(y + t, v[p].x);
+  }
+}
+
+// ---------------------------------------------------------------- outer stage, P >= 128
+// A CTA owns SPB consecutive columns of one sequence, each a slot of Plan<log2 P> (P/32
+// threads, a shared-memory area): the tile is loaded row by row (coalesced along m) into
+// the slots, transformed by three Stockham passes (radices R1, R2, 16: natural order out),
+// and stored row by row.
+template <int LOGP>
+__device__ __forceinline__ void column_passes(float* re, float* im, int tx, const SlotSmem<LOGP>& slot, bool inverse) {
+  using Pl = Plan<LOGP>;
+  constexpr int P = Pl::M, T = Pl::T;
+  if (inverse) {
+    pass_smem<P, T, Pl::R1, 1, true>(re, im, tx, nullptr);
+    if constexpr (Pl::LR2 > 0) pass_smem<P, T, Pl::R2, Pl::R1, true>(re, im, tx, slot.fp2());
+    pass_smem<P, T, 16, Pl::R1 * Pl::R2, true>(re, im, tx, slot.mid());
+  } else {
+    pass_smem<P, T, Pl::R1, 1, false>(re, im, tx, nullptr);
+    if constexpr (Pl::LR2 > 0) pass_smem<P, T, Pl::R2, Pl::R1, false>(re, im, tx, slot.fp2());
+    pass_smem<P, T, 16, Pl::R1 * Pl::R2, false>(re, im, tx, slot.mid());
+  }
+}
+
+template <int LOGP, typename IO>
+__global__ void __launch_bounds__(Plan<LOGP>::THREADS) outer_forward_smem_kernel(const FourStepArgs g, int S) {
+  using Pl = Plan<LOGP>;
+  constexpr int P = Pl::M, SPB = Pl::SPB, ROWS_PER_STEP = Pl::THREADS / SPB;
+  extern __shared__ float4 smem_raw[];
+  float* sm = reinterpret_cast<float*>(smem_raw);
+  const SlotSmem<LOGP> slot(sm, S);
+  const int tid = threadIdx.y * Pl::T + threadIdx.x;
+  const int64_t col0 = (int64_t)blockIdx.x * SPB;  // SPB divides M: one sequence per CTA
+  const int64_t s = col0 >> g.logM, m0 = col0 & (g.M - 1);
+  const IO* x = sequence<IO>(g, s);
+  const int lane_col = tid % SPB;
+  float* col_re = sm + (size_t)lane_col * 2 * S;
+  float* col_im = col_re + S;
+  for (int p = tid / SPB; p < P; p += ROWS_PER_STEP) {
+    const int64_t t = m0 + lane_col + (int64_t)g.M * p;
+    col_re[pidx(p)] = (p < P / 2 && t < g.L) ? io_load<IO>(x + t) : 0.f;
+    col_im[pidx(p)] = 0.f;
+  }
+  __syncthreads();
+  column_passes<LOGP>(slot.re, slot.im, threadIdx.x, slot, false);
+  float2* out = g.a + s * (int64_t)g.R * g.M + m0 + lane_col;
+  for (int k2 = tid / SPB; k2 <= P / 2; k2 += ROWS_PER_STEP) {
+    const cf z = {col_re[pidx(k2)], col_im[pidx(k2)]};
+    const cf w = k2 == 0 ? z : cmul(z, twiddle_n(m0 + lane_col, k2, g.N));
+    __stcg(out + (int64_t)k2 * g.M, make_float2(w.x, w.y));
+  }
+}
+
+template <int LOGP, typename IO>
+__global__ void __launch_bounds__(Plan<LOGP>::THREADS) outer_inverse_smem_kernel(const FourStepArgs g, int S) {
+  using Pl = Plan<LOGP>;
+  constexpr int P = Pl::M, SPB = Pl::SPB, ROWS_PER_STEP = Pl::THREADS / SPB;
+  extern __shared__ float4 smem_raw[];
+  float* sm = reinterpret_cast<float*>(smem_raw);
+  const SlotSmem<LOGP> slot(sm, S);
+  const int tid = threadIdx.y * Pl::T + threadIdx.x;
+  const int64_t col0 = (int64_t)blockIdx.x * SPB;
+  const int64_t s = col0 >> g.logM, m0 = col0 & (g.M - 1);
+  const int lane_col = tid % SPB;
+  float* col_re = sm + (size_t)lane_col * 2 * S;
+  float* col_im = col_re + S;
+  const float2* in = g.a + s * (int64_t)g.R * g.M + m0 + lane_col;
+  for (int k2 = tid / SPB; k2 <= P / 2; k2 += ROWS_PER_STEP) {
+    const float2 z = __ldcs(in + (int64_t)k2 * g.M);
+    const cf v = k2 == 0 ? cf{z.x, z.y} : cmul(cf{z.x, z.y}, cconj(twiddle_n(m0 + lane_col, k2, g.N)));
+    col_re[pidx(k2)] = v.x;
+    col_im[pidx(k2)] = v.y;
+    if (k2 > 0 && k2 < P / 2) {  // the conjugate row P - k2: y is real
+      col_re[pidx(P - k2)] = v.x;
+      col_im[pidx(P - k2)] = -v.y;
+    }
+  }
+  __syncthreads();
+  column_passes<LOGP>(slot.re, slot.im, threadIdx.x, slot, true);
+  IO* y = static_cast<IO*>(g.y) + s * g.L;
+  for (int p = tid / SPB; p < P / 2; p += ROWS_PER_STEP) {
+    const int64_t t = m0 + lane_col + (int64_t)g.M * p;
+    if (t < g.L) io_store<IO>(y + t, col_re[pidx(p)]);
   }
 }
 
@@ -113,7 +199,7 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inn
   const SlotSmem<LOGM> slot(reinterpret_cast<float*>(smem_raw), S);
   float *re = slot.re, *im = slot.im;
   const int tx = threadIdx.x, ty = threadIdx.y;
-  const int64_t rows = g.columns / M * g.R;
+  const int64_t rows = (g.columns >> g.logM) * g.R;
 
   for (int64_t rb = (int64_t)blockIdx.x * SPB; rb < rows; rb += (int64_t)gridDim.x * SPB) {
     const int64_t row = rb + ty;
@@ -232,14 +318,14 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inn
   }
 }
 
-// The outer size P as a compile-time constant: f(std::integral_constant<int, P>{}).
-template <class F>
-cudaError_t with_outer(int outer, F&& f) {
-  switch (outer) {
-    case 8: return f(std::integral_constant<int, 8>{});
-    case 16: return f(std::integral_constant<int, 16>{});
-    case 32: return f(std::integral_constant<int, 32>{});
-    default: return cudaErrorInvalidValue;
+// f(std::integral_constant<int, I>{}) for the I with 2^I = value, I in [LO, HI]
+template <int LO, int HI, class F>
+cudaError_t with_log2(int64_t value, F&& f) {
+  if constexpr (LO > HI) {
+    return cudaErrorInvalidValue;
+  } else {
+    if (value == (int64_t(1) << LO)) return f(std::integral_constant<int, LO>{});
+    return with_log2<LO + 1, HI>(value, f);
   }
 }
 
@@ -254,10 +340,8 @@ cudaError_t with_io(IOType io, F&& f) {
 }
 
 bool valid_params(const FourStepParams& p) {
-  const int64_t M = kFourStepInnerSize;
-  return p.fft_size % M == 0 && kFourStepMinOuter <= p.fft_size / M && p.fft_size / M <= kFourStepMaxOuter &&
-         (p.fft_size & (p.fft_size - 1)) == 0 && p.batch > 0 && p.channels > 0 && 1 <= p.seq_len &&
-         2 * p.seq_len <= p.fft_size && p.x && p.intermediate &&
+  return kFourStepMinSize <= p.fft_size && p.fft_size <= kFourStepMaxSize && (p.fft_size & (p.fft_size - 1)) == 0 &&
+         p.batch > 0 && p.channels > 0 && 1 <= p.seq_len && 2 * p.seq_len <= p.fft_size && p.x && p.intermediate &&
          reinterpret_cast<uintptr_t>(p.intermediate) % 16 == 0;
 }
 
@@ -272,24 +356,33 @@ FourStepArgs make_args(const FourStepParams& p) {
   g.B = p.batch;
   g.C = p.channels;
   g.L = p.seq_len;
-  g.columns = p.batch * p.channels * kFourStepInnerSize;
-  g.N = p.fft_size;
-  g.R = p.fft_size / kFourStepInnerSize / 2 + 1;
+  g.N = (int)p.fft_size;
+  g.M = fourstep_inner_size(p.fft_size);
+  g.logM = ilog2_host(g.M);
+  g.columns = p.batch * p.channels * g.M;
+  g.R = (int)(p.fft_size / g.M / 2 + 1);
   g.conj = p.conjugate;
   return g;
 }
 
-unsigned outer_blocks(const FourStepArgs& g) { return (unsigned)((g.columns + kOuterThreads - 1) / kOuterThreads); }
-
-cudaError_t launch_inner(const FourStepArgs& g, cudaStream_t stream) {
-  constexpr int LOGM = kInnerLogM;
+// The sequence area of one slot of Plan<LOGM> (no filter stage) and the CTA's smem.
+template <int LOGM>
+int slot_floats() { return area_floats<LOGM>(2, 1); }
+template <int LOGM>
+size_t slots_smem(int S) {
   using Pl = Plan<LOGM>;
-  const int S = area_floats<LOGM>(2, 1);  // no filter stage: the sequence area alone
-  const size_t smem = (size_t)Pl::SPB * 2 * S * sizeof(float) + (size_t)Pl::N_TW * sizeof(float2);
+  return (size_t)Pl::SPB * 2 * S * sizeof(float) + (size_t)Pl::N_TW * sizeof(float2);
+}
+
+template <int LOGM>
+cudaError_t launch_inner(const FourStepArgs& g, cudaStream_t stream) {
+  using Pl = Plan<LOGM>;
+  const int S = slot_floats<LOGM>();
+  const size_t smem = slots_smem<LOGM>(S);
   int ctas = 0, sms = 0;
   cudaError_t err = residency<inner_kernel<LOGM>>(Pl::THREADS, smem, ctas, sms);
   if (err != cudaSuccess) return err;
-  const int64_t rows = g.columns / Pl::M * g.R;
+  const int64_t rows = (g.columns >> g.logM) * g.R;
   int64_t grid = (int64_t)ctas * sms;
   const int64_t needed = (rows + Pl::SPB - 1) / Pl::SPB;
   if (grid > needed) grid = needed;
@@ -297,11 +390,36 @@ cudaError_t launch_inner(const FourStepArgs& g, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-cudaError_t launch_outer_forward(const FourStepArgs& g, IOType io, cudaStream_t stream) {
-  return with_outer(g.N / kFourStepInnerSize, [&](auto outer) {
-    return with_io(io, [&](auto io_value) {
-      using IO = decltype(io_value);
-      outer_forward_kernel<decltype(outer)::value, IO><<<outer_blocks(g), kOuterThreads, 0, stream>>>(g);
+cudaError_t launch_inner_any(const FourStepArgs& g, cudaStream_t stream) {
+  return with_log2<12, 13>(g.M, [&](auto logm) { return launch_inner<decltype(logm)::value>(g, stream); });
+}
+
+// The outer stage, forward or inverse, for the call's P and io type.
+template <bool INVERSE>
+cudaError_t launch_outer(const FourStepArgs& g, IOType io, cudaStream_t stream) {
+  const int64_t outer = g.N / g.M;
+  return with_io(io, [&](auto io_value) -> cudaError_t {
+    using IO = decltype(io_value);
+    if (outer <= 32) {
+      const unsigned blocks = (unsigned)((g.columns + kOuterThreads - 1) / kOuterThreads);
+      return with_log2<3, 5>(outer, [&](auto logp) {
+        constexpr int P = 1 << decltype(logp)::value;
+        if constexpr (INVERSE) outer_inverse_reg_kernel<P, IO><<<blocks, kOuterThreads, 0, stream>>>(g);
+        else outer_forward_reg_kernel<P, IO><<<blocks, kOuterThreads, 0, stream>>>(g);
+        return cudaGetLastError();
+      });
+    }
+    return with_log2<7, 10>(outer, [&](auto logp) {
+      constexpr int LOGP = decltype(logp)::value;
+      using Pl = Plan<LOGP>;
+      const int S = slot_floats<LOGP>();
+      const size_t smem = slots_smem<LOGP>(S);
+      auto kern = INVERSE ? outer_inverse_smem_kernel<LOGP, IO> : outer_forward_smem_kernel<LOGP, IO>;
+      int ctas = 0, sms = 0;
+      cudaError_t err = INVERSE ? residency<outer_inverse_smem_kernel<LOGP, IO>>(Pl::THREADS, smem, ctas, sms)
+                                : residency<outer_forward_smem_kernel<LOGP, IO>>(Pl::THREADS, smem, ctas, sms);
+      if (err != cudaSuccess) return err;
+      kern<<<(unsigned)(g.columns / Pl::SPB), dim3(Pl::T, Pl::SPB), smem, stream>>>(g, S);
       return cudaGetLastError();
     });
   });
@@ -314,17 +432,11 @@ cudaError_t fourstep_conv(const FourStepParams& p, cudaStream_t stream) {
   using namespace fp32_detail;
   if (!valid_params(p) || !p.y || !p.filter_spectrum || reinterpret_cast<uintptr_t>(p.filter_spectrum) % 8 != 0)
     return cudaErrorInvalidValue;
-  FourStepArgs g = make_args(p);
-  cudaError_t err = launch_outer_forward(g, p.io_type, stream);
-  if (err == cudaSuccess) err = launch_inner(g, stream);
-  if (err != cudaSuccess) return err;
-  return with_outer(g.N / kFourStepInnerSize, [&](auto outer) {
-    return with_io(p.io_type, [&](auto io_value) {
-      using IO = decltype(io_value);
-      outer_inverse_kernel<decltype(outer)::value, IO><<<outer_blocks(g), kOuterThreads, 0, stream>>>(g);
-      return cudaGetLastError();
-    });
-  });
+  const FourStepArgs g = make_args(p);
+  cudaError_t err = launch_outer<false>(g, p.io_type, stream);
+  if (err == cudaSuccess) err = launch_inner_any(g, stream);
+  if (err == cudaSuccess) err = launch_outer<true>(g, p.io_type, stream);
+  return err;
 }
 
 cudaError_t fourstep_spectrum(const FourStepParams& p, cudaStream_t stream) {
@@ -332,8 +444,8 @@ cudaError_t fourstep_spectrum(const FourStepParams& p, cudaStream_t stream) {
   if (!valid_params(p)) return cudaErrorInvalidValue;
   FourStepArgs g = make_args(p);
   g.spectrum_only = 1;
-  const cudaError_t err = launch_outer_forward(g, p.io_type, stream);
-  return err == cudaSuccess ? launch_inner(g, stream) : err;
+  const cudaError_t err = launch_outer<false>(g, p.io_type, stream);
+  return err == cudaSuccess ? launch_inner_any(g, stream) : err;
 }
 
 }  // namespace monarch_fftconv
