@@ -15,7 +15,7 @@ kernels are tested against), fake kernels and autograd:
 ``fourstep_conv(x, S, conjugate) -> y``                         y = x convolved with the filter
                                                                 whose four-step spectrum is S
                                                                 (correlated, when conjugate)
-``fourstep_spectrum(x, fft_size, inner_size) -> X``             x's spectrum, rows k2 <= P/2
+``fourstep_spectrum(x, fft_size, inner_size, scale) -> X``      x's spectrum·scale, rows k2 <= P/2
 ==============================================================  =============================
 
 S is (C, P/2+1, M, 2) real (a complex view), scaled by 1/N, with any skip term folded in.
@@ -56,21 +56,47 @@ def spectrum_rows(fft_size: int, inner: int | None = None) -> int:
     return outer_size(fft_size, inner) // 2 + 1
 
 
-def row_weights(rows: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """How often each stored row occurs in the full spectrum: rows 0 and P/2 once, the others
-    twice (as themselves and as the conjugate row P - k2)."""
-    weights = torch.full((rows, 1), 2.0, dtype=dtype, device=device)
+def _row_weights(fft_size: int, inner_size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """(P/2+1, 1): how often each stored row occurs in the full spectrum: rows 0 and P/2 once,
+    the others twice (as themselves and as the conjugate row P - k2)."""
+    weights = torch.full((spectrum_rows(fft_size, inner_size), 1), 2.0, dtype=dtype)
     weights[0] = weights[-1] = 1.0
-    return weights
+    return weights.to(device)
 
 
-@functools.lru_cache(maxsize=32)  # a few MB each at most; the backward asks for them every step
-def twiddles(fft_size: int, inner_size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+def _twiddles(fft_size: int, inner_size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     """(P/2+1, M) complex: W_N^(m·k2) = exp(-2πi·m·k2/N), the exponent reduced exactly."""
     rows = spectrum_rows(fft_size, inner_size)
     exponent = (torch.arange(rows).unsqueeze(1) * torch.arange(inner_size).unsqueeze(0)) % fft_size
     angle = exponent.to(torch.float64) * (-2 * math.pi / fft_size)
     return torch.polar(torch.ones_like(angle), angle).to(dtype=dtype, device=device)
+
+
+def _adjoint_twiddles(fft_size: int, inner_size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """conj(W_N^(m·k2)) / weight(k2): the spectrum's adjoint (see _spectrum_backward)."""
+    real = torch.float64 if dtype == torch.complex128 else torch.float32
+    return _twiddles(fft_size, inner_size, dtype, device).conj_physical() / _row_weights(fft_size, inner_size, real, device)
+
+
+@functools.lru_cache(maxsize=64)  # a few MB each at most; the backward asks for them every step
+def _cached(make, fft_size: int, inner_size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    return make(fft_size, inner_size, dtype, device)
+
+
+def _table(make, fft_size: int, inner_size: int, like: Tensor, dtype: torch.dtype) -> Tensor:
+    """A constant table on `like`'s device: cached for eager tensors, built afresh while
+    torch.compile traces (its fake tensors must never meet a cached real one)."""
+    if type(like) is torch.Tensor and not torch.compiler.is_compiling():
+        return _cached(make, fft_size, inner_size, dtype, like.device)
+    return make(fft_size, inner_size, dtype, like.device)
+
+
+def twiddles(fft_size: int, inner_size: int, like: Tensor) -> Tensor:
+    return _table(_twiddles, fft_size, inner_size, like, like.dtype)
+
+
+def row_weights(fft_size: int, inner_size: int, like: Tensor) -> Tensor:
+    return _table(_row_weights, fft_size, inner_size, like, like.real.dtype)
 
 
 def _columns(x: Tensor, fft_size: int, inner_size: int) -> Tensor:
@@ -84,7 +110,7 @@ def spectrum_reference(x: Tensor, fft_size: int, inner_size: int) -> Tensor:
     """(..., P/2+1, M) complex: FFT_N(x)[P·k1 + k2] at [k2, k1], by the four steps in torch.fft."""
     P = outer_size(fft_size, inner_size)
     a = torch.fft.rfft(_columns(x, fft_size, inner_size), n=P, dim=-2)  # outer DFT down the columns
-    return torch.fft.fft(a * twiddles(fft_size, inner_size, a.dtype, a.device), dim=-1)
+    return torch.fft.fft(a * twiddles(fft_size, inner_size, a), dim=-1)
 
 
 def conv_reference(x: Tensor, spectrum: Tensor, conjugate: bool) -> Tensor:
@@ -94,7 +120,7 @@ def conv_reference(x: Tensor, spectrum: Tensor, conjugate: bool) -> Tensor:
     P, L = outer_size(fft_size, inner_size), x.shape[-1]
     X = spectrum_reference(x, fft_size, inner_size)
     Y = X * (spectrum.conj_physical() if conjugate else spectrum).to(X.dtype)
-    tw = twiddles(fft_size, inner_size, X.dtype, X.device)
+    tw = twiddles(fft_size, inner_size, X)
     c = torch.fft.ifft(Y, dim=-1, norm="forward") * tw.conj_physical()  # unnormalised: the 1/N is in the spectrum
     y = torch.fft.irfft(c, n=P, dim=-2, norm="forward")[..., : P // 2, :]
     return y.reshape(*y.shape[:-2], -1)[..., :L].to(x.dtype).contiguous()
@@ -105,8 +131,7 @@ def filter_spectrum(k: Tensor, fft_size: int, skip: Tensor | None = None, inner:
     folded in (K + D/N: D·u is the convolution with D at lag 0). Differentiable in k and D.
     On the GPU the spectrum kernels compute it (fp32), as they do u's."""
     x = k.unsqueeze(0).to(torch.float32 if k.is_cuda else compute_dtype(k))
-    spectrum = torch.view_as_complex(fourstep_spectrum_op(x, fft_size, inner or inner_for(fft_size)))[0]
-    spectrum = spectrum * (1.0 / fft_size)
+    spectrum = torch.view_as_complex(fourstep_spectrum_op(x, fft_size, inner or inner_for(fft_size), 1.0 / fft_size))[0]
     if skip is not None:
         spectrum = spectrum + (skip.to(spectrum.real.dtype) / fft_size).reshape(-1, 1, 1)
     return spectrum
@@ -126,18 +151,18 @@ def _(x: Tensor, spectrum: Tensor, conjugate: bool) -> Tensor:
 
 
 @torch.library.custom_op("monarch_fftconv::fourstep_spectrum", mutates_args=(), device_types="cpu")
-def fourstep_spectrum(x: Tensor, fft_size: int, inner_size: int) -> Tensor:
-    return torch.view_as_real(spectrum_reference(x, fft_size, inner_size)).contiguous()
+def fourstep_spectrum(x: Tensor, fft_size: int, inner_size: int, scale: float) -> Tensor:
+    return torch.view_as_real(spectrum_reference(x, fft_size, inner_size) * scale).contiguous()
 
 
 @fourstep_spectrum.register_fake
-def _(x: Tensor, fft_size: int, inner_size: int) -> Tensor:
+def _(x: Tensor, fft_size: int, inner_size: int, scale: float) -> Tensor:
     shape = (*x.shape[:-1], spectrum_rows(fft_size, inner_size), inner_size, 2)
     return x.new_empty(shape, dtype=compute_dtype(x))
 
 
 def _spectrum_setup_context(ctx, inputs, output) -> None:
-    x, ctx.fft_size, ctx.inner_size = inputs
+    x, ctx.fft_size, ctx.inner_size, ctx.scale = inputs
     ctx.length, ctx.dtype = x.shape[-1], x.dtype
 
 
@@ -146,12 +171,11 @@ def _spectrum_backward(ctx, grad: Tensor):
     twiddles and the outer DFT's adjoint, Σ_{k2 <= P/2} W_P^(-p·k2)·c[k2], which is irfft's
     Hermitian sum once each middle row is halved (irfft counts them twice)."""
     fft_size, inner_size = ctx.fft_size, ctx.inner_size
-    G = torch.view_as_complex(grad.contiguous())
+    G = torch.view_as_complex(grad.contiguous()) * ctx.scale
     rows = G.shape[-2]
-    c = torch.fft.ifft(G, dim=-1, norm="forward") * twiddles(fft_size, inner_size, G.dtype, G.device).conj_physical()
-    c = c / row_weights(rows, G.real.dtype, G.device)
+    c = torch.fft.ifft(G, dim=-1, norm="forward") * _table(_adjoint_twiddles, fft_size, inner_size, G, G.dtype)
     x = torch.fft.irfft(c, n=outer_size(fft_size, inner_size), dim=-2, norm="forward")[..., : rows - 1, :]
-    return x.reshape(*x.shape[:-2], -1)[..., : ctx.length].to(ctx.dtype), None, None
+    return x.reshape(*x.shape[:-2], -1)[..., : ctx.length].to(ctx.dtype), None, None, None
 
 
 torch.library.register_autograd("monarch_fftconv::fourstep_spectrum", _spectrum_backward,
@@ -177,9 +201,9 @@ def _backward(ctx, grad: Tensor):
     if needs_spectrum:
         rows, inner_size = spectrum.shape[1], spectrum.shape[2]
         fft_size = 2 * (rows - 1) * inner_size
-        X = torch.view_as_complex(fourstep_spectrum(x, fft_size, inner_size))
-        DY = torch.view_as_complex(fourstep_spectrum(grad.to(x.dtype), fft_size, inner_size))
-        g = (X.conj_physical() * DY).sum(dim=0) * row_weights(rows, X.real.dtype, X.device)
+        X = torch.view_as_complex(fourstep_spectrum(x, fft_size, inner_size, 1.0))
+        DY = torch.view_as_complex(fourstep_spectrum(grad.to(x.dtype), fft_size, inner_size, 1.0))
+        g = (X.conj_physical() * DY).sum(dim=0) * row_weights(fft_size, inner_size, X)
         grad_spectrum = torch.view_as_real(g.conj_physical() if ctx.conjugate else g).to(spectrum.dtype)
     return grad_x, grad_spectrum, None
 

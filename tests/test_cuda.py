@@ -388,7 +388,7 @@ def test_fourstep_kernels_are_the_cpu_algorithm(length, n, gen):
         ours = fourstep.fourstep_conv(u, spectrum, conjugate)
         theirs = fourstep.fourstep_conv(u.cpu().double(), spectrum.cpu().double(), conjugate)
         assert rel_l2(ours.cpu(), theirs) <= 1e-6
-    ours = torch.view_as_complex(fourstep.fourstep_spectrum(u, n, fourstep.inner_for(n)))
+    ours = torch.view_as_complex(fourstep.fourstep_spectrum(u, n, fourstep.inner_for(n), 1.0))
     want = fourstep.spectrum_reference(u.cpu().double(), n, fourstep.inner_for(n))
     assert rel_l2(torch.view_as_real(ours).cpu(), torch.view_as_real(want)) <= 1e-6
 

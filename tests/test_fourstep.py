@@ -77,7 +77,7 @@ def test_opcheck():
     x = torch.randn(2, 3, 50, dtype=torch.float64)
     spectrum = torch.view_as_real(fourstep.filter_spectrum(torch.randn(3, 20, dtype=torch.float64), 128, inner=16))
     torch.library.opcheck(torch.ops.monarch_fftconv.fourstep_conv.default, (x, spectrum.clone().requires_grad_(), False))
-    torch.library.opcheck(torch.ops.monarch_fftconv.fourstep_spectrum.default, (x, 128, 16))
+    torch.library.opcheck(torch.ops.monarch_fftconv.fourstep_spectrum.default, (x, 128, 16, 0.5))
 
 
 def test_half_io_keeps_the_dtype(gen):
@@ -86,3 +86,9 @@ def test_half_io_keeps_the_dtype(gen):
     y = fourstep.conv(u, fourstep.filter_spectrum(k, 128, inner=16))
     assert y.dtype == torch.bfloat16
     assert rel_l2(y, reference(u, k)) < 1e-2
+
+
+def test_gradcheck_of_the_spectrum_op(gen):
+    """The spectrum's adjoint (irfft's Hermitian sum with the middle rows halved)."""
+    x = randn(gen, 2, 3, 50, dtype=torch.float64).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x: fourstep.fourstep_spectrum(x, 128, 16, 0.25), (x,))

@@ -283,15 +283,16 @@ at::Tensor fourstep_conv(const at::Tensor& x_in, const at::Tensor& spectrum_in, 
   return y;
 }
 
-// X[b, c, k2, k1] = FFT_N(x[b, c] zero-padded to N)[P·k1 + k2], k2 <= P/2: (B, C, P/2+1, M, 2)
-// float32, unscaled.
-at::Tensor fourstep_spectrum(const at::Tensor& x_in, int64_t fft_size, int64_t inner_size) {
+// X[b, c, k2, k1] = FFT_N(x[b, c] zero-padded to N)[P·k1 + k2]·scale, k2 <= P/2: (B, C, P/2+1, M, 2)
+// float32.
+at::Tensor fourstep_spectrum(const at::Tensor& x_in, int64_t fft_size, int64_t inner_size, double scale) {
   const at::Tensor x = time_contiguous(x_in);
   check_fourstep_size(fft_size, x.size(2));
   TORCH_CHECK_VALUE(inner_size == mf::fourstep_inner_size(fft_size), "monarch_fftconv: the four-step kernels' inner ",
                     "size at N=", fft_size, " is ", mf::fourstep_inner_size(fft_size), ", not ", inner_size);
   at::Tensor intermediate;
   mf::FourStepParams p = fourstep_params(x, fft_size, intermediate);
+  p.spectrum_scale = static_cast<float>(scale);
   if (intermediate.numel() > 0) check_launch(mf::fourstep_spectrum(p, current_stream(x)));
   return intermediate;
 }

@@ -131,6 +131,7 @@ struct FourStepParams {
   int64_t seq_len;                // 1 <= seq_len <= fft_size / 2
   int fft_size;                   // N
   int conjugate;                  // multiply by the conjugate filter spectrum (the correlation)
+  float spectrum_scale;           // fourstep_spectrum: X·spectrum_scale (1/N for a filter spectrum)
   IOType io_type;
 };
 
@@ -154,7 +155,7 @@ size_t conv_backward_fp32_workspace_bytes(const ConvBackwardParams& params);
 cudaError_t conv_backward_fp32(const ConvBackwardParams& params, cudaStream_t stream);
 
 // Four-step: y = the convolution (or correlation) of x with the filter spectrum, through the
-// intermediate; and the spectrum alone, X[s][k2][k1] = FFT_N(x_s)[P·k1 + k2] (unscaled),
+// intermediate; and the spectrum alone, X[s][k2][k1] = FFT_N(x_s)[P·k1 + k2]·spectrum_scale,
 // into the intermediate (the filter gradient's inputs).
 cudaError_t fourstep_conv(const FourStepParams& params, cudaStream_t stream);
 cudaError_t fourstep_spectrum(const FourStepParams& params, cudaStream_t stream);

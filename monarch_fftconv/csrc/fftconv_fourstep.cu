@@ -40,6 +40,7 @@ struct FourStepArgs {
   int N, M, logM, R; // R = P/2 + 1
   int conj;          // inner: multiply by conj K
   int spectrum_only; // inner: store the forward spectrum, no product, no inverse
+  float scale;       // spectrum_only: times this
 };
 
 // W_N^(e), e = (m·k2) mod N reduced exactly in integers: the argument of sincospif is then
@@ -263,7 +264,7 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inn
         if (g.spectrum_only) {
           if (valid) {
 #pragma unroll
-            for (int r = 0; r < 16; ++r) __stcs(data + j + r * NS, make_float2(v[q][r].x, v[q][r].y));
+            for (int r = 0; r < 16; ++r) __stcs(data + j + r * NS, make_float2(v[q][r].x * g.scale, v[q][r].y * g.scale));
           }
           continue;
         }
@@ -444,6 +445,7 @@ cudaError_t fourstep_spectrum(const FourStepParams& p, cudaStream_t stream) {
   if (!valid_params(p)) return cudaErrorInvalidValue;
   FourStepArgs g = make_args(p);
   g.spectrum_only = 1;
+  g.scale = p.spectrum_scale;
   const cudaError_t err = launch_outer<false>(g, p.io_type, stream);
   return err == cudaSuccess ? launch_inner_any(g, stream) : err;
 }
