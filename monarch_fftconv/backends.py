@@ -65,6 +65,11 @@ class Backend:
         """Real flops of one forward call as this backend's algorithm does it (FMA = 2)."""
         raise NotImplementedError
 
+    def stages(self, plan: MonarchPlan, batch: int, channels: int, itemsize: int) -> list[dict] | None:
+        """The launches of one forward call in order, each {"stage", "reads", "writes"} with the
+        HBM bytes it moves at least (itemsize: u's element size); None when not known."""
+        return None
+
 
 class _MonarchOps(Backend):
     """Runs the monarch_fftconv ops; the dispatcher picks their CPU or CUDA implementation."""
@@ -85,9 +90,19 @@ class Portable(_MonarchOps):
         return per_sequence * batch * channels + per_sequence // 2 * channels
 
 
+def _fused_stages(plan: MonarchPlan, batch: int, channels: int, itemsize: int) -> list[dict]:
+    spectrum = channels * plan.half_rows * plan.row_size * 8  # complex64
+    return [{"stage": "filter spectrum (one kernel)", "reads": channels * plan.seq_len * 4, "writes": spectrum},
+            {"stage": "fused conv, load to store", "reads": batch * channels * plan.seq_len * itemsize + spectrum,
+             "writes": batch * channels * plan.seq_len * itemsize}]
+
+
 class FusedFP32(_MonarchOps):
     def flops(self, plan, batch, channels):
         return _radix_conv_flops(plan, batch, channels)
+
+    def stages(self, plan, batch, channels, itemsize):
+        return _fused_stages(plan, batch, channels, itemsize)
 
 
 class FusedTensorCore(_MonarchOps):
@@ -95,6 +110,9 @@ class FusedTensorCore(_MonarchOps):
         # MMA flops as issued (padded tiles, conjugate columns), plus the filter's cuFFT
         mma = plan.tensor_core_flops_per_sequence() * batch * channels
         return int(mma + channels * real_fft_flops(plan.fft_size))
+
+    def stages(self, plan, batch, channels, itemsize):
+        return _fused_stages(plan, batch, channels, itemsize)
 
 
 class TorchFFT(Backend):
@@ -128,6 +146,22 @@ class FourStep(Backend):
 
     def flops(self, plan, batch, channels):
         return _radix_conv_flops(plan, batch, channels)
+
+    def stages(self, plan, batch, channels, itemsize):
+        inner = fourstep.inner_for(plan.fft_size)
+        rows = fourstep.spectrum_rows(plan.fft_size)
+        filt = channels * rows * inner * 8  # complex64
+        scratch = batch * channels * rows * inner * 8  # the one complex intermediate
+        u = batch * channels * plan.seq_len * itemsize
+        return [
+            {"stage": "filter spectrum: outer DFT of k", "reads": channels * plan.seq_len * 4, "writes": filt},
+            {"stage": "filter spectrum: inner FFT, in place", "reads": filt, "writes": filt},
+            {"stage": f"outer forward: {plan.fft_size // inner}-point DFT down the columns", "reads": u,
+             "writes": scratch},
+            {"stage": f"inner: {inner}-point FFT, filter product, inverse, in place", "reads": scratch + filt,
+             "writes": scratch},
+            {"stage": "outer inverse: the first L outputs", "reads": scratch, "writes": u},
+        ]
 
 
 class Pending(Backend):

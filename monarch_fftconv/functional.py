@@ -125,7 +125,9 @@ def explain(u: Tensor, k: Tensor, *, D: Tensor | None = None, precision: str | N
     is "pending".
 
     Keys: backend, kernel, reason, precision, precision_source, fft_size, factors, flops
-    (real flops of one forward call as the chosen algorithm does it; None when pending)."""
+    (real flops of one forward call as the chosen algorithm does it; None when pending),
+    stages (the CUDA launches of one forward call in order, each {"stage", "reads", "writes"}
+    with the HBM bytes it moves at least; None for torch.fft and when pending)."""
     check_inputs(u, k, D)
     chosen, source = policy.resolve(precision, u.dtype, None)
     plan = plan_for(u.shape[-1])
@@ -141,4 +143,5 @@ def explain(u: Tensor, k: Tensor, *, D: Tensor | None = None, precision: str | N
         "fft_size": plan.fft_size,
         "factors": plan.factors,
         "flops": backend.flops(plan, batch, channels),
+        "stages": backend.stages(plan, batch, channels, u.element_size()),
     }

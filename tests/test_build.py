@@ -134,6 +134,20 @@ def test_gpu_calls_at_n_65536_to_2_23_take_the_four_step_kernels(hopper_kernels,
         assert backend.name == "cuda-four-step" and split in backend.kernel
 
 
+def test_four_step_stages_name_the_launches_and_their_bytes(hopper_kernels):
+    """explain()'s stages: five launches; the conv's three move u once in, y once out and
+    the one complex intermediate (B·C, P/2+1, M) three times each way."""
+    batch, channels, length = 2, 3, 100_000  # N = 262144 = 32 x 8192
+    backend = hopper_kernels.select_backend(torch.device("cuda", 0), torch.bfloat16, "fp32", plan_for(length))
+    stages = backend.stages(plan_for(length), batch, channels, 2)
+    scratch = batch * channels * 17 * 8192 * 8
+    assert [s["stage"].split(":")[0] for s in stages] == ["filter spectrum", "filter spectrum", "outer forward", "inner",
+                                                          "outer inverse"]
+    assert stages[2]["reads"] == batch * channels * length * 2 and stages[2]["writes"] == scratch
+    assert stages[4]["reads"] == scratch and stages[4]["writes"] == batch * channels * length * 2
+    assert scratch < batch * channels * 262144 * 8  # at most one complex intermediate of the padded size
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("length, dtype, why", [((1 << 22) + 1, torch.float32, "N=16777216"), (100, torch.float64, "float64"),
                                                 (64, torch.float32, "N=128")])
