@@ -365,7 +365,7 @@ FOURSTEP_LONG = [200000, 1 << 19, 600000, 1 << 21, 3_000_001]  # N = 2^19 .. 2^2
 
 
 @pytest.mark.parametrize("precision, length", [(p, n) for p in BUDGETS for n in FOURSTEP_LENGTHS]
-                         + [("fp32", n) for n in FOURSTEP_LONG])
+                         + [("fp32", n) for n in FOURSTEP_LONG] + [(p, 1 << 19) for p in BUDGETS if p != "fp32"])
 def test_fourstep_every_size(length, precision, gen):
     batch, channels = (2, 3) if length < 150_000 else (1, 2)
     u, k = randn(gen, batch, channels, length, device=DEVICE), randn(gen, channels, length, device=DEVICE)
