@@ -203,7 +203,7 @@ def _backward(ctx, grad: Tensor):
         fft_size = 2 * (rows - 1) * inner_size
         X = torch.view_as_complex(fourstep_spectrum(x, fft_size, inner_size, 1.0))
         DY = torch.view_as_complex(fourstep_spectrum(grad.to(x.dtype), fft_size, inner_size, 1.0))
-        g = (X.conj_physical() * DY).sum(dim=0) * row_weights(fft_size, inner_size, X)
+        g = torch.linalg.vecdot(X, DY, dim=0) * row_weights(fft_size, inner_size, X)  # Σ_b conj(X)·DY
         grad_spectrum = torch.view_as_real(g.conj_physical() if ctx.conjugate else g).to(spectrum.dtype)
     return grad_x, grad_spectrum, None
 
