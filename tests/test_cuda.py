@@ -162,9 +162,8 @@ def gradients(u, k, D, g, precision):
     return ours, theirs
 
 
-@pytest.mark.parametrize("precision", list(BUDGETS))
-@pytest.mark.parametrize("batch, channels, length, filter_len", GRAD_CASES)
-def test_gradients_every_size(batch, channels, length, filter_len, precision, gen):
+def check_gradients(batch, channels, length, filter_len, precision, budget, gen):
+    """du, dk and dD, with and without the skip term, within `budget` of float64 autograd."""
     u = randn(gen, batch, channels, length, device=DEVICE).requires_grad_()
     k = (randn(gen, channels, filter_len, device=DEVICE) / filter_len**0.5).requires_grad_()
     D = randn(gen, channels, device=DEVICE).requires_grad_()
@@ -174,7 +173,13 @@ def test_gradients_every_size(batch, channels, length, filter_len, precision, ge
         for name, got, want in zip(("du", "dk", "dD"), ours, theirs):
             assert got.shape == want.shape, name
             assert torch.isfinite(got).all(), f"{name}: unwritten (NaN) elements"
-            assert rel_l2(got, want) <= 1.5 * BUDGETS[precision], (name, skip is None)
+            assert rel_l2(got, want) <= budget, (name, skip is None)
+
+
+@pytest.mark.parametrize("precision", list(BUDGETS))
+@pytest.mark.parametrize("batch, channels, length, filter_len", GRAD_CASES)
+def test_gradients_every_size(batch, channels, length, filter_len, precision, gen):
+    check_gradients(batch, channels, length, filter_len, precision, 1.5 * BUDGETS[precision], gen)
 
 
 @pytest.mark.parametrize("io_dtype", [torch.bfloat16, torch.float16])
@@ -432,13 +437,4 @@ def test_fourstep_sequences_stay_independent(gen):
 @pytest.mark.parametrize("batch, channels, length, filter_len",
                          [(3, 2, 20000, 20000), (2, 3, 70001, 333), (2, 1, 700000, 700000)])
 def test_fourstep_gradients(batch, channels, length, filter_len, precision, gen):
-    u = randn(gen, batch, channels, length, device=DEVICE).requires_grad_()
-    k = (randn(gen, channels, filter_len, device=DEVICE) / filter_len**0.5).requires_grad_()
-    D = randn(gen, channels, device=DEVICE).requires_grad_()
-    g = randn(gen, batch, channels, length, device=DEVICE)
-    for skip in (D, None):
-        ours, theirs = gradients(u, k, skip, g, precision)
-        for name, got, want in zip(("du", "dk", "dD"), ours, theirs):
-            assert got.shape == want.shape, name
-            assert torch.isfinite(got).all(), f"{name}: unwritten (NaN) elements"
-            assert rel_l2(got, want) <= 1.5 * BUDGETS["fp32"], (name, skip is None)
+    check_gradients(batch, channels, length, filter_len, precision, 1.5 * BUDGETS["fp32"], gen)  # fp32 arithmetic

@@ -127,65 +127,77 @@ __device__ __forceinline__ void column_passes(float* re, float* im, int tx, cons
   }
 }
 
+// The CTA's tile: SPB columns m0 .. m0 + SPB - 1 of sequence s (SPB divides M, so a tile never
+// straddles two sequences). For the row-by-row loads and stores, thread tid serves column m
+// = m0 + tid % SPB and the rows tid / SPB, tid / SPB + ROWS_PER_STEP, ...: consecutive threads
+// touch consecutive m. `re`/`im` is that column's slot area.
+template <int LOGP>
+struct ColumnTile {
+  using Pl = Plan<LOGP>;
+  static constexpr int ROWS_PER_STEP = Pl::THREADS / Pl::SPB;
+  int64_t s, m;
+  int first_row;
+  float *re, *im;
+
+  __device__ __forceinline__ ColumnTile(const FourStepArgs& g, float* sm, int S) {
+    const int tid = threadIdx.y * Pl::T + threadIdx.x;
+    const int64_t col0 = (int64_t)blockIdx.x * Pl::SPB;
+    s = col0 >> g.logM;
+    const int lane_col = tid % Pl::SPB;
+    m = (col0 & (g.M - 1)) + lane_col;
+    first_row = tid / Pl::SPB;
+    re = sm + (size_t)lane_col * 2 * S;
+    im = re + S;
+  }
+};
+
 template <int LOGP, typename IO>
 __global__ void __launch_bounds__(Plan<LOGP>::THREADS) outer_forward_smem_kernel(const FourStepArgs g, int S) {
-  using Pl = Plan<LOGP>;
-  constexpr int P = Pl::M, SPB = Pl::SPB, ROWS_PER_STEP = Pl::THREADS / SPB;
+  constexpr int P = Plan<LOGP>::M;
   extern __shared__ float4 smem_raw[];
   float* sm = reinterpret_cast<float*>(smem_raw);
   const SlotSmem<LOGP> slot(sm, S);
-  const int tid = threadIdx.y * Pl::T + threadIdx.x;
-  const int64_t col0 = (int64_t)blockIdx.x * SPB;  // SPB divides M: one sequence per CTA
-  const int64_t s = col0 >> g.logM, m0 = col0 & (g.M - 1);
-  const IO* x = sequence<IO>(g, s);
-  const int lane_col = tid % SPB;
-  float* col_re = sm + (size_t)lane_col * 2 * S;
-  float* col_im = col_re + S;
-  for (int p = tid / SPB; p < P; p += ROWS_PER_STEP) {
-    const int64_t t = m0 + lane_col + (int64_t)g.M * p;
-    col_re[pidx(p)] = (p < P / 2 && t < g.L) ? io_load<IO>(x + t) : 0.f;
-    col_im[pidx(p)] = 0.f;
+  const ColumnTile<LOGP> tile(g, sm, S);
+  const IO* x = sequence<IO>(g, tile.s);
+  for (int p = tile.first_row; p < P; p += tile.ROWS_PER_STEP) {
+    const int64_t t = tile.m + (int64_t)g.M * p;
+    tile.re[pidx(p)] = (p < P / 2 && t < g.L) ? io_load<IO>(x + t) : 0.f;
+    tile.im[pidx(p)] = 0.f;
   }
   __syncthreads();
   column_passes<LOGP>(slot.re, slot.im, threadIdx.x, slot, false);
-  float2* out = g.a + s * (int64_t)g.R * g.M + m0 + lane_col;
-  for (int k2 = tid / SPB; k2 <= P / 2; k2 += ROWS_PER_STEP) {
-    const cf z = {col_re[pidx(k2)], col_im[pidx(k2)]};
-    const cf w = k2 == 0 ? z : cmul(z, twiddle_n(m0 + lane_col, k2, g.N));
+  float2* out = g.a + tile.s * (int64_t)g.R * g.M + tile.m;
+  for (int k2 = tile.first_row; k2 <= P / 2; k2 += tile.ROWS_PER_STEP) {
+    const cf z = {tile.re[pidx(k2)], tile.im[pidx(k2)]};
+    const cf w = k2 == 0 ? z : cmul(z, twiddle_n(tile.m, k2, g.N));
     __stcg(out + (int64_t)k2 * g.M, make_float2(w.x, w.y));
   }
 }
 
 template <int LOGP, typename IO>
 __global__ void __launch_bounds__(Plan<LOGP>::THREADS) outer_inverse_smem_kernel(const FourStepArgs g, int S) {
-  using Pl = Plan<LOGP>;
-  constexpr int P = Pl::M, SPB = Pl::SPB, ROWS_PER_STEP = Pl::THREADS / SPB;
+  constexpr int P = Plan<LOGP>::M;
   extern __shared__ float4 smem_raw[];
   float* sm = reinterpret_cast<float*>(smem_raw);
   const SlotSmem<LOGP> slot(sm, S);
-  const int tid = threadIdx.y * Pl::T + threadIdx.x;
-  const int64_t col0 = (int64_t)blockIdx.x * SPB;
-  const int64_t s = col0 >> g.logM, m0 = col0 & (g.M - 1);
-  const int lane_col = tid % SPB;
-  float* col_re = sm + (size_t)lane_col * 2 * S;
-  float* col_im = col_re + S;
-  const float2* in = g.a + s * (int64_t)g.R * g.M + m0 + lane_col;
-  for (int k2 = tid / SPB; k2 <= P / 2; k2 += ROWS_PER_STEP) {
+  const ColumnTile<LOGP> tile(g, sm, S);
+  const float2* in = g.a + tile.s * (int64_t)g.R * g.M + tile.m;
+  for (int k2 = tile.first_row; k2 <= P / 2; k2 += tile.ROWS_PER_STEP) {
     const float2 z = __ldcs(in + (int64_t)k2 * g.M);
-    const cf v = k2 == 0 ? cf{z.x, z.y} : cmul(cf{z.x, z.y}, cconj(twiddle_n(m0 + lane_col, k2, g.N)));
-    col_re[pidx(k2)] = v.x;
-    col_im[pidx(k2)] = v.y;
+    const cf v = k2 == 0 ? cf{z.x, z.y} : cmul(cf{z.x, z.y}, cconj(twiddle_n(tile.m, k2, g.N)));
+    tile.re[pidx(k2)] = v.x;
+    tile.im[pidx(k2)] = v.y;
     if (k2 > 0 && k2 < P / 2) {  // the conjugate row P - k2: y is real
-      col_re[pidx(P - k2)] = v.x;
-      col_im[pidx(P - k2)] = -v.y;
+      tile.re[pidx(P - k2)] = v.x;
+      tile.im[pidx(P - k2)] = -v.y;
     }
   }
   __syncthreads();
   column_passes<LOGP>(slot.re, slot.im, threadIdx.x, slot, true);
-  IO* y = static_cast<IO*>(g.y) + s * g.L;
-  for (int p = tid / SPB; p < P / 2; p += ROWS_PER_STEP) {
-    const int64_t t = m0 + lane_col + (int64_t)g.M * p;
-    if (t < g.L) io_store<IO>(y + t, col_re[pidx(p)]);
+  IO* y = static_cast<IO*>(g.y) + tile.s * g.L;
+  for (int p = tile.first_row; p < P / 2; p += tile.ROWS_PER_STEP) {
+    const int64_t t = tile.m + (int64_t)g.M * p;
+    if (t < g.L) io_store<IO>(y + t, tile.re[pidx(p)]);
   }
 }
 
