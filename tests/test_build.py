@@ -272,3 +272,33 @@ def test_wheel_ships_the_kernel_sources(tmp_path):
                            capture_output=True, text=True, timeout=300)
     assert check.returncode == 0, check.stderr[-3000:]
     assert str(venv) in check.stdout
+
+
+_CPP_TO_SCHEMA = {"const at::Tensor&": "Tensor", "const std::optional<at::Tensor>&": "Optional[Tensor]",
+                  "int64_t": "int", "double": "float", "bool": "bool", "c10::string_view": "str"}
+
+
+def _cpp_parameters(source: str, function: str) -> list[str]:
+    """The parameter types of `function`'s definition in a C++ source (no default values,
+    no nested parentheses in the parameter list)."""
+    match = re.search(rf"^\S[^\n;]*?\b{function}\(([^)]*)\)\s*\{{", source, re.MULTILINE)
+    assert match, f"no definition of {function} in binding.cpp"
+    params = [" ".join(p.split()) for p in match.group(1).split(",") if p.strip()]
+    return [p.rsplit(" ", 1)[0] for p in params]
+
+
+def test_binding_signatures_match_the_op_schemas():
+    """Each C++ kernel the binding registers takes the arguments of the op's schema, in order
+    and type: a mismatch aborts the process when the extension loads, which no CPU test would
+    otherwise see."""
+    import monarch_fftconv  # noqa: F401  (defines the ops)
+
+    source = (_extension.CSRC / "binding.cpp").read_text()
+    registered = re.findall(r'm\.impl\("(\w+)",\s*&(\w+)\)', source)
+    assert {name for name, _ in registered} >= {"filter_spectrum", "conv_forward", "fftconv", "fftconv_backward",
+                                                 "fourstep_conv", "fourstep_spectrum"}
+    for name, function in registered:
+        schema = getattr(torch.ops.monarch_fftconv, name).default._schema
+        want = [str(argument.type) for argument in schema.arguments]
+        got = [_CPP_TO_SCHEMA.get(t, t) for t in _cpp_parameters(source, function)]
+        assert got == want, (name, function)
