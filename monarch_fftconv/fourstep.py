@@ -195,16 +195,19 @@ def _backward(ctx, grad: Tensor):
       dK = w ⊙ Σ_b conj(X_b) ⊙ DY_b, w the row weights, DY the spectrum of grad."""
     x, spectrum = ctx.saved_tensors
     needs_x, needs_spectrum, _ = ctx.needs_input_grad
+    grad = grad if grad.dtype == x.dtype else grad.to(x.dtype)
     grad_x = grad_spectrum = None
     if needs_x:
-        grad_x = fourstep_conv(grad.to(x.dtype), spectrum, not ctx.conjugate)
+        grad_x = fourstep_conv_op(grad, spectrum, not ctx.conjugate)
     if needs_spectrum:
         rows, inner_size = spectrum.shape[1], spectrum.shape[2]
         fft_size = 2 * (rows - 1) * inner_size
-        X = torch.view_as_complex(fourstep_spectrum(x, fft_size, inner_size, 1.0))
-        DY = torch.view_as_complex(fourstep_spectrum(grad.to(x.dtype), fft_size, inner_size, 1.0))
+        X = torch.view_as_complex(fourstep_spectrum_op(x, fft_size, inner_size, 1.0))
+        DY = torch.view_as_complex(fourstep_spectrum_op(grad, fft_size, inner_size, 1.0))
         g = torch.linalg.vecdot(X, DY, dim=0) * row_weights(fft_size, inner_size, X)  # Σ_b conj(X)·DY
-        grad_spectrum = torch.view_as_real(g.conj_physical() if ctx.conjugate else g).to(spectrum.dtype)
+        grad_spectrum = torch.view_as_real(g.conj_physical() if ctx.conjugate else g)
+        if grad_spectrum.dtype != spectrum.dtype:
+            grad_spectrum = grad_spectrum.to(spectrum.dtype)
     return grad_x, grad_spectrum, None
 
 
