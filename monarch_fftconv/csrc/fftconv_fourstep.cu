@@ -7,17 +7,21 @@
 // times the twiddle. The outer sum is the inner stage: an M-point FFT along each row k2,
 // which is contiguous. Three kernels, one complex intermediate (B·C, P/2+1, M) in HBM:
 //
-//   outer_forward   one thread per column (s, m): the P/2 samples x[m + M·p], p < P/2 (the
-//                   rest is the zero padding), a P-point DFT in registers, the twiddles,
-//                   rows k2 = 0 .. P/2 stored (x is real: the rows above are conjugates)
+//   outer forward   per column (s, m): the P/2 samples x[m + M·p], p < P/2 (the rest is the
+//                   zero padding), a P-point DFT, the twiddles, rows k2 = 0 .. P/2 stored (x
+//                   is real: the rows above are conjugates)
 //   inner           one CTA slot per row (s, k2): the fp32 radix kernels' Stockham passes
 //                   (fp32_radix.cuh, plan of M), the filter product between the last forward
 //                   and the first inverse pass, the unnormalised inverse; in place
-//   outer_inverse   one thread per column: the twiddles' conjugates, the rows k2 > P/2 as
-//                   conjugates of P - k2, an inverse P-point DFT, the real part of the first
-//                   P/2 outputs stored where t < L
+//   outer inverse   per column: the twiddles' conjugates, the rows k2 > P/2 as conjugates of
+//                   P - k2, an inverse P-point DFT, the real part of the first P/2 outputs
+//                   stored where t < L
+// The outer kernels come in two forms: for P <= 32 one thread per column, the DFT in
+// registers; for P >= 128 a CTA per tile of consecutive columns, each column a slot of the
+// radix plan of P in shared memory. M = 8192 (4096 at N = 2^19: fourstep_inner_size).
 // The filter spectrum K[c][k2][k1] = FFT_N(k_c)[P·k1 + k2] / N carries the 1/N; every transform
-// here is unnormalised. Arithmetic is fp32 throughout, the intermediate fp32.
+// here is unnormalised. Arithmetic is fp32 throughout, the intermediate fp32. The filter
+// spectrum itself is the outer forward and the inner forward half run on k (spectrum_only).
 //
 // Each sequence is independent: nothing is shared between two sequences' arithmetic.
 
