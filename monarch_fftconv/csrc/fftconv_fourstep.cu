@@ -116,19 +116,13 @@ __global__ void __launch_bounds__(kOuterThreads) outer_inverse_reg_kernel(const 
 // threads, a shared-memory area): the tile is loaded row by row (coalesced along m) into
 // the slots, transformed by three Stockham passes (radices R1, R2, 16: natural order out),
 // and stored row by row.
-template <int LOGP>
-__device__ __forceinline__ void column_passes(float* re, float* im, int tx, const SlotSmem<LOGP>& slot, bool inverse) {
+template <int LOGP, bool INV>
+__device__ __forceinline__ void column_passes(float* re, float* im, int tx, const SlotSmem<LOGP>& slot) {
   using Pl = Plan<LOGP>;
   constexpr int P = Pl::M, T = Pl::T;
-  if (inverse) {
-    pass_smem<P, T, Pl::R1, 1, true>(re, im, tx, nullptr);
-    if constexpr (Pl::LR2 > 0) pass_smem<P, T, Pl::R2, Pl::R1, true>(re, im, tx, slot.fp2());
-    pass_smem<P, T, 16, Pl::R1 * Pl::R2, true>(re, im, tx, slot.mid());
-  } else {
-    pass_smem<P, T, Pl::R1, 1, false>(re, im, tx, nullptr);
-    if constexpr (Pl::LR2 > 0) pass_smem<P, T, Pl::R2, Pl::R1, false>(re, im, tx, slot.fp2());
-    pass_smem<P, T, 16, Pl::R1 * Pl::R2, false>(re, im, tx, slot.mid());
-  }
+  pass_smem<P, T, Pl::R1, 1, INV>(re, im, tx, nullptr);
+  if constexpr (Pl::LR2 > 0) pass_smem<P, T, Pl::R2, Pl::R1, INV>(re, im, tx, slot.fp2());
+  pass_smem<P, T, 16, Pl::R1 * Pl::R2, INV>(re, im, tx, slot.mid());
 }
 
 // The CTA's tile: SPB columns m0 .. m0 + SPB - 1 of sequence s (SPB divides M, so a tile never
@@ -169,7 +163,7 @@ __global__ void __launch_bounds__(Plan<LOGP>::THREADS) outer_forward_smem_kernel
     tile.im[pidx(p)] = 0.f;
   }
   __syncthreads();
-  column_passes<LOGP>(slot.re, slot.im, threadIdx.x, slot, false);
+  column_passes<LOGP, false>(slot.re, slot.im, threadIdx.x, slot);
   float2* out = g.a + tile.s * (int64_t)g.R * g.M + tile.m;
   for (int k2 = tile.first_row; k2 <= P / 2; k2 += tile.ROWS_PER_STEP) {
     const cf z = {tile.re[pidx(k2)], tile.im[pidx(k2)]};
@@ -197,7 +191,7 @@ __global__ void __launch_bounds__(Plan<LOGP>::THREADS) outer_inverse_smem_kernel
     }
   }
   __syncthreads();
-  column_passes<LOGP>(slot.re, slot.im, threadIdx.x, slot, true);
+  column_passes<LOGP, true>(slot.re, slot.im, threadIdx.x, slot);
   IO* y = static_cast<IO*>(g.y) + tile.s * g.L;
   for (int p = tile.first_row; p < P / 2; p += tile.ROWS_PER_STEP) {
     const int64_t t = tile.m + (int64_t)g.M * p;
@@ -243,15 +237,7 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inn
         fence(v[q]);
       }
       __syncthreads();  // the previous row's last pass has read smem
-#pragma unroll
-      for (int q = 0; q < NB; ++q) {
-        const int pb = pidx((tx + q * T) * R1);
-#pragma unroll
-        for (int r = 0; r < R1; ++r) {
-          re[pb + r] = v[q][r].x;
-          im[pb + r] = v[q][r].y;
-        }
-      }
+      store_butterflies<T>(re, im, tx, v);
       __syncthreads();
     }
     if constexpr (Pl::LR2 > 0) pass_smem<M, T, Pl::R2, R1, false>(re, im, tx, slot.fp2());
@@ -294,15 +280,7 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inn
       }
       if (g.spectrum_only) continue;  // uniform across the CTA
       __syncthreads();  // everyone has read the forward pass's smem
-#pragma unroll
-      for (int q = 0; q < NB; ++q) {
-        const int pb = pidx((tx + q * T) * 16);
-#pragma unroll
-        for (int r = 0; r < 16; ++r) {
-          re[pb + r] = v[q][r].x;
-          im[pb + r] = v[q][r].y;
-        }
-      }
+      store_butterflies<T>(re, im, tx, v);
       __syncthreads();
     }
     if constexpr (Pl::LR2 > 0) pass_smem<M, T, Pl::R2, 16, true>(re, im, tx, slot.ip2());
@@ -326,7 +304,7 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inn
         apply_pow<R1>(v[q], cf{w.x, -w.y});
         fft_reg<R1, true>(v[q]);
         fence(v[q]);
-        if (valid) {
+        if (valid) {  // stored as each butterfly completes: fewer live registers
 #pragma unroll
           for (int r = 0; r < R1; ++r) __stcg(data + j + r * NS, make_float2(v[q][r].x, v[q][r].y));
         }
@@ -431,10 +409,9 @@ cudaError_t launch_outer(const FourStepArgs& g, IOType io, cudaStream_t stream) 
       using Pl = Plan<LOGP>;
       const int S = slot_floats<LOGP>();
       const size_t smem = slots_smem<LOGP>(S);
-      auto kern = INVERSE ? outer_inverse_smem_kernel<LOGP, IO> : outer_forward_smem_kernel<LOGP, IO>;
+      constexpr auto kern = INVERSE ? &outer_inverse_smem_kernel<LOGP, IO> : &outer_forward_smem_kernel<LOGP, IO>;
       int ctas = 0, sms = 0;
-      cudaError_t err = INVERSE ? residency<outer_inverse_smem_kernel<LOGP, IO>>(Pl::THREADS, smem, ctas, sms)
-                                : residency<outer_forward_smem_kernel<LOGP, IO>>(Pl::THREADS, smem, ctas, sms);
+      const cudaError_t err = residency<kern>(Pl::THREADS, smem, ctas, sms);  // sets the smem limit once
       if (err != cudaSuccess) return err;
       kern<<<(unsigned)(g.columns / Pl::SPB), dim3(Pl::T, Pl::SPB), smem, stream>>>(g, S);
       return cudaGetLastError();

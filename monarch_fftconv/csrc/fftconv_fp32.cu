@@ -153,15 +153,7 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) fft
         fence(v[q]);
       }
       __syncthreads();  // the previous sequence's last pass has read smem
-#pragma unroll
-      for (int q = 0; q < NB; ++q) {
-        const int pb = pidx((tx + q * T) * R);  // R | 32: the R outputs never straddle a pad
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          re[pb + r] = v[q][r].x;
-          im[pb + r] = v[q][r].y;
-        }
-      }
+      store_butterflies<T>(re, im, tx, v);
       __syncthreads();
     }
     // ================= forward p2

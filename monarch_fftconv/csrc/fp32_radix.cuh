@@ -568,6 +568,21 @@ struct SlotSmem {
   __device__ __forceinline__ const float2* ip2() const { return tw + P::OFF_IP2; }
 };
 
+// The outputs v[q][r] of the butterflies j = tx + q·T into smem at j·R + r, where a Stockham
+// pass with NS = 1 puts them (R | 32: the R outputs never straddle a pad).
+template <int T, int NB, int R>
+__device__ __forceinline__ void store_butterflies(float* re, float* im, int tx, const cf (&v)[NB][R]) {
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    const int pb = pidx((tx + q * T) * R);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      re[pb + r] = v[q][r].x;
+      im[pb + r] = v[q][r].y;
+    }
+  }
+}
+
 // Forward passes p1 (global -> smem, radix R1, the upper half of z known zero) and p2: the
 // sequence x[0:Lv), zero beyond, leaves them in smem ready for the mid pass. Starts with a
 // barrier before its first smem write, so smem may still be read when it is called.
@@ -602,15 +617,7 @@ __device__ __forceinline__ void forward_passes(float* re, float* im, int tx, con
     fence(v[q]);
   }
   __syncthreads();
-#pragma unroll
-  for (int q = 0; q < NB; ++q) {
-    const int pb = pidx((tx + q * T) * R);
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      re[pb + r] = v[q][r].x;
-      im[pb + r] = v[q][r].y;
-    }
-  }
+  store_butterflies<T>(re, im, tx, v);
   __syncthreads();
   if constexpr (P::LR2 > 0) pass_smem<M, T, P::R2, P::R1, false>(re, im, tx, twFP2);
 }
