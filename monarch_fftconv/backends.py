@@ -141,7 +141,7 @@ class FourStep(Backend):
 
     def conv(self, u, spectrum, skip, precision):
         if skip is not None:
-            spectrum = spectrum + (skip.to(spectrum.real.dtype) / plan_for(u.shape[-1]).fft_size).reshape(-1, 1, 1)
+            spectrum = fourstep.fold_skip(spectrum, skip, plan_for(u.shape[-1]).fft_size)
         return fourstep.conv(u, spectrum)
 
     def flops(self, plan, batch, channels):

@@ -95,6 +95,12 @@ def twiddles(fft_size: int, inner_size: int, like: Tensor) -> Tensor:
     return _table(_twiddles, fft_size, inner_size, like, like.dtype)
 
 
+def spectrum_fft_size(spectrum: Tensor) -> int:
+    """N of a four-step spectrum, (..., P/2+1, M) complex or (..., P/2+1, M, 2) real: 2·(P/2)·M."""
+    rows, inner_size = spectrum.shape[-2:] if spectrum.is_complex() else spectrum.shape[-3:-1]
+    return 2 * (rows - 1) * inner_size
+
+
 def row_weights(fft_size: int, inner_size: int, like: Tensor) -> Tensor:
     return _table(_row_weights, fft_size, inner_size, like, like.real.dtype)
 
@@ -115,8 +121,8 @@ def spectrum_reference(x: Tensor, fft_size: int, inner_size: int) -> Tensor:
 
 def conv_reference(x: Tensor, spectrum: Tensor, conjugate: bool) -> Tensor:
     """fourstep_conv in torch.fft, the algorithm the kernels run (in x's compute dtype)."""
-    rows, inner_size = spectrum.shape[-2:]
-    fft_size = 2 * (rows - 1) * inner_size
+    inner_size = spectrum.shape[-1]
+    fft_size = spectrum_fft_size(spectrum)
     P, L = outer_size(fft_size, inner_size), x.shape[-1]
     X = spectrum_reference(x, fft_size, inner_size)
     Y = X * (spectrum.conj_physical() if conjugate else spectrum).to(X.dtype)
@@ -132,9 +138,12 @@ def filter_spectrum(k: Tensor, fft_size: int, skip: Tensor | None = None, inner:
     On the GPU the spectrum kernels compute it (fp32), as they do u's."""
     x = k.unsqueeze(0).to(torch.float32 if k.is_cuda else compute_dtype(k))
     spectrum = torch.view_as_complex(fourstep_spectrum_op(x, fft_size, inner or inner_for(fft_size), 1.0 / fft_size))[0]
-    if skip is not None:
-        spectrum = spectrum + (skip.to(spectrum.real.dtype) / fft_size).reshape(-1, 1, 1)
-    return spectrum
+    return spectrum if skip is None else fold_skip(spectrum, skip, fft_size)
+
+
+def fold_skip(spectrum: Tensor, skip: Tensor, fft_size: int) -> Tensor:
+    """The spectrum of k + D·δ: D·u is the convolution with D at lag 0, so K + D/N."""
+    return spectrum + (skip.to(spectrum.real.dtype) / fft_size).reshape(-1, 1, 1)
 
 
 # --------------------------------------------------------------------------- ops
@@ -200,8 +209,8 @@ def _backward(ctx, grad: Tensor):
     if needs_x:
         grad_x = fourstep_conv_op(grad, spectrum, not ctx.conjugate)
     if needs_spectrum:
-        rows, inner_size = spectrum.shape[1], spectrum.shape[2]
-        fft_size = 2 * (rows - 1) * inner_size
+        inner_size = spectrum.shape[2]
+        fft_size = spectrum_fft_size(spectrum)
         X = torch.view_as_complex(fourstep_spectrum_op(x, fft_size, inner_size, 1.0))
         DY = torch.view_as_complex(fourstep_spectrum_op(grad, fft_size, inner_size, 1.0))
         g = torch.linalg.vecdot(X, DY, dim=0) * row_weights(fft_size, inner_size, X)  # Σ_b conj(X)·DY
