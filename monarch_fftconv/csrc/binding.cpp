@@ -245,7 +245,7 @@ void check_fourstep_size(int64_t fft_size, int64_t seq_len) {
 
 mf::FourStepParams fourstep_params(const at::Tensor& x, int64_t fft_size, at::Tensor& intermediate) {
   const c10::cuda::CUDAGuard guard(x.device());
-  const int64_t inner = mf::fourstep_inner_size(fft_size), rows = fft_size / inner / 2 + 1;
+  const int64_t inner = mf::fourstep_inner_size(fft_size), rows = mf::fourstep_rows(fft_size);
   intermediate = at::empty({x.size(0), x.size(1), rows, inner, 2}, x.options().dtype(at::kFloat));
   mf::FourStepParams p{};
   p.x = x.data_ptr();
@@ -267,7 +267,7 @@ at::Tensor fourstep_conv(const at::Tensor& x_in, const at::Tensor& spectrum_in, 
   const int64_t fft_size = 2 * next_pow2(x.size(2));
   check_fourstep_size(fft_size, x.size(2));
   const at::Tensor spectrum = spectrum_in.to(at::kFloat).contiguous();
-  const int64_t inner = mf::fourstep_inner_size(fft_size), rows = fft_size / inner / 2 + 1;
+  const int64_t inner = mf::fourstep_inner_size(fft_size), rows = mf::fourstep_rows(fft_size);
   TORCH_CHECK_VALUE(spectrum.dim() == 4 && spectrum.size(0) == x.size(1) && spectrum.size(1) == rows &&
                         spectrum.size(2) == inner && spectrum.size(3) == 2 && spectrum.device() == x.device(),
                     "monarch_fftconv: the four-step spectrum must be (C, P/2+1, M, 2) = (", x.size(1), ", ", rows,

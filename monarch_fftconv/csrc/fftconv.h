@@ -118,6 +118,8 @@ constexpr int64_t kFourStepMinSize = 65536;    // below, the radix kernels run o
 constexpr int64_t kFourStepMaxSize = 1 << 23;  // L = 4M
 // M = 8192, except at N = 2^19, whose P would be 64 (neither kernel family's size): M = 4096.
 constexpr int fourstep_inner_size(int64_t fft_size) { return fft_size == (int64_t(1) << 19) ? 4096 : 8192; }
+// The stored rows of the spectrum and the intermediate: k2 = 0 .. P/2.
+constexpr int fourstep_rows(int64_t fft_size) { return (int)(fft_size / fourstep_inner_size(fft_size) / 2 + 1); }
 
 struct FourStepParams {
   const void* x;                  // real input (batch, channels, seq_len), time stride 1, io_type

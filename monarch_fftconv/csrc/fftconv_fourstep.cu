@@ -355,7 +355,7 @@ FourStepArgs make_args(const FourStepParams& p) {
   g.M = fourstep_inner_size(p.fft_size);
   g.logM = ilog2_host(g.M);
   g.columns = p.batch * p.channels * g.M;
-  g.R = (int)(p.fft_size / g.M / 2 + 1);
+  g.R = fourstep_rows(p.fft_size);
   g.conj = p.conjugate;
   return g;
 }
