@@ -243,8 +243,8 @@ void check_fourstep_size(int64_t fft_size, int64_t seq_len) {
                     mf::kFourStepMaxSize, " (powers of two, N >= 2·L), not N=", fft_size, " with L=", seq_len);
 }
 
+// The caller holds a device guard for x's device over the allocation and the launch.
 mf::FourStepParams fourstep_params(const at::Tensor& x, int64_t fft_size, at::Tensor& intermediate) {
-  const c10::cuda::CUDAGuard guard(x.device());
   const int64_t inner = mf::fourstep_inner_size(fft_size), rows = mf::fourstep_rows(fft_size);
   intermediate = at::empty({x.size(0), x.size(1), rows, inner, 2}, x.options().dtype(at::kFloat));
   mf::FourStepParams p{};
@@ -272,6 +272,7 @@ at::Tensor fourstep_conv(const at::Tensor& x_in, const at::Tensor& spectrum_in, 
                         spectrum.size(2) == inner && spectrum.size(3) == 2 && spectrum.device() == x.device(),
                     "monarch_fftconv: the four-step spectrum must be (C, P/2+1, M, 2) = (", x.size(1), ", ", rows,
                     ", ", inner, ", 2) on ", x.device(), ", got ", spectrum.sizes(), " on ", spectrum.device());
+  const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor y = at::empty(x.sizes(), x.options());
   if (y.numel() == 0) return y;
   at::Tensor intermediate;
@@ -290,6 +291,7 @@ at::Tensor fourstep_spectrum(const at::Tensor& x_in, int64_t fft_size, int64_t i
   check_fourstep_size(fft_size, x.size(2));
   TORCH_CHECK_VALUE(inner_size == mf::fourstep_inner_size(fft_size), "monarch_fftconv: the four-step kernels' inner ",
                     "size at N=", fft_size, " is ", mf::fourstep_inner_size(fft_size), ", not ", inner_size);
+  const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor intermediate;
   mf::FourStepParams p = fourstep_params(x, fft_size, intermediate);
   p.spectrum_scale = static_cast<float>(scale);
