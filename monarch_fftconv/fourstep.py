@@ -56,6 +56,12 @@ def spectrum_rows(fft_size: int, inner: int | None = None) -> int:
     return outer_size(fft_size, inner) // 2 + 1
 
 
+def spectrum_fft_size(spectrum: Tensor) -> int:
+    """N of a four-step spectrum, (..., P/2+1, M) complex or (..., P/2+1, M, 2) real: 2·(P/2)·M."""
+    rows, inner_size = spectrum.shape[-2:] if spectrum.is_complex() else spectrum.shape[-3:-1]
+    return 2 * (rows - 1) * inner_size
+
+
 def _row_weights(fft_size: int, inner_size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     """(P/2+1, 1): how often each stored row occurs in the full spectrum: rows 0 and P/2 once,
     the others twice (as themselves and as the conjugate row P - k2)."""
@@ -93,12 +99,6 @@ def _table(make, fft_size: int, inner_size: int, like: Tensor, dtype: torch.dtyp
 
 def twiddles(fft_size: int, inner_size: int, like: Tensor) -> Tensor:
     return _table(_twiddles, fft_size, inner_size, like, like.dtype)
-
-
-def spectrum_fft_size(spectrum: Tensor) -> int:
-    """N of a four-step spectrum, (..., P/2+1, M) complex or (..., P/2+1, M, 2) real: 2·(P/2)·M."""
-    rows, inner_size = spectrum.shape[-2:] if spectrum.is_complex() else spectrum.shape[-3:-1]
-    return 2 * (rows - 1) * inner_size
 
 
 def row_weights(fft_size: int, inner_size: int, like: Tensor) -> Tensor:
