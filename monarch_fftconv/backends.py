@@ -130,19 +130,9 @@ class TorchFFT(Backend):
         return _radix_conv_flops(plan, batch, channels)
 
 
-class FourStep(Backend):
-    """Every precision in fp32: the intermediate is fp32, the arithmetic fp32."""
-
-    def fftconv(self, u, k, skip, precision):
-        return fourstep.conv(u, fourstep.filter_spectrum(k, plan_for(u.shape[-1]).fft_size, skip))
-
-    def filter_spectrum(self, k, seq_len, precision):
-        return fourstep.filter_spectrum(k, plan_for(seq_len).fft_size)
-
-    def conv(self, u, spectrum, skip, precision):
-        if skip is not None:
-            spectrum = fourstep.fold_skip(spectrum, skip, plan_for(u.shape[-1]).fft_size)
-        return fourstep.conv(u, spectrum)
+class FourStep(_MonarchOps):
+    """Every precision in fp32: the intermediate is fp32, the arithmetic fp32. The ops take the
+    four-step layout at these N (fourstep.py)."""
 
     def flops(self, plan, batch, channels):
         return _radix_conv_flops(plan, batch, channels)

@@ -2,24 +2,27 @@
 kernels and autograd.
 
 The ops run the Monarch algorithm on whatever device their tensors live on; the dispatcher
-picks the implementation by device. CPU: Python, the portable engine. CUDA: C++, the
-extension's kernels (csrc/binding.cpp), registered when `_extension` loads it; no Python runs
-between the op call and the launches.
+picks the implementation by device. CPU: Python, the portable engine (the four-step spec of
+fourstep.py for N >= 65536). CUDA: C++, the extension's kernels (csrc/binding.cpp),
+registered when `_extension` loads it; no Python runs between the op call and the launches.
 
 ==========================================================  ===============  ==================================
 op                                                          CPU              CUDA
 ==========================================================  ===============  ==================================
-``filter_spectrum(k, seq_len, precision) -> S``             portable engine  one fp32 kernel
+``filter_spectrum(k, seq_len, precision) -> S``             portable engine  one fp32 kernel (four-step: two)
 ``conv_forward(u, S, skip, precision) -> y``                portable engine  the fused kernel of the precision
+                                                                             (four-step: three, fp32)
 ``fftconv(u, k, skip, precision) -> (y, S)``                the two above    the two above
 ``fftconv_backward(grad, u, S, skip, Lk, precision)``       portable engine  two fused fp32 kernels
+                                                                             (four-step: eight)
 ==========================================================  ===============  ==================================
 
-S is the filter spectrum in the Monarch layout, (C, n1/2+1, M, 2) real in the compute dtype,
-scaled by 1/N (docs/design.md). ``fftconv`` returns it beside y so that its autograd saves
-it for the backward instead of recomputing it; it is not differentiable.
+S is the filter spectrum, (C, n1/2+1, M, 2) real in the compute dtype, scaled by 1/N: the
+Monarch layout of the plan for N <= 32768, the four-step layout (P/2+1 rows of M) above
+(docs/design.md). ``fftconv`` returns it beside y so that its autograd saves it for the
+backward instead of recomputing it; it is not differentiable.
 
-Calls that no Monarch implementation covers (e.g. N > 16384 on CUDA) never reach these
+Calls that no Monarch implementation covers (e.g. N > 2^23 on CUDA) never reach these
 ops: `backends.select_backend` sends them to torch.fft before any op is called.
 """
 
@@ -28,13 +31,20 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import portable
+from . import fourstep, portable
 from .planner import compute_dtype, plan_for
 
 
 def _spectrum_shape(k: Tensor, seq_len: int) -> tuple[int, ...]:
     # The plan depends on next_pow2(L): a symbolic length is specialised (one graph per plan).
+    fft_size = plan_for(int(seq_len)).fft_size
+    if fourstep.covers(fft_size):
+        return fourstep.spectrum_shape(k.shape[0], fft_size)
     return (k.shape[0], *plan_for(int(seq_len)).spectrum_shape, 2)
+
+
+def _is_fourstep(seq_len: int) -> bool:
+    return fourstep.covers(plan_for(seq_len).fft_size)
 
 
 # --------------------------------------------------------------------------- filter_spectrum
@@ -42,7 +52,12 @@ def _spectrum_shape(k: Tensor, seq_len: int) -> tuple[int, ...]:
 
 @torch.library.custom_op("monarch_fftconv::filter_spectrum", mutates_args=(), device_types="cpu")
 def filter_spectrum(k: Tensor, seq_len: int, precision: str) -> Tensor:
-    return torch.view_as_real(portable.filter_spectrum(k, plan_for(seq_len), precision)).contiguous()
+    plan = plan_for(seq_len)
+    if fourstep.covers(plan.fft_size):
+        spectrum = fourstep.filter_spectrum_reference(k, plan.fft_size)
+    else:
+        spectrum = portable.filter_spectrum(k, plan, precision)
+    return torch.view_as_real(spectrum).contiguous()
 
 
 @filter_spectrum.register_fake
@@ -56,6 +71,8 @@ def _(k: Tensor, seq_len: int, precision: str) -> Tensor:
 @torch.library.custom_op("monarch_fftconv::conv_forward", mutates_args=(), device_types="cpu")
 def conv_forward(u: Tensor, filter_spectrum: Tensor, skip: Tensor | None, precision: str) -> Tensor:
     spectrum = torch.view_as_complex(filter_spectrum.contiguous())
+    if _is_fourstep(u.shape[-1]):
+        return fourstep.conv_reference(u, spectrum, skip).to(u.dtype)
     return portable.conv_forward(u, spectrum, skip, plan_for(u.shape[-1]), precision)
 
 
@@ -86,7 +103,10 @@ def fftconv_backward(
     """(du, dk, dskip) in the compute dtype; dskip is empty when skip is None."""
     plan = plan_for(u.shape[-1])
     spectrum = torch.view_as_complex(filter_spectrum.contiguous())
-    du, dk, dskip = portable.conv_backward(grad.to(u.dtype), u, spectrum, skip, filter_len, plan, precision)
+    if fourstep.covers(plan.fft_size):
+        du, dk, dskip = fourstep.backward_reference(grad.to(u.dtype), u, spectrum, skip, filter_len)
+    else:
+        du, dk, dskip = portable.conv_backward(grad.to(u.dtype), u, spectrum, skip, filter_len, plan, precision)
     return du, dk, _empty_if_none(dskip, u)
 
 

@@ -380,22 +380,38 @@ def test_fourstep_every_size(length, precision, gen):
     assert rel_l2(y, reference(u, k)) <= BUDGETS["fp32"]  # fp32 arithmetic whatever the precision
 
 
-@pytest.mark.parametrize("length, n", [(50000, 131072), (300000, 1 << 20)])
-def test_fourstep_kernels_are_the_cpu_algorithm(length, n, gen):
-    """The three kernels against the ops' CPU implementation (the same four steps in float64
-    torch.fft), given the same spectrum; and the spectrum kernel against torch.fft; for a
-    register (P = 16) and a shared-memory (P = 128) outer stage."""
-    from monarch_fftconv import fourstep
+@pytest.mark.parametrize("length", [50000, 300000])
+def test_fourstep_kernels_are_the_cpu_algorithm(length, gen):
+    """The ops' CUDA kernels (filter spectrum, forward with and without the skip term, the
+    backward's three gradients) against their CPU implementations (the same four steps in
+    float64 torch.fft), given the same inputs; for a register (P = 16, N = 131072) and a
+    shared-memory (P = 128, N = 2^20) outer stage."""
+    u, k, D = randn(gen, 2, 3, length, device=DEVICE), randn(gen, 3, 777, device=DEVICE), randn(gen, 3, device=DEVICE)
+    dy = randn(gen, 2, 3, length, device=DEVICE)
+    spectrum = ops.filter_spectrum(k, length, "fp32")
+    cpu = [t.cpu().double() for t in (u, k, D, dy)]
+    want_spectrum = ops.filter_spectrum(cpu[1], length, "fp32")
+    assert spectrum.shape == want_spectrum.shape
+    assert rel_l2(spectrum.cpu(), want_spectrum) <= 1e-6
+    spectrum_cpu = spectrum.cpu().double()
+    for skip, skip_cpu in ((None, None), (D, cpu[2])):
+        y = ops.conv_forward(u, spectrum, skip, "fp32")
+        assert rel_l2(y.cpu(), ops.conv_forward(cpu[0], spectrum_cpu, skip_cpu, "fp32")) <= 1e-6
+        ours = ops.fftconv_backward(dy, u, spectrum, skip, 777, "fp32")
+        theirs = ops.fftconv_backward(cpu[3], cpu[0], spectrum_cpu, skip_cpu, 777, "fp32")
+        for name, a, b in zip(("du", "dk", "dD"), ours, theirs):
+            assert a.shape == b.shape and a.dtype == torch.float32, name
+            assert rel_l2(a.cpu(), b) <= 1e-6, name
 
-    u, k = randn(gen, 2, 3, length, device=DEVICE), randn(gen, 3, 777, device=DEVICE)
-    spectrum = torch.view_as_real(fourstep.filter_spectrum(k, n))
-    for conjugate in (False, True):
-        ours = fourstep.fourstep_conv(u, spectrum, conjugate)
-        theirs = fourstep.fourstep_conv(u.cpu().double(), spectrum.cpu().double(), conjugate)
-        assert rel_l2(ours.cpu(), theirs) <= 1e-6
-    ours = torch.view_as_complex(fourstep.fourstep_spectrum(u, n, fourstep.inner_for(n), 1.0))
-    want = fourstep.spectrum_reference(u.cpu().double(), n, fourstep.inner_for(n))
-    assert rel_l2(torch.view_as_real(ours).cpu(), torch.view_as_real(want)) <= 1e-6
+
+def test_fourstep_backward_is_deterministic(gen):
+    u, k, D = randn(gen, 5, 3, 40000, device=DEVICE), randn(gen, 3, 40000, device=DEVICE), randn(gen, 3, device=DEVICE)
+    dy = randn(gen, 5, 3, 40000, device=DEVICE)
+    spectrum = ops.filter_spectrum(k, 40000, "fp32")
+    first = ops.fftconv_backward(dy, u, spectrum, D, 40000, "fp32")
+    for _ in range(2):
+        again = ops.fftconv_backward(dy, u, spectrum, D, 40000, "fp32")
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
 def test_fourstep_split_is_the_bindings():

@@ -1,11 +1,13 @@
-"""The four-step algorithm for long sequences (N > 32768), on the CPU: its torch.fft
-implementation (the spec of csrc/fftconv_fourstep.cu) against float64 torch.fft, at small sizes
-with a small inner size M, so that every property is checked in CI."""
+"""The four-step algorithm for long sequences (N > 32768), on the CPU: its torch.fft spec (the
+algorithm of csrc/fftconv_fourstep.cu) against float64 torch.fft at small sizes with a small
+inner size M, so that every property is checked in CI; and the ops, which take the four-step
+layout from N = 65536, through the portable engine."""
 
 import pytest
 import torch
 
-from monarch_fftconv import fourstep
+import monarch_fftconv as mf
+from monarch_fftconv import fourstep, ops
 
 from helpers import randn, reference, rel_l2
 
@@ -36,9 +38,9 @@ def test_conv_is_the_causal_convolution(batch, channels, length, filter_len, inn
     u = randn(gen, batch, channels, length, dtype=torch.float64)
     k = randn(gen, channels, filter_len, dtype=torch.float64)
     D = randn(gen, channels, dtype=torch.float64) if with_skip else None
-    spectrum = fourstep.filter_spectrum(k, fft_size(length), D, inner=inner)
+    spectrum = fourstep.filter_spectrum_reference(k, fft_size(length), inner)
     assert spectrum.shape == (channels, fft_size(length) // inner // 2 + 1, inner)
-    y = fourstep.conv(u, spectrum)
+    y = fourstep.conv_reference(u, spectrum, D)
     assert y.shape == u.shape and y.dtype == u.dtype
     assert rel_l2(y, reference(u, k, D)) < 1e-13
 
@@ -46,49 +48,75 @@ def test_conv_is_the_causal_convolution(batch, channels, length, filter_len, inn
 def test_conjugate_spectrum_gives_the_correlation(gen):
     """conjugate=True is the backward's du: Σ_s dy[s]·k[s - t]."""
     u, k = randn(gen, 2, 3, 40, dtype=torch.float64), randn(gen, 3, 40, dtype=torch.float64)
-    spectrum = fourstep.filter_spectrum(k, fft_size(40), inner=8)
-    ours = fourstep.fourstep_conv(u, torch.view_as_real(spectrum), True)
+    spectrum = fourstep.filter_spectrum_reference(k, fft_size(40), 8)
+    ours = fourstep.conv_reference(u, spectrum, conjugate=True)
     want = torch.stack([torch.stack([torch.stack([(u[b, c, t:] * k[c, : 40 - t]).sum() for t in range(40)])
                                      for c in range(3)]) for b in range(2)])
     assert rel_l2(ours, want) < 1e-13
 
 
-@pytest.mark.parametrize("batch, channels, length, filter_len, inner", CASES[:3])
-def test_gradcheck_through_the_ops(batch, channels, length, filter_len, inner, gen):
-    """The ops' autograd (the correlation for dx; w·Σ conj(X)·DY for the spectrum, middle rows
-    counted twice) against finite differences, through the spectrum of k and the skip term."""
+@pytest.mark.parametrize("batch, channels, length, filter_len, inner", CASES)
+def test_backward_is_autograd_of_the_convolution(batch, channels, length, filter_len, inner, gen):
+    """The kernels' backward algorithm (du by the correlation; dk by the back half on
+    Σ_b conj(X_b)·DY_b / N, the row weights cancelled; dD = Σ u·dy) against float64 autograd of
+    the plain torch.fft convolution."""
     u = randn(gen, batch, channels, length, dtype=torch.float64).requires_grad_()
     k = randn(gen, channels, filter_len, dtype=torch.float64).requires_grad_()
     D = randn(gen, channels, dtype=torch.float64).requires_grad_()
-    n = fft_size(length)
-    assert torch.autograd.gradcheck(lambda u, k, D: fourstep.conv(u, fourstep.filter_spectrum(k, n, D, inner)),
-                                    (u, k, D))
-
-
-def test_gradcheck_of_the_conjugate_op(gen):
-    x = randn(gen, 2, 2, 30, dtype=torch.float64).requires_grad_()
-    spectrum = torch.view_as_real(fourstep.filter_spectrum(randn(gen, 2, 30, dtype=torch.float64), 64, inner=8))
-    spectrum = spectrum.clone().requires_grad_()
-    assert torch.autograd.gradcheck(lambda x, s: fourstep.fourstep_conv(x, s, True), (x, spectrum))
-
-
-def test_opcheck():
-    """Schemas, fake kernels and autograd registration agree with the implementations."""
-    x = torch.randn(2, 3, 50, dtype=torch.float64)
-    spectrum = torch.view_as_real(fourstep.filter_spectrum(torch.randn(3, 20, dtype=torch.float64), 128, inner=16))
-    torch.library.opcheck(torch.ops.monarch_fftconv.fourstep_conv.default, (x, spectrum.clone().requires_grad_(), False))
-    torch.library.opcheck(torch.ops.monarch_fftconv.fourstep_spectrum.default, (x, 128, 16, 0.5))
+    dy = randn(gen, batch, channels, length, dtype=torch.float64)
+    want = torch.autograd.grad(reference(u, k, D), (u, k, D), dy)
+    spectrum = fourstep.filter_spectrum_reference(k.detach(), fft_size(length), inner)
+    ours = fourstep.backward_reference(dy, u.detach(), spectrum, D.detach(), filter_len)
+    for name, a, b in zip(("du", "dk", "dD"), ours, want):
+        assert a.shape == b.shape, name
+        assert rel_l2(a, b) < 1e-12, name
 
 
 def test_half_io_keeps_the_dtype(gen):
     u = randn(gen, 2, 2, 60, dtype=torch.bfloat16)
     k = randn(gen, 2, 60)
-    y = fourstep.conv(u, fourstep.filter_spectrum(k, 128, inner=16))
+    y = fourstep.conv_reference(u, fourstep.filter_spectrum_reference(k, 128, 16)).to(u.dtype)
     assert y.dtype == torch.bfloat16
     assert rel_l2(y, reference(u, k)) < 1e-2
 
 
-def test_gradcheck_of_the_spectrum_op(gen):
-    """The spectrum's adjoint (irfft's Hermitian sum with the middle rows halved)."""
-    x = randn(gen, 2, 3, 50, dtype=torch.float64).requires_grad_()
-    assert torch.autograd.gradcheck(lambda x: fourstep.fourstep_spectrum(x, 128, 16, 0.25), (x,))
+# ---------------------------------------------------------------- the ops at N >= 65536
+# Through the portable engine (the ops' CPU implementations): the four-step layout.
+
+@pytest.fixture
+def through_the_ops(portable_engine):
+    pass
+
+
+def test_ops_take_the_four_step_layout(through_the_ops, gen):
+    """At N = 65536 the filter spectrum is (C, P/2+1, M, 2) = (2, 5, 8192, 2)."""
+    k = randn(gen, 2, 300)
+    spectrum = ops.filter_spectrum(k, 16385, "fp32")
+    assert spectrum.shape == (2, 5, 8192, 2)
+    want = fourstep.spectrum_reference(k.double(), 65536, 8192) / 65536
+    assert rel_l2(spectrum, torch.view_as_real(want)) < 1e-6
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_training_step_at_n_65536(through_the_ops, precision, gen):
+    """Forward and the three gradients through the ops' CPU four-step, L = 20001, Lk < L."""
+    u = randn(gen, 2, 2, 20001).requires_grad_()
+    k = randn(gen, 2, 5000).requires_grad_()
+    D = randn(gen, 2).requires_grad_()
+    dy = randn(gen, 2, 2, 20001)
+    y = mf.fftconv(u, k, D=D, precision=precision)
+    assert rel_l2(y, reference(u, k, D)) < 2e-6  # fp32 arithmetic whatever the precision
+    ours = torch.autograd.grad(y, (u, k, D), dy)
+    want = torch.autograd.grad(reference(u, k, D), (u, k, D), dy.double())
+    for a, b in zip(ours, want):
+        assert a.dtype == torch.float32
+        assert rel_l2(a, b) < 3e-6
+
+
+def test_opcheck_at_n_65536(through_the_ops, gen):
+    """Schemas, fake kernels and autograd registration agree with the four-step implementations."""
+    u, k, D = randn(gen, 1, 2, 16500), randn(gen, 2, 100), randn(gen, 2)
+    torch.library.opcheck(ops.fftconv, (u.clone().requires_grad_(), k.clone().requires_grad_(), D, "fp32"))
+    spectrum = ops.filter_spectrum(k, 16500, "fp32")
+    torch.library.opcheck(ops.conv_forward, (u, spectrum, D, "bf16"))
+    torch.library.opcheck(ops.fftconv_backward, (randn(gen, 1, 2, 16500), u, spectrum, D, 100, "fp32"))

@@ -51,7 +51,8 @@ struct Split {
 };
 
 // The plan travels in the spectrum's shape, (C, n1/2 + 1, n2, 2): N = n1·n2 must be the
-// planner's N = 2·next_pow2(L) and (n1, n2) a split the kernels are built for.
+// planner's N = 2·next_pow2(L) and (n1, n2) a split the kernels are built for: a radix split
+// (N <= 32768), or the four-step (P, M) for longer sequences.
 Split check_plan(const at::Tensor& u, const at::Tensor& spectrum) {
   const int64_t channels = u.size(1), seq_len = u.size(2);
   TORCH_CHECK_VALUE(spectrum.dim() == 4 && spectrum.size(0) == channels && spectrum.size(1) >= 2 &&
@@ -62,8 +63,13 @@ Split check_plan(const at::Tensor& u, const at::Tensor& spectrum) {
   TORCH_CHECK_VALUE(is_pow2(fft_size) && fft_size / 4 < seq_len && seq_len <= fft_size / 2,
                     "monarch_fftconv: the spectrum's plan N=", fft_size, " (", n1, "x", n2,
                     ") does not fit L=", seq_len, " (N must be 2·next_pow2(L))");
-  TORCH_CHECK_VALUE(mf::covers_radix_split(static_cast<int>(n1), static_cast<int>(n2)),
-                    "monarch_fftconv: no CUDA kernel for the split ", n1, "x", n2);
+  if (fft_size >= mf::kFourStepMinSize) {
+    TORCH_CHECK_VALUE(fft_size <= mf::kFourStepMaxSize && n2 == mf::fourstep_inner_size(fft_size),
+                      "monarch_fftconv: no CUDA kernel for the four-step split ", n1, "x", n2);
+  } else {
+    TORCH_CHECK_VALUE(mf::covers_radix_split(static_cast<int>(n1), static_cast<int>(n2)),
+                      "monarch_fftconv: no CUDA kernel for the split ", n1, "x", n2);
+  }
   TORCH_CHECK_VALUE(spectrum.device() == u.device(), "monarch_fftconv: u and the filter spectrum are on ", u.device(),
                     " and ", spectrum.device());
   return {n1, n2, fft_size};
@@ -90,6 +96,25 @@ cudaStream_t current_stream(const at::Tensor& u) {
 
 void check_launch(cudaError_t status) {
   TORCH_CHECK(status == cudaSuccess, "monarch_fftconv: kernel launch failed: ", cudaGetErrorString(status));
+}
+
+// ------------------------------------------------------------------ four-step (N > 32768)
+// The caller holds a device guard for x's device over the allocation and the launch. The
+// intermediate is (B·C, P/2+1, M) complex fp32: scratch, or the spectrum itself.
+mf::FourStepParams fourstep_params(const at::Tensor& x, int64_t fft_size, at::Tensor& intermediate) {
+  const int64_t inner = mf::fourstep_inner_size(fft_size), rows = mf::fourstep_rows(fft_size);
+  intermediate = at::empty({x.size(0), x.size(1), rows, inner, 2}, x.options().dtype(at::kFloat));
+  mf::FourStepParams p{};
+  p.x = x.data_ptr();
+  p.x_batch_stride = x.stride(0);
+  p.x_channel_stride = x.stride(1);
+  p.intermediate = intermediate.data_ptr<float>();
+  p.batch = x.size(0);
+  p.channels = x.size(1);
+  p.seq_len = x.size(2);
+  p.fft_size = static_cast<int>(fft_size);
+  p.io_type = io_type_of(x);
+  return p;
 }
 
 // u may have any batch and channel strides; a u that is not contiguous in time, and a
@@ -121,6 +146,15 @@ at::Tensor conv_forward(const at::Tensor& u_in, const at::Tensor& spectrum_in,
   p.n2 = static_cast<int>(split.n2);
   p.io_type = io_type_of(u);
   p.precision = precision_of(precision);
+  if (split.fft_size >= mf::kFourStepMinSize) {  // fp32 for every precision
+    at::Tensor intermediate;
+    mf::FourStepParams f = fourstep_params(u, split.fft_size, intermediate);
+    f.filter_spectrum = p.filter_spectrum;
+    f.skip = p.skip;
+    f.y = p.y;
+    check_launch(mf::fourstep_conv(f, current_stream(u)));
+    return y;
+  }
   // Splits no tensor-core kernel covers run the fp32-accurate kernel whatever the precision
   // asked for: more accurate than asked, and the only kernel there.
   if (!mf::covers_split(p.n1, p.n2)) p.precision = mf::Precision::kFP32;
@@ -142,6 +176,10 @@ Split split_for(int64_t fft_size) {
   MONARCH_FFTCONV_SPLITS(MONARCH_FFTCONV_MATCH)
   MONARCH_FFTCONV_RADIX_ONLY_SPLITS(MONARCH_FFTCONV_MATCH)
 #undef MONARCH_FFTCONV_MATCH
+  if (mf::kFourStepMinSize <= fft_size && fft_size <= mf::kFourStepMaxSize) {
+    const int64_t inner = mf::fourstep_inner_size(fft_size);
+    return {fft_size / inner, inner, fft_size};
+  }
   TORCH_CHECK_VALUE(false, "monarch_fftconv: no CUDA kernel for N=", fft_size);
 }
 
@@ -154,6 +192,13 @@ at::Tensor filter_spectrum(const at::Tensor& k_in, int64_t seq_len, c10::string_
   const Split split = split_for(2 * next_pow2(seq_len));
   const at::Tensor k = k_in.to(at::kFloat).contiguous();
   const c10::cuda::CUDAGuard guard(k.device());
+  if (split.fft_size >= mf::kFourStepMinSize) {  // k as one batch of C sequences; 1/N folded in
+    at::Tensor spectrum;
+    mf::FourStepParams p = fourstep_params(k.unsqueeze(0), split.fft_size, spectrum);
+    p.spectrum_scale = 1.f / static_cast<float>(split.fft_size);
+    if (k.size(0) > 0) check_launch(mf::fourstep_spectrum(p, current_stream(k)));
+    return spectrum.squeeze(0);
+  }
   at::Tensor spectrum = at::empty({k.size(0), split.n1 / 2 + 1, split.n2, 2}, k.options());
   if (k.size(0) == 0) return spectrum;
   mf::FilterSpectrumParams p{};
@@ -174,6 +219,33 @@ std::tuple<at::Tensor, at::Tensor> fftconv(const at::Tensor& u, const at::Tensor
   TORCH_CHECK_VALUE(u.dim() == 3, "monarch_fftconv: u must be (B, C, L), got ", u.sizes());
   at::Tensor spectrum = filter_spectrum(k, u.size(2), precision);
   return {conv_forward(u, spectrum, skip, precision), spectrum};
+}
+
+// The four-step backward into du and dk (eight launches, two intermediates in one
+// workspace); dD = Σ_{b,t} u·dy in fp32, by ATen (deterministic).
+void fourstep_backward(const at::Tensor& grad, const at::Tensor& u, const at::Tensor& spectrum,
+                       const std::optional<at::Tensor>& skip, at::Tensor& du, at::Tensor& dk, at::Tensor& dskip) {
+  mf::FourStepBackwardParams p{};
+  p.u = u.data_ptr();
+  p.u_batch_stride = u.stride(0);
+  p.u_channel_stride = u.stride(1);
+  p.grad = grad.data_ptr();
+  p.filter_spectrum = spectrum.data_ptr<float>();
+  p.skip = skip ? skip->data_ptr<float>() : nullptr;
+  p.grad_u = du.data_ptr();
+  p.grad_filter = dk.data_ptr<float>();
+  p.batch = u.size(0);
+  p.channels = u.size(1);
+  p.seq_len = u.size(2);
+  p.filter_len = dk.size(1);
+  p.fft_size = static_cast<int>(2 * (spectrum.size(1) - 1) * spectrum.size(2));
+  p.io_type = io_type_of(u);
+  const size_t workspace_bytes = mf::fourstep_backward_workspace_bytes(p);
+  TORCH_CHECK(workspace_bytes > 0, "monarch_fftconv: no four-step backward for N=", p.fft_size);
+  const at::Tensor workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, u.options().dtype(at::kByte));
+  p.workspace = workspace.data_ptr();
+  check_launch(mf::fourstep_backward(p, current_stream(u)));
+  if (skip) dskip.copy_(u.to(at::kFloat).mul(grad.to(at::kFloat)).sum({0, 2}));
 }
 
 // (du in u's dtype, dk float32 (C, filter_len), dD float32 (C,) or empty): the fused fp32
@@ -206,6 +278,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fftconv_backward(const at::Tensor
     return {du, dk, dskip};
   }
 
+  if (split.fft_size >= mf::kFourStepMinSize) {
+    fourstep_backward(grad, u, spectrum, skip, du, dk, dskip);
+    return {du, dk, dskip};
+  }
+
   mf::ConvBackwardParams p{};
   p.u = u.data_ptr();
   p.u_batch_stride = u.stride(0);
@@ -231,72 +308,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fftconv_backward(const at::Tensor
   p.workspace = workspace.data_ptr();
   check_launch(mf::conv_backward_fp32(p, current_stream(u)));
   return {du, dk, dskip};
-}
-
-// ------------------------------------------------------------------ four-step (N > 32768)
-// The four-step kernels cover N = kFourStepMinSize .. kFourStepMaxSize; a sequence of length
-// L needs 2·L <= N.
-void check_fourstep_size(int64_t fft_size, int64_t seq_len) {
-  TORCH_CHECK_VALUE(is_pow2(fft_size) && mf::kFourStepMinSize <= fft_size && fft_size <= mf::kFourStepMaxSize &&
-                        2 * seq_len <= fft_size,
-                    "monarch_fftconv: the four-step kernels cover N = ", mf::kFourStepMinSize, " .. ",
-                    mf::kFourStepMaxSize, " (powers of two, N >= 2·L), not N=", fft_size, " with L=", seq_len);
-}
-
-// The caller holds a device guard for x's device over the allocation and the launch.
-mf::FourStepParams fourstep_params(const at::Tensor& x, int64_t fft_size, at::Tensor& intermediate) {
-  const int64_t inner = mf::fourstep_inner_size(fft_size), rows = mf::fourstep_rows(fft_size);
-  intermediate = at::empty({x.size(0), x.size(1), rows, inner, 2}, x.options().dtype(at::kFloat));
-  mf::FourStepParams p{};
-  p.x = x.data_ptr();
-  p.x_batch_stride = x.stride(0);
-  p.x_channel_stride = x.stride(1);
-  p.intermediate = intermediate.data_ptr<float>();
-  p.batch = x.size(0);
-  p.channels = x.size(1);
-  p.seq_len = x.size(2);
-  p.fft_size = static_cast<int>(fft_size);
-  p.io_type = io_type_of(x);
-  return p;
-}
-
-// y = x convolved with (correlated with, when conjugate) the filter whose four-step spectrum
-// is given, (C, P/2+1, M, 2) float32; y in x's dtype, (B, C, L) contiguous.
-at::Tensor fourstep_conv(const at::Tensor& x_in, const at::Tensor& spectrum_in, bool conjugate) {
-  const at::Tensor x = time_contiguous(x_in);
-  const int64_t fft_size = 2 * next_pow2(x.size(2));
-  check_fourstep_size(fft_size, x.size(2));
-  const at::Tensor spectrum = spectrum_in.to(at::kFloat).contiguous();
-  const int64_t inner = mf::fourstep_inner_size(fft_size), rows = mf::fourstep_rows(fft_size);
-  TORCH_CHECK_VALUE(spectrum.dim() == 4 && spectrum.size(0) == x.size(1) && spectrum.size(1) == rows &&
-                        spectrum.size(2) == inner && spectrum.size(3) == 2 && spectrum.device() == x.device(),
-                    "monarch_fftconv: the four-step spectrum must be (C, P/2+1, M, 2) = (", x.size(1), ", ", rows,
-                    ", ", inner, ", 2) on ", x.device(), ", got ", spectrum.sizes(), " on ", spectrum.device());
-  const c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor y = at::empty(x.sizes(), x.options());
-  if (y.numel() == 0) return y;
-  at::Tensor intermediate;
-  mf::FourStepParams p = fourstep_params(x, fft_size, intermediate);
-  p.filter_spectrum = spectrum.data_ptr<float>();
-  p.y = y.data_ptr();
-  p.conjugate = conjugate ? 1 : 0;
-  check_launch(mf::fourstep_conv(p, current_stream(x)));
-  return y;
-}
-
-// X[b, c, k2, k1] = FFT_N(x[b, c] zero-padded to N)[P·k1 + k2]·scale, k2 <= P/2: (B, C, P/2+1, M, 2)
-// float32.
-at::Tensor fourstep_spectrum(const at::Tensor& x_in, int64_t fft_size, int64_t inner_size, double scale) {
-  const at::Tensor x = time_contiguous(x_in);
-  check_fourstep_size(fft_size, x.size(2));
-  TORCH_CHECK_VALUE(inner_size == mf::fourstep_inner_size(fft_size), "monarch_fftconv: the four-step kernels' inner ",
-                    "size at N=", fft_size, " is ", mf::fourstep_inner_size(fft_size), ", not ", inner_size);
-  const c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor intermediate;
-  mf::FourStepParams p = fourstep_params(x, fft_size, intermediate);
-  p.spectrum_scale = static_cast<float>(scale);
-  if (intermediate.numel() > 0) check_launch(mf::fourstep_spectrum(p, current_stream(x)));
-  return intermediate;
 }
 
 // ------------------------------------------------------------------ autograd on CUDA
@@ -383,8 +394,6 @@ TORCH_LIBRARY_IMPL(monarch_fftconv, CUDA, m) {
   m.impl("conv_forward", &conv_forward);
   m.impl("fftconv", &fftconv);
   m.impl("fftconv_backward", &fftconv_backward);
-  m.impl("fourstep_conv", &fourstep_conv);
-  m.impl("fourstep_spectrum", &fourstep_spectrum);
 }
 
 TORCH_LIBRARY_IMPL(monarch_fftconv, AutogradCUDA, m) { m.impl("fftconv", &fftconv_autograd); }

@@ -126,14 +126,32 @@ struct FourStepParams {
   int64_t x_batch_stride;         // in elements
   int64_t x_channel_stride;
   const float* filter_spectrum;   // (channels, P/2+1, M, 2); unused by fourstep_spectrum
+  const float* skip;              // fourstep_conv: (channels,) or null; the filter is K + skip/N
   void* y;                        // fourstep_conv: (batch, channels, seq_len) contiguous, io_type
   float* intermediate;            // (batch·channels, P/2+1, M, 2): scratch, or fourstep_spectrum's output
   int64_t batch;
   int64_t channels;
   int64_t seq_len;                // 1 <= seq_len <= fft_size / 2
   int fft_size;                   // N
-  int conjugate;                  // multiply by the conjugate filter spectrum (the correlation)
   float spectrum_scale;           // fourstep_spectrum: X·spectrum_scale (1/N for a filter spectrum)
+  IOType io_type;
+};
+
+struct FourStepBackwardParams {
+  const void* u;                  // (batch, channels, seq_len), time stride 1, io_type
+  int64_t u_batch_stride;         // in elements
+  int64_t u_channel_stride;
+  const void* grad;               // dy: (batch, channels, seq_len) contiguous, io_type
+  const float* filter_spectrum;   // (channels, P/2+1, M, 2), as the forward used it
+  const float* skip;              // (channels,) or null
+  void* grad_u;                   // du: (batch, channels, seq_len) contiguous, io_type
+  float* grad_filter;             // dk: (channels, filter_len) contiguous
+  void* workspace;                // fourstep_backward_workspace_bytes, 16-byte aligned
+  int64_t batch;
+  int64_t channels;
+  int64_t seq_len;
+  int64_t filter_len;             // 1 <= filter_len <= seq_len
+  int fft_size;
   IOType io_type;
 };
 
@@ -161,5 +179,11 @@ cudaError_t conv_backward_fp32(const ConvBackwardParams& params, cudaStream_t st
 // into the intermediate (the filter gradient's inputs).
 cudaError_t fourstep_conv(const FourStepParams& params, cudaStream_t stream);
 cudaError_t fourstep_spectrum(const FourStepParams& params, cudaStream_t stream);
+
+// Four-step backward: du (the correlation of dy with the filter) and dk (Σ_b of the
+// correlations of dy_b with u_b, truncated to filter_len); deterministic. dD is the binding's
+// (a reduction of u·dy). The workspace holds two intermediates; 0 on an invalid size.
+size_t fourstep_backward_workspace_bytes(const FourStepBackwardParams& params);
+cudaError_t fourstep_backward(const FourStepBackwardParams& params, cudaStream_t stream);
 
 }  // namespace monarch_fftconv

@@ -21,7 +21,7 @@
 // radix plan of P in shared memory. M = 8192 (4096 at N = 2^19: fourstep_inner_size).
 // The filter spectrum K[c][k2][k1] = FFT_N(k_c)[P·k1 + k2] / N carries the 1/N; every transform
 // here is unnormalised. Arithmetic is fp32 throughout, the intermediate fp32. The filter
-// spectrum itself is the outer forward and the inner forward half run on k (spectrum_only).
+// spectrum itself is the outer forward and the inner forward half run on k (InnerMode::kSpectrum).
 //
 // Each sequence is independent: nothing is shared between two sequences' arithmetic.
 
@@ -36,16 +36,24 @@ constexpr int kOuterThreads = 256;
 struct FourStepArgs {
   const void* x;
   int64_t xbs, xcs;
-  const float2* K;   // (C, R, M)
-  void* y;           // (B, C, L)
-  float2* a;         // (B·C, R, M)
+  const float2* K;     // (C, R, M)
+  const float* skip;   // (C,) or null: the filter is K + skip/N
+  void* y;             // (B, C, L)
+  float2* a;           // (B·C, R, M)
+  float2* products;    // InnerMode::kGrad: (B·C, R, M), X in, conj(X)·DY out
   int64_t B, C, L;
-  int64_t columns;   // B·C·M
-  int N, M, logM, R; // R = P/2 + 1
-  int conj;          // inner: multiply by conj K
-  int spectrum_only; // inner: store the forward spectrum, no product, no inverse
-  float scale;       // spectrum_only: times this
+  int64_t columns;     // B·C·M
+  int N, M, logM, R;   // R = P/2 + 1
+  int conj;            // kConv, kGrad: multiply by the conjugate filter
+  float scale;         // kSpectrum: the spectrum times this
 };
+
+// What the inner kernel does to each row, in place:
+//   kConv      FFT_M, times the filter (or its conjugate), inverse FFT_M
+//   kSpectrum  FFT_M, times `scale`; stored
+//   kGrad      as kConv; on the way, the row's spectrum DY turns `products` (X) into conj(X)·DY
+//   kInverse   inverse FFT_M only
+enum class InnerMode { kConv, kSpectrum, kGrad, kInverse };
 
 // W_N^(e), e = (m·k2) mod N reduced exactly in integers: the argument of sincospif is then
 // exact (N a power of two), and the value within about one ulp.
@@ -202,7 +210,7 @@ __global__ void __launch_bounds__(Plan<LOGP>::THREADS) outer_inverse_smem_kernel
 // One row (s, k2) of M complex values per CTA slot: forward FFT_M (Stockham passes p1, p2 and
 // the radix-16 "mid" pass, whose outputs are Z[j + r·M/16] in natural order), the filter
 // product, and the inverse passes in the mirror order, in place.
-template <int LOGM>
+template <int LOGM, InnerMode MODE>
 __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inner_kernel(const FourStepArgs g, int S) {
   using Pl = Plan<LOGM>;
   constexpr int M = Pl::M, T = Pl::T, SPB = Pl::SPB, R1 = Pl::R1;
@@ -218,7 +226,7 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inn
     float2* data = g.a + (valid ? row : 0) * M;
 
     // ---- forward p1: global -> smem, radix R1, NS = 1
-    {
+    if constexpr (MODE != InnerMode::kInverse) {
       constexpr int NB = 32 / R1;
       cf v[NB][R1];
 #pragma unroll
@@ -240,46 +248,71 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inn
       store_butterflies<T>(re, im, tx, v);
       __syncthreads();
     }
-    if constexpr (Pl::LR2 > 0) pass_smem<M, T, Pl::R2, R1, false>(re, im, tx, slot.fp2());
+    if constexpr (Pl::LR2 > 0 && MODE != InnerMode::kInverse) pass_smem<M, T, Pl::R2, R1, false>(re, im, tx, slot.fp2());
 
     // ---- mid: forward radix 16 (NS = M/16) -> Z[k], k = j + r·M/16; times K[k]; inverse radix 16
     {
       constexpr int NS = M / 16, NB = NS / T;
       cf v[NB][16];
       const float2* twM = slot.mid();
+      const int64_t s = row / g.R;
+      const int k2 = (int)(row % g.R);
+      const int64_t c = s % g.C;
+      const float2* Krow = g.K + (c * g.R + k2) * (int64_t)M;
+      // the skip term D·u is the convolution with D at lag 0: K + D/N
+      const float d = (g.skip != nullptr && valid) ? g.skip[c] / (float)g.N : 0.f;
 #pragma unroll
       for (int q = 0; q < NB; ++q) {
         const int j = tx + q * T, pj = pidx(j);
 #pragma unroll
-        for (int r = 0; r < 16; ++r) v[q][r] = lds_s<NS>(re, im, j, pj, r);
+        for (int r = 0; r < 16; ++r) {
+          if constexpr (MODE == InnerMode::kInverse) {
+            const float2 z = valid ? __ldcs(data + j + r * NS) : make_float2(0.f, 0.f);
+            v[q][r] = {z.x, z.y};
+          } else {
+            v[q][r] = lds_s<NS>(re, im, j, pj, r);
+          }
+        }
       }
-      const int64_t s = row / g.R;
-      const int k2 = (int)(row % g.R);
-      const float2* Krow = g.K + ((s % g.C) * g.R + k2) * (int64_t)M;
 #pragma unroll
       for (int q = 0; q < NB; ++q) {
         const int j = tx + q * T;
         if (q > 0) fence(v[q]);
-        const float2 w = twM[j];
-        apply_pow<16>(v[q], cf{w.x, w.y});
-        fft_reg<16, false>(v[q]);
-        if (g.spectrum_only) {
+        if constexpr (MODE != InnerMode::kInverse) {
+          const float2 w = twM[j];
+          apply_pow<16>(v[q], cf{w.x, w.y});
+          fft_reg<16, false>(v[q]);
+        }
+        if constexpr (MODE == InnerMode::kSpectrum) {
           if (valid) {
 #pragma unroll
             for (int r = 0; r < 16; ++r) __stcs(data + j + r * NS, make_float2(v[q][r].x * g.scale, v[q][r].y * g.scale));
           }
           continue;
         }
+        if constexpr (MODE == InnerMode::kGrad) {
+          float2* prow = g.products + (valid ? row : 0) * M;
+          if (valid) {
 #pragma unroll
-        for (int r = 0; r < 16; ++r) {
-          const float2 kk = valid ? __ldg(Krow + j + r * NS) : make_float2(0.f, 0.f);
-          v[q][r] = cmul(v[q][r], cf{kk.x, g.conj ? -kk.y : kk.y});
+            for (int r = 0; r < 16; ++r) {
+              const float2 x = __ldcs(prow + j + r * NS);
+              __stcg(prow + j + r * NS, make_float2(x.x * v[q][r].x + x.y * v[q][r].y,  // conj(X)·DY
+                                                    x.x * v[q][r].y - x.y * v[q][r].x));
+            }
+          }
+        }
+        if constexpr (MODE == InnerMode::kConv || MODE == InnerMode::kGrad) {
+#pragma unroll
+          for (int r = 0; r < 16; ++r) {
+            const float2 kk = valid ? __ldg(Krow + j + r * NS) : make_float2(0.f, 0.f);
+            v[q][r] = cmul(v[q][r], cf{kk.x + d, g.conj ? -kk.y : kk.y});
+          }
         }
         fft_reg<16, true>(v[q]);
         fence(v[q]);
       }
-      if (g.spectrum_only) continue;  // uniform across the CTA
-      __syncthreads();  // everyone has read the forward pass's smem
+      if constexpr (MODE == InnerMode::kSpectrum) continue;
+      __syncthreads();  // everyone has read the forward pass's smem (or the last row's)
       store_butterflies<T>(re, im, tx, v);
       __syncthreads();
     }
@@ -356,7 +389,7 @@ FourStepArgs make_args(const FourStepParams& p) {
   g.logM = ilog2_host(g.M);
   g.columns = p.batch * p.channels * g.M;
   g.R = fourstep_rows(p.fft_size);
-  g.conj = p.conjugate;
+  g.skip = p.skip;
   return g;
 }
 
@@ -369,24 +402,40 @@ size_t slots_smem(int S) {
   return (size_t)Pl::SPB * 2 * S * sizeof(float) + (size_t)Pl::N_TW * sizeof(float2);
 }
 
-template <int LOGM>
+template <int LOGM, InnerMode MODE>
 cudaError_t launch_inner(const FourStepArgs& g, cudaStream_t stream) {
   using Pl = Plan<LOGM>;
+  constexpr auto kern = &inner_kernel<LOGM, MODE>;
   const int S = slot_floats<LOGM>();
   const size_t smem = slots_smem<LOGM>(S);
   int ctas = 0, sms = 0;
-  cudaError_t err = residency<inner_kernel<LOGM>>(Pl::THREADS, smem, ctas, sms);
+  cudaError_t err = residency<kern>(Pl::THREADS, smem, ctas, sms);
   if (err != cudaSuccess) return err;
   const int64_t rows = (g.columns >> g.logM) * g.R;
   int64_t grid = (int64_t)ctas * sms;
   const int64_t needed = (rows + Pl::SPB - 1) / Pl::SPB;
   if (grid > needed) grid = needed;
-  inner_kernel<LOGM><<<(unsigned)grid, dim3(Pl::T, Pl::SPB), smem, stream>>>(g, S);
+  kern<<<(unsigned)grid, dim3(Pl::T, Pl::SPB), smem, stream>>>(g, S);
   return cudaGetLastError();
 }
 
+template <InnerMode MODE>
 cudaError_t launch_inner_any(const FourStepArgs& g, cudaStream_t stream) {
-  return with_log2<12, 13>(g.M, [&](auto logm) { return launch_inner<decltype(logm)::value>(g, stream); });
+  return with_log2<12, 13>(g.M, [&](auto logm) { return launch_inner<decltype(logm)::value, MODE>(g, stream); });
+}
+
+// The filter gradient's spectrum, summed over the batch in a fixed order (deterministic):
+// a[c] = scale · Σ_b a[b·C + c] for every (k2, k1), into the first C sequences of a.
+__global__ void __launch_bounds__(kOuterThreads) batch_sum_kernel(float2* a, int64_t B, int64_t per_batch, float scale) {
+  const int64_t e = (int64_t)blockIdx.x * kOuterThreads + threadIdx.x;
+  if (e >= per_batch) return;
+  float2 sum = __ldcs(a + e);
+  for (int64_t b = 1; b < B; ++b) {
+    const float2 z = __ldcs(a + b * per_batch + e);
+    sum.x += z.x;
+    sum.y += z.y;
+  }
+  a[e] = make_float2(sum.x * scale, sum.y * scale);
 }
 
 // The outer stage, forward or inverse, for the call's P and io type.
@@ -428,7 +477,7 @@ cudaError_t fourstep_conv(const FourStepParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   const FourStepArgs g = make_args(p);
   cudaError_t err = launch_outer<false>(g, p.io_type, stream);
-  if (err == cudaSuccess) err = launch_inner_any(g, stream);
+  if (err == cudaSuccess) err = launch_inner_any<InnerMode::kConv>(g, stream);
   if (err == cudaSuccess) err = launch_outer<true>(g, p.io_type, stream);
   return err;
 }
@@ -437,10 +486,85 @@ cudaError_t fourstep_spectrum(const FourStepParams& p, cudaStream_t stream) {
   using namespace fp32_detail;
   if (!valid_params(p)) return cudaErrorInvalidValue;
   FourStepArgs g = make_args(p);
-  g.spectrum_only = 1;
   g.scale = p.spectrum_scale;
   const cudaError_t err = launch_outer<false>(g, p.io_type, stream);
-  return err == cudaSuccess ? launch_inner_any(g, stream) : err;
+  return err == cudaSuccess ? launch_inner_any<InnerMode::kSpectrum>(g, stream) : err;
+}
+
+size_t fourstep_backward_workspace_bytes(const FourStepBackwardParams& p) {
+  if (p.fft_size < kFourStepMinSize || p.fft_size > kFourStepMaxSize) return 0;
+  const int64_t per_intermediate = p.batch * p.channels * fourstep_rows(p.fft_size) * fourstep_inner_size(p.fft_size);
+  return 2 * (size_t)per_intermediate * sizeof(float2);
+}
+
+// Eight launches through two intermediates, X (u's spectrum, then the filter gradient's) and
+// the dy pipeline's:
+//   X  = spectrum(u)                                   outer forward, inner kSpectrum
+//   du = correlation(dy, K): outer forward of dy, inner kGrad (X <- conj(X)·DY on the way,
+//        the product with conj K, the inverse), outer inverse
+//   G  = Σ_b conj(X_b)·DY_b / N                        batch_sum, into X's first C rows
+//   dk = the first filter_len samples of G's inverse   inner kInverse, outer inverse (fp32)
+// The filter gradient is the spectrum's adjoint applied to w ⊙ G, w the row weights (rows
+// 0 and P/2 once, the others twice, as the outer inverse counts them); the adjoint divides
+// by w again, so G goes through the outer inverse as it is (docs/design.md).
+cudaError_t fourstep_backward(const FourStepBackwardParams& p, cudaStream_t stream) {
+  using namespace fp32_detail;
+  if (fourstep_backward_workspace_bytes(p) == 0 || p.batch <= 0 || p.channels <= 0 || p.seq_len < 1 ||
+      2 * p.seq_len > p.fft_size || p.filter_len < 1 || p.filter_len > p.seq_len || !p.u || !p.grad ||
+      !p.filter_spectrum || !p.grad_u || !p.grad_filter || !p.workspace ||
+      reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0)
+    return cudaErrorInvalidValue;
+  FourStepParams fp{};
+  fp.filter_spectrum = p.filter_spectrum;
+  fp.skip = p.skip;
+  fp.batch = p.batch;
+  fp.channels = p.channels;
+  fp.seq_len = p.seq_len;
+  fp.fft_size = p.fft_size;
+  fp.io_type = p.io_type;
+  const size_t half = fourstep_backward_workspace_bytes(p) / 2;
+  float2* spectra = reinterpret_cast<float2*>(p.workspace);
+  float2* dy_rows = reinterpret_cast<float2*>(static_cast<char*>(p.workspace) + half);
+
+  // X = spectrum(u)
+  fp.x = p.u;
+  fp.x_batch_stride = p.u_batch_stride;
+  fp.x_channel_stride = p.u_channel_stride;
+  fp.intermediate = reinterpret_cast<float*>(spectra);
+  FourStepArgs g = make_args(fp);
+  g.scale = 1.f;
+  cudaError_t err = launch_outer<false>(g, p.io_type, stream);
+  if (err == cudaSuccess) err = launch_inner_any<InnerMode::kSpectrum>(g, stream);
+
+  // du, and conj(X)·DY per sequence
+  fp.x = p.grad;
+  fp.x_batch_stride = p.channels * p.seq_len;
+  fp.x_channel_stride = p.seq_len;
+  fp.intermediate = reinterpret_cast<float*>(dy_rows);
+  fp.y = p.grad_u;
+  g = make_args(fp);
+  g.conj = 1;
+  g.products = spectra;
+  if (err == cudaSuccess) err = launch_outer<false>(g, p.io_type, stream);
+  if (err == cudaSuccess) err = launch_inner_any<InnerMode::kGrad>(g, stream);
+  if (err == cudaSuccess) err = launch_outer<true>(g, p.io_type, stream);
+
+  // G = Σ_b conj(X_b)·DY_b / N, then its inverse: dk
+  const int64_t per_batch = p.channels * fourstep_rows(p.fft_size) * (int64_t)fourstep_inner_size(p.fft_size);
+  if (err == cudaSuccess) {
+    batch_sum_kernel<<<(unsigned)((per_batch + kOuterThreads - 1) / kOuterThreads), kOuterThreads, 0, stream>>>(
+        spectra, p.batch, per_batch, 1.f / (float)p.fft_size);
+    err = cudaGetLastError();
+  }
+  fp.batch = 1;
+  fp.seq_len = p.filter_len;
+  fp.intermediate = reinterpret_cast<float*>(spectra);
+  fp.y = p.grad_filter;
+  fp.skip = nullptr;
+  g = make_args(fp);
+  if (err == cudaSuccess) err = launch_inner_any<InnerMode::kInverse>(g, stream);
+  if (err == cudaSuccess) err = launch_outer<true>(g, IOType::kFloat32, stream);
+  return err;
 }
 
 }  // namespace monarch_fftconv
