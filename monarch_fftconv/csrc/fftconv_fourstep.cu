@@ -46,6 +46,7 @@ struct FourStepArgs {
   int N, M, logM, R;   // R = P/2 + 1
   int conj;            // kConv, kGrad: multiply by the conjugate filter
   float scale;         // kSpectrum: the spectrum times this
+  int64_t tile_stride; // outer stage, P >= 128: the CTAs resident at once (the prefetch distance)
 };
 
 // What the inner kernel does to each row, in place:
@@ -120,10 +121,15 @@ __global__ void __launch_bounds__(kOuterThreads) outer_inverse_reg_kernel(const 
 }
 
 // ---------------------------------------------------------------- outer stage, P >= 128
-// A CTA owns SPB consecutive columns of one sequence, each a slot of Plan<log2 P> (P/32
-// threads, a shared-memory area): the tile is loaded row by row (coalesced along m) into
-// the slots, transformed by three Stockham passes (radices R1, R2, 16: natural order out),
-// and stored row by row.
+// A CTA owns SPB consecutive columns of one sequence at a time (a tile), each column a slot
+// of Plan<log2 P> (P/32 threads, a shared-memory area): the tile is loaded row by row
+// (coalesced along m) into the slots, transformed by three Stockham passes (radices R1, R2,
+// 16: natural order out), and stored row by row. A CTA also asks L2 for the rows of the tile
+// that a CTA launched about one wave later will take (tile + tile_stride, the number of
+// resident CTAs; prefetch.global.L2, no registers held), so that CTA's loads come from L2
+// while this wave's passes keep DRAM busy. (Without it the load phase was bound by DRAM
+// latency: 2 CTAs per SM, 16–33 KB of loads in flight each, none during the passes. A
+// persistent loop over tiles spilled at P = 128 and 256.)
 template <int LOGP, bool INV>
 __device__ __forceinline__ void column_passes(float* re, float* im, int tx, const SlotSmem<LOGP>& slot) {
   using Pl = Plan<LOGP>;
@@ -133,7 +139,7 @@ __device__ __forceinline__ void column_passes(float* re, float* im, int tx, cons
   pass_smem<P, T, 16, Pl::R1 * Pl::R2, INV>(re, im, tx, slot.mid());
 }
 
-// The CTA's tile: SPB columns m0 .. m0 + SPB - 1 of sequence s (SPB divides M, so a tile never
+// Tile `tile`: SPB columns m0 .. m0 + SPB - 1 of sequence s (SPB divides M, so a tile never
 // straddles two sequences). For the row-by-row loads and stores, thread tid serves column m
 // = m0 + tid % SPB and the rows tid / SPB, tid / SPB + ROWS_PER_STEP, ...: consecutive threads
 // touch consecutive m. `re`/`im` is that column's slot area.
@@ -145,9 +151,9 @@ struct ColumnTile {
   int first_row;
   float *re, *im;
 
-  __device__ __forceinline__ ColumnTile(const FourStepArgs& g, float* sm, int S) {
+  __device__ __forceinline__ ColumnTile(const FourStepArgs& g, float* sm, int S, int64_t tile) {
     const int tid = threadIdx.y * Pl::T + threadIdx.x;
-    const int64_t col0 = (int64_t)blockIdx.x * Pl::SPB;
+    const int64_t col0 = tile * Pl::SPB;
     s = col0 >> g.logM;
     const int lane_col = tid % Pl::SPB;
     m = (col0 & (g.M - 1)) + lane_col;
@@ -157,18 +163,39 @@ struct ColumnTile {
   }
 };
 
+// Asks L2 for `rows` rows of a tile, starting at `base` (the tile's first column), `row_bytes`
+// apart and `tile_bytes` long each: one prefetch per 128-byte line, spread over the CTA.
+__device__ __forceinline__ void prefetch_tile_rows(const char* base, int rows, int64_t row_bytes, int tile_bytes,
+                                                   int tid, int threads) {
+  const int lines_per_row = (tile_bytes + 127) / 128;
+  for (int i = tid; i < rows * lines_per_row; i += threads)
+    prefetch_l2(base + (i / lines_per_row) * row_bytes + (i % lines_per_row) * 128);
+}
+
+template <int LOGP>
+__device__ __forceinline__ int64_t column_tiles(const FourStepArgs& g) { return g.columns / Plan<LOGP>::SPB; }
+
 template <int LOGP, typename IO>
 __global__ void __launch_bounds__(Plan<LOGP>::THREADS) outer_forward_smem_kernel(const FourStepArgs g, int S) {
-  constexpr int P = Plan<LOGP>::M;
+  using Pl = Plan<LOGP>;
+  constexpr int P = Pl::M;
   extern __shared__ float4 smem_raw[];
   float* sm = reinterpret_cast<float*>(smem_raw);
   const SlotSmem<LOGP> slot(sm, S);
-  const ColumnTile<LOGP> tile(g, sm, S);
+  const int tid = threadIdx.y * Pl::T + threadIdx.x;
+  const int64_t tiles = column_tiles<LOGP>(g);
+  const int64_t t = blockIdx.x;
+  const ColumnTile<LOGP> tile(g, sm, S, t);
   const IO* x = sequence<IO>(g, tile.s);
   for (int p = tile.first_row; p < P; p += tile.ROWS_PER_STEP) {
-    const int64_t t = tile.m + (int64_t)g.M * p;
-    tile.re[pidx(p)] = (p < P / 2 && t < g.L) ? io_load<IO>(x + t) : 0.f;
+    const int64_t time = tile.m + (int64_t)g.M * p;
+    tile.re[pidx(p)] = (p < P / 2 && time < g.L) ? io_load<IO>(x + time) : 0.f;
     tile.im[pidx(p)] = 0.f;
+  }
+  if (t + g.tile_stride < tiles) {  // that tile's samples, rows p < P/2 (the rest is padding)
+    const int64_t col0 = (t + g.tile_stride) * Pl::SPB, s = col0 >> g.logM;
+    prefetch_tile_rows(reinterpret_cast<const char*>(sequence<IO>(g, s) + (col0 & (g.M - 1))), P / 2,
+                       (int64_t)g.M * sizeof(IO), Pl::SPB * sizeof(IO), tid, Pl::THREADS);
   }
   __syncthreads();
   column_passes<LOGP, false>(slot.re, slot.im, threadIdx.x, slot);
@@ -182,11 +209,15 @@ __global__ void __launch_bounds__(Plan<LOGP>::THREADS) outer_forward_smem_kernel
 
 template <int LOGP, typename IO>
 __global__ void __launch_bounds__(Plan<LOGP>::THREADS) outer_inverse_smem_kernel(const FourStepArgs g, int S) {
-  constexpr int P = Plan<LOGP>::M;
+  using Pl = Plan<LOGP>;
+  constexpr int P = Pl::M;
   extern __shared__ float4 smem_raw[];
   float* sm = reinterpret_cast<float*>(smem_raw);
   const SlotSmem<LOGP> slot(sm, S);
-  const ColumnTile<LOGP> tile(g, sm, S);
+  const int tid = threadIdx.y * Pl::T + threadIdx.x;
+  const int64_t tiles = column_tiles<LOGP>(g);
+  const int64_t t = blockIdx.x;
+  const ColumnTile<LOGP> tile(g, sm, S, t);
   const float2* in = g.a + tile.s * (int64_t)g.R * g.M + tile.m;
   for (int k2 = tile.first_row; k2 <= P / 2; k2 += tile.ROWS_PER_STEP) {
     const float2 z = __ldcs(in + (int64_t)k2 * g.M);
@@ -198,12 +229,17 @@ __global__ void __launch_bounds__(Plan<LOGP>::THREADS) outer_inverse_smem_kernel
       tile.im[pidx(P - k2)] = -v.y;
     }
   }
+  if (t + g.tile_stride < tiles) {  // that tile's rows k2 <= P/2
+    const int64_t col0 = (t + g.tile_stride) * Pl::SPB, s = col0 >> g.logM;
+    prefetch_tile_rows(reinterpret_cast<const char*>(g.a + s * (int64_t)g.R * g.M + (col0 & (g.M - 1))), P / 2 + 1,
+                       (int64_t)g.M * sizeof(float2), Pl::SPB * sizeof(float2), tid, Pl::THREADS);
+  }
   __syncthreads();
   column_passes<LOGP, true>(slot.re, slot.im, threadIdx.x, slot);
   IO* y = static_cast<IO*>(g.y) + tile.s * g.L;
   for (int p = tile.first_row; p < P / 2; p += tile.ROWS_PER_STEP) {
-    const int64_t t = tile.m + (int64_t)g.M * p;
-    if (t < g.L) io_store<IO>(y + t, tile.re[pidx(p)]);
+    const int64_t time = tile.m + (int64_t)g.M * p;
+    if (time < g.L) io_store<IO>(y + time, tile.re[pidx(p)]);
   }
 }
 
@@ -462,7 +498,9 @@ cudaError_t launch_outer(const FourStepArgs& g, IOType io, cudaStream_t stream) 
       int ctas = 0, sms = 0;
       const cudaError_t err = residency<kern>(Pl::THREADS, smem, ctas, sms);  // sets the smem limit once
       if (err != cudaSuccess) return err;
-      kern<<<(unsigned)(g.columns / Pl::SPB), dim3(Pl::T, Pl::SPB), smem, stream>>>(g, S);
+      FourStepArgs prefetching = g;
+      prefetching.tile_stride = (int64_t)ctas * sms;
+      kern<<<(unsigned)(g.columns / Pl::SPB), dim3(Pl::T, Pl::SPB), smem, stream>>>(prefetching, S);
       return cudaGetLastError();
     });
   });
