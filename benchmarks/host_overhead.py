@@ -96,16 +96,32 @@ def main() -> None:
             for name, micros in results.items():
                 print(f"   {name:32s} {micros:8.1f} µs")
     if args.profile:
-        fwd = calls(shapes[0], args.precisions.split(",")[0])["fftconv train step"]
+        profile(calls(shapes[0], args.precisions.split(",")[0]))
+
+
+def profile(named_calls) -> None:
+    """Where the host time goes: cProfile (the Python frames) and torch.profiler (the ops,
+    the C++ side) over 200 calls of the forward with autograd and of the training step."""
+    for name in ("fftconv fwd (grad)", "fftconv train step"):
+        call = named_calls[name]
+        for _ in range(20):
+            call()
+        torch.cuda.synchronize()
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(200):
-            fwd()
+            call()
         prof.disable()
         torch.cuda.synchronize()
         out = io.StringIO()
-        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(25)
-        print(out.getvalue())
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(15)
+        print(f"== cProfile, 200 x {name}\n{out.getvalue()}")
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as tprof:
+            for _ in range(200):
+                call()
+            torch.cuda.synchronize()
+        print(f"== torch.profiler, 200 x {name}")
+        print(tprof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
 
 
 def make_probe(shape):
