@@ -8,7 +8,8 @@ precision, plan) and remembers the decision; `explain()` and the call share it.
 =====================  ==========================================================
 ``cuda-fp32``          the fused fp32 radix kernel (Hopper, N = 256 .. 32768); at N = 32768,
                        where no tensor-core kernel runs, for every precision
-``cuda-tensor-core``   the fused Monarch kernel on tensor cores (Hopper, N = 256 .. 16384)
+``cuda-tensor-core``   the fused Monarch kernel on tensor cores (Hopper, N = 256 .. 16384), bf16 and
+                       fp16 (tf32 takes the fp32 kernel, which measured faster: FP32_KERNEL_IS_FASTER)
 ``cuda-four-step``     long sequences (Hopper, N = 65536 .. 2^23, L <= 4M): the four-step kernels, an outer
                        DFT down the columns, the fused inner FFT conv along the rows and the outer
                        inverse, in fp32 for every precision
@@ -48,6 +49,7 @@ class Backend:
     name: str
     kernel: str  # what runs, in words
     reason: str  # why this backend
+    runs_as: str | None = None  # the precision the kernels are asked for, when not the call's
 
     def fftconv(self, u: Tensor, k: Tensor, skip: Tensor | None, precision: str) -> Tensor:
         """y = causal_conv(u, k) (+ skip·u), differentiable in u, k and skip."""
@@ -75,13 +77,13 @@ class _MonarchOps(Backend):
     """Runs the monarch_fftconv ops; the dispatcher picks their CPU or CUDA implementation."""
 
     def fftconv(self, u, k, skip, precision):
-        return ops.fftconv_op(u, k, skip, precision)[0]
+        return ops.fftconv_op(u, k, skip, self.runs_as or precision)[0]
 
     def filter_spectrum(self, k, seq_len, precision):
-        return ops.filter_spectrum_op(k, seq_len, precision)
+        return ops.filter_spectrum_op(k, seq_len, self.runs_as or precision)
 
     def conv(self, u, spectrum, skip, precision):
-        return ops.conv_forward_op(u, spectrum, skip, precision)
+        return ops.conv_forward_op(u, spectrum, skip, self.runs_as or precision)
 
 
 class Portable(_MonarchOps):
@@ -161,6 +163,14 @@ class Pending(Backend):
         return None
 
 
+# Precisions whose tensor-core kernel measured slower than the fp32 kernel at every N it covers
+# (docs/performance.md): their calls take the fp32 kernel, faster and more accurate than asked.
+# MONARCH_FFTCONV_BACKEND=portable still reaches their kernel (the ops run the precision given).
+FP32_KERNEL_IS_FASTER = {
+    "tf32": "the tf32 tensor-core kernel measured 2-3x slower than the fp32 kernel at every N (and slower "
+            "than cuFFT at N=16384): the fp32 kernel serves tf32, faster and more accurate than asked",
+}
+
 BACKEND_ENV = "MONARCH_FFTCONV_BACKEND"
 BACKEND_CHOICES = ("auto", "portable")
 
@@ -233,5 +243,8 @@ def _decide(
         return FusedFP32("cuda-fp32", f"fused fp32 radix FFT conv, N={plan.fft_size}",
                          f"no tensor-core kernel at N={plan.fft_size}: the fp32-accurate fused kernel serves "
                          f"{precision}, more accurate than asked")
+    if precision in FP32_KERNEL_IS_FASTER:
+        return FusedFP32("cuda-fp32", f"fused fp32 radix FFT conv, N={plan.fft_size}",
+                         FP32_KERNEL_IS_FASTER[precision], runs_as="fp32")
     return FusedTensorCore("cuda-tensor-core", f"fused Monarch {factors} on tensor cores, {precision} operands",
                            "the fused tensor-core kernel covers this call")

@@ -118,6 +118,17 @@ def test_gpu_calls_a_kernel_covers_take_it(hopper_kernels, precision, name):
         assert hopper_kernels.select_backend(torch.device("cuda", 0), torch.float32, precision, plan_for(length)) is backend
 
 
+def test_tf32_takes_the_fp32_kernel_which_measured_faster(hopper_kernels):
+    """tf32's tensor-core kernel lost to the fp32 kernel at every N: tf32 calls run the fp32
+    kernel (asked for as fp32, so the binding picks it), and say why."""
+    for length in (129, 1000, 8192):
+        backend = hopper_kernels.select_backend(torch.device("cuda", 0), torch.float32, "tf32", plan_for(length))
+        assert backend.name == "cuda-fp32" and backend.runs_as == "fp32"
+        assert "slower than the fp32 kernel" in backend.reason
+    bf16 = hopper_kernels.select_backend(torch.device("cuda", 0), torch.float32, "bf16", plan_for(8192))
+    assert bf16.runs_as is None
+
+
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16", "fp16"])
 def test_gpu_calls_at_n_32768_take_the_radix_kernel_in_every_precision(hopper_kernels, precision):
     for length in (8193, 12345, 16384):

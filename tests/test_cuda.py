@@ -20,9 +20,11 @@ DEVICE = "cuda"
 
 
 def expected_backend(precision: str, length: int) -> str:
-    """fp32 takes the radix kernel; other precisions the tensor cores up to N = 16384, and the
-    radix kernel at N = 32768, where no tensor-core kernel runs."""
-    return "cuda-fp32" if precision == "fp32" or plan_for(length).fft_size > 16384 else "cuda-tensor-core"
+    """fp32 and tf32 (whose tensor-core kernel measured slower) take the radix kernel; bf16 and
+    fp16 the tensor cores up to N = 16384, and the radix kernel at N = 32768, where no
+    tensor-core kernel runs."""
+    radix = precision in ("fp32", "tf32") or plan_for(length).fft_size > 16384
+    return "cuda-fp32" if radix else "cuda-tensor-core"
 
 
 def poisoned_call(fn, like: torch.Tensor):
@@ -50,6 +52,18 @@ def test_kernel_every_size(length, precision, gen):
     assert rel_l2(y, ref) <= BUDGETS[precision]
     if backend == "cuda-tensor-core":  # the fp32 kernel is a radix FFT, not the emulated Monarch
         assert rel_l2(y, emulate(u, k, precision)) <= BUDGETS[precision] / 4
+
+
+@pytest.mark.parametrize("length", KERNEL_LENGTHS[:-1])
+def test_tf32_tensor_core_kernel_through_the_ops(length, portable_engine, gen):
+    """tf32 calls take the fp32 kernel by default; the ops (MONARCH_FFTCONV_BACKEND=portable)
+    still run the tf32 tensor-core kernel, which stays within its budget and its emulation."""
+    u, k = randn(gen, 3, 5, length, device=DEVICE), randn(gen, 5, length, device=DEVICE)
+    y = poisoned_call(lambda: mf.fftconv(u, k, precision="tf32"), u)
+    assert torch.isfinite(y).all(), "unwritten (NaN) outputs"
+    assert rel_l2(y, reference(u, k)) <= BUDGETS["tf32"]
+    assert rel_l2(y, emulate(u, k, "tf32")) <= BUDGETS["tf32"] / 4
+    assert rel_l2(y, reference(u, k)) > 10 * BUDGETS["fp32"]  # tf32 operands: not the fp32 kernel
 
 
 @pytest.mark.parametrize("precision", list(BUDGETS))
