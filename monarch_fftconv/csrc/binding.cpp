@@ -245,7 +245,7 @@ void fourstep_backward(const at::Tensor& grad, const at::Tensor& u, const at::Te
   const at::Tensor workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, u.options().dtype(at::kByte));
   p.workspace = workspace.data_ptr();
   check_launch(mf::fourstep_backward(p, current_stream(u)));
-  if (skip) dskip.copy_(u.to(at::kFloat).mul(grad.to(at::kFloat)).sum({0, 2}));
+  if (skip) dskip.copy_(u.to(at::kFloat).mul(grad.to(at::kFloat)).sum(at::IntArrayRef{0, 2}));
 }
 
 // (du in u's dtype, dk float32 (C, filter_len), dD float32 (C,) or empty): the fused fp32
