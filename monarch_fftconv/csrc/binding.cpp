@@ -316,6 +316,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fftconv_backward(const at::Tensor
 // then runs no Python between the op call and the kernels, forward or backward. Both
 // directions go through the dispatcher below autograd, so torch.compile's fake tensors
 // reach the fake kernels.
+bool needs_grad(const at::Tensor& t) { return t.defined() && t.requires_grad(); }
+bool needs_grad(const std::optional<at::Tensor>& t) { return t && needs_grad(*t); }
+
+template <class... Inputs>
+void refuse_gradients(const char* op, const Inputs&... inputs) {
+  TORCH_CHECK(!at::GradMode::is_enabled() || !(needs_grad(inputs) || ...), "monarch_fftconv::", op,
+              " is not differentiable (fftconv is; double backward is not supported)");
+}
+
+// The op `name`'s kernel below autograd, through the dispatcher (torch.compile's fake tensors
+// take their fake kernels there).
+template <class Signature>
+c10::TypedOperatorHandle<Signature> op_handle(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
+}
+
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
@@ -323,14 +339,13 @@ class FftconvFunction : public torch::autograd::Function<FftconvFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& u, const at::Tensor& k,
                                const std::optional<at::Tensor>& skip, c10::string_view precision) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("monarch_fftconv::fftconv", "")
-                               .typed<std::tuple<at::Tensor, at::Tensor>(
-                                   const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                                   c10::string_view)>();
+    static const auto op = op_handle<std::tuple<at::Tensor, at::Tensor>(
+        const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, c10::string_view)>(
+        "monarch_fftconv::fftconv");
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto [y, spectrum] = op.call(u, k, skip, precision);
     ctx->mark_non_differentiable({spectrum});
+    ctx->set_materialize_grads(false);  // no zero-filled spectrum-sized gradient per backward
     ctx->save_for_backward({u, spectrum, skip ? *skip : at::Tensor()});
     ctx->saved_data["filter_len"] = k.sym_size(1);  // symbolic under torch.compile(dynamic=True)
     ctx->saved_data["filter_dtype"] = static_cast<int64_t>(k.scalar_type());
@@ -339,15 +354,17 @@ class FftconvFunction : public torch::autograd::Function<FftconvFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("monarch_fftconv::fftconv_backward", "")
-                               .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-                                   const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                   const std::optional<at::Tensor>&, c10::SymInt, c10::string_view)>();
+    static const auto op = op_handle<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+        const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, c10::SymInt,
+        c10::string_view)>("monarch_fftconv::fftconv_backward");
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &u = saved[0], &spectrum = saved[1], &skip = saved[2];
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     const std::string precision = ctx->saved_data["precision"].toStringRef();
+    // Below autograd: the backward op has no derivative, and its Python autograd shim costs
+    // tens of µs per step. A double backward (create_graph) is refused instead.
+    refuse_gradients("fftconv_backward", grads[0], u, skip);
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto [du, dk, dskip] = op.call(grads[0], u, spectrum, skip.defined() ? std::optional(skip) : std::nullopt,
                                    ctx->saved_data["filter_len"].toSymInt(), precision);
     const auto filter_dtype = static_cast<at::ScalarType>(ctx->saved_data["filter_dtype"].toInt());
@@ -357,6 +374,20 @@ class FftconvFunction : public torch::autograd::Function<FftconvFunction> {
             skip.defined() && ctx->needs_input_grad(2) ? dskip.to(skip.scalar_type()) : at::Tensor(), at::Tensor()};
   }
 };
+
+// conv_forward has no derivative formula (the module's inference path): on CUDA a C++ kernel
+// at the autograd key refuses inputs that need a gradient and otherwise redispatches below
+// autograd, skipping the Python shim torch.library installs for it (tens of µs per call).
+// The ops with an int argument keep the shim: under torch.compile(dynamic=True) the int may
+// be symbolic, which a C++ kernel taking int64_t cannot receive.
+at::Tensor conv_forward_autograd(const at::Tensor& u, const at::Tensor& spectrum, const std::optional<at::Tensor>& skip,
+                                 c10::string_view precision) {
+  static const auto op = op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                              c10::string_view)>("monarch_fftconv::conv_forward");
+  refuse_gradients("conv_forward", u, spectrum, skip);
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return op.call(u, spectrum, skip, precision);
+}
 
 std::tuple<at::Tensor, at::Tensor> fftconv_autograd(const at::Tensor& u, const at::Tensor& k,
                                                     const std::optional<at::Tensor>& skip,
@@ -396,4 +427,7 @@ TORCH_LIBRARY_IMPL(monarch_fftconv, CUDA, m) {
   m.impl("fftconv_backward", &fftconv_backward);
 }
 
-TORCH_LIBRARY_IMPL(monarch_fftconv, AutogradCUDA, m) { m.impl("fftconv", &fftconv_autograd); }
+TORCH_LIBRARY_IMPL(monarch_fftconv, AutogradCUDA, m) {
+  m.impl("fftconv", &fftconv_autograd);
+  m.impl("conv_forward", &conv_forward_autograd);
+}
