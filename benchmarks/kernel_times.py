@@ -1,0 +1,59 @@
+#!/usr/bin/env python
+"""GPU time per kernel of one call (torch.profiler, CUDA activity), to see which launch of a
+multi-launch path (four-step, backward) dominates. Medians over --reps calls, after warm-up.
+
+    python benchmarks/kernel_times.py --shape 1x128x1048576 --precision bf16
+    python benchmarks/kernel_times.py --shape 8x256x65536 --backward
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+
+import torch
+
+import monarch_fftconv as mf
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", default="1x128x1048576")
+    p.add_argument("--precision", default="fp32")
+    p.add_argument("--backward", action="store_true", help="a training step: forward and backward")
+    p.add_argument("--reps", type=int, default=10)
+    args = p.parse_args()
+    b, c, length = (int(x) for x in args.shape.split("x"))
+    u = torch.randn(b, c, length, device="cuda", requires_grad=args.backward)
+    k = (torch.randn(c, length, device="cuda") / length**0.5).requires_grad_(args.backward)
+    g = torch.randn_like(u)
+
+    def call():
+        y = mf.fftconv(u, k, precision=args.precision)
+        if args.backward:
+            torch.autograd.grad(y, (u, k), g)
+
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    times = collections.defaultdict(list)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.reps):
+            call()
+        torch.cuda.synchronize()
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            times[event.name].append(event.device_time)
+    print(f"{args.shape} {args.precision} {'fwd+bwd' if args.backward else 'fwd'}: "
+          f"{mf.explain(u, k, precision=args.precision)['kernel']}")
+    total = 0.0
+    for name, t in sorted(times.items(), key=lambda kv: -sum(kv[1])):
+        per_call = sum(t) / args.reps
+        total += per_call
+        print(f"  {per_call / 1e3:8.3f} ms/call  {len(t) // args.reps:2d} launches  median {statistics.median(t):9.1f} µs  "
+              f"{name[:110]}")
+    print(f"  {total / 1e3:8.3f} ms/call in kernels")
+
+
+if __name__ == "__main__":
+    main()
