@@ -221,11 +221,11 @@ std::tuple<at::Tensor, at::Tensor> fftconv(const at::Tensor& u, const at::Tensor
   return {conv_forward(u, spectrum, skip, precision), spectrum};
 }
 
-// The four-step backward into du and dk (eight launches, two intermediates in one
-// workspace); dD = Σ_{b,t} u·dy in fp32, by ATen (deterministic).
-void fourstep_backward(const at::Tensor& grad, const at::Tensor& u, const at::Tensor& spectrum,
-                       const std::optional<at::Tensor>& skip, at::Tensor& du, at::Tensor& dk, at::Tensor& dskip) {
-  mf::FourStepBackwardParams p{};
+// The tensors and shape of a backward call, into either backward's parameter struct
+// (ConvBackwardParams, FourStepBackwardParams: the same field names).
+template <class BackwardParams>
+void fill_backward(BackwardParams& p, const at::Tensor& grad, const at::Tensor& u, const at::Tensor& spectrum,
+                   const std::optional<at::Tensor>& skip, at::Tensor& du, at::Tensor& dk) {
   p.u = u.data_ptr();
   p.u_batch_stride = u.stride(0);
   p.u_channel_stride = u.stride(1);
@@ -238,8 +238,16 @@ void fourstep_backward(const at::Tensor& grad, const at::Tensor& u, const at::Te
   p.channels = u.size(1);
   p.seq_len = u.size(2);
   p.filter_len = dk.size(1);
-  p.fft_size = static_cast<int>(2 * (spectrum.size(1) - 1) * spectrum.size(2));
   p.io_type = io_type_of(u);
+}
+
+// The four-step backward into du and dk (eight launches, two intermediates in one
+// workspace); dD = Σ_{b,t} u·dy in fp32, by ATen (deterministic).
+void fourstep_backward(const at::Tensor& grad, const at::Tensor& u, const at::Tensor& spectrum,
+                       const std::optional<at::Tensor>& skip, at::Tensor& du, at::Tensor& dk, at::Tensor& dskip) {
+  mf::FourStepBackwardParams p{};
+  fill_backward(p, grad, u, spectrum, skip, du, dk);
+  p.fft_size = static_cast<int>(2 * (spectrum.size(1) - 1) * spectrum.size(2));
   const size_t workspace_bytes = mf::fourstep_backward_workspace_bytes(p);
   TORCH_CHECK(workspace_bytes > 0, "monarch_fftconv: no four-step backward for N=", p.fft_size);
   const at::Tensor workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, u.options().dtype(at::kByte));
@@ -284,23 +292,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fftconv_backward(const at::Tensor
   }
 
   mf::ConvBackwardParams p{};
-  p.u = u.data_ptr();
-  p.u_batch_stride = u.stride(0);
-  p.u_channel_stride = u.stride(1);
-  p.grad = grad.data_ptr();
-  p.filter_spectrum = spectrum.data_ptr<float>();
-  p.skip = skip ? skip->data_ptr<float>() : nullptr;
-  p.grad_u = du.data_ptr();
-  p.grad_filter = dk.data_ptr<float>();
+  fill_backward(p, grad, u, spectrum, skip, du, dk);
   p.grad_skip = skip ? dskip.data_ptr<float>() : nullptr;
-  p.batch = batch;
-  p.channels = channels;
-  p.seq_len = seq_len;
-  p.filter_len = filter_len;
   p.fft_size = static_cast<int>(split.fft_size);
   p.n1 = static_cast<int>(split.n1);
   p.n2 = static_cast<int>(split.n2);
-  p.io_type = io_type_of(u);
   const size_t workspace_bytes = mf::conv_backward_fp32_workspace_bytes(p);
   TORCH_CHECK(workspace_bytes > 0, "monarch_fftconv: no backward kernel for this call");
   // from the caching allocator, on this stream: freed when the kernels are done with it
