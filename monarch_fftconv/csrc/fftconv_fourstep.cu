@@ -121,15 +121,16 @@ __global__ void __launch_bounds__(kOuterThreads) outer_inverse_reg_kernel(const 
 }
 
 // ---------------------------------------------------------------- outer stage, P >= 128
-// A CTA owns SPB consecutive columns of one sequence at a time (a tile), each column a slot
-// of Plan<log2 P> (P/32 threads, a shared-memory area): the tile is loaded row by row
-// (coalesced along m) into the slots, transformed by three Stockham passes (radices R1, R2,
-// 16: natural order out), and stored row by row. A CTA also asks L2 for the rows of the tile
-// that a CTA launched about one wave later will take (tile + tile_stride, the number of
-// resident CTAs; prefetch.global.L2, no registers held), so that CTA's loads come from L2
-// while this wave's passes keep DRAM busy. (Without it the load phase was bound by DRAM
-// latency: 2 CTAs per SM, 16–33 KB of loads in flight each, none during the passes. A
-// persistent loop over tiles spilled at P = 128 and 256.)
+// A CTA owns a tile of 2·SPB consecutive columns of one sequence. Each slot of Plan<log2 P>
+// (P/32 threads, a shared-memory area) transforms two real columns at once, packed as one
+// complex column z = x_a + i·x_b (columns m and m + SPB): one complex P-point DFT gives both
+// spectra, X_a[k] = (Z[k] + conj Z[P-k])/2 and X_b[k] = (Z[k] - conj Z[P-k])/2i; the inverse
+// packs the two Hermitian spectra as Z = C_a + i·C_b, and y_a, y_b are the real and the
+// imaginary part of its inverse. Half the passes of one column per slot. The tile is loaded
+// row by row (coalesced along m) into the slots, transformed by the Stockham passes
+// (radices R1, R2, 16: natural order out), and stored row by row. Before its passes a CTA
+// asks L2 for the rows of the tile one wave ahead (tile + tile_stride, the number of
+// resident CTAs; prefetch.global.L2, no registers held), so that wave's loads come from L2.
 template <int LOGP, bool INV>
 __device__ __forceinline__ void column_passes(float* re, float* im, int tx, const SlotSmem<LOGP>& slot) {
   using Pl = Plan<LOGP>;
@@ -139,21 +140,22 @@ __device__ __forceinline__ void column_passes(float* re, float* im, int tx, cons
   pass_smem<P, T, 16, Pl::R1 * Pl::R2, INV>(re, im, tx, slot.mid());
 }
 
-// Tile `tile`: SPB columns m0 .. m0 + SPB - 1 of sequence s (SPB divides M, so a tile never
-// straddles two sequences). For the row-by-row loads and stores, thread tid serves column m
-// = m0 + tid % SPB and the rows tid / SPB, tid / SPB + ROWS_PER_STEP, ...: consecutive threads
-// touch consecutive m. `re`/`im` is that column's slot area.
+// Tile `tile`: columns m0 .. m0 + 2·SPB - 1 of sequence s (2·SPB divides M, so a tile never
+// straddles two sequences). For the row-by-row loads and stores, thread tid serves the slot
+// of columns m = m0 + tid % SPB and m + SPB, and the rows tid / SPB, tid / SPB + ROWS_PER_STEP,
+// ...: consecutive threads touch consecutive m. `re`/`im` is that slot's area.
 template <int LOGP>
 struct ColumnTile {
   using Pl = Plan<LOGP>;
   static constexpr int ROWS_PER_STEP = Pl::THREADS / Pl::SPB;
+  static constexpr int COLUMNS = 2 * Pl::SPB;
   int64_t s, m;
   int first_row;
   float *re, *im;
 
   __device__ __forceinline__ ColumnTile(const FourStepArgs& g, float* sm, int S, int64_t tile) {
     const int tid = threadIdx.y * Pl::T + threadIdx.x;
-    const int64_t col0 = tile * Pl::SPB;
+    const int64_t col0 = tile * COLUMNS;
     s = col0 >> g.logM;
     const int lane_col = tid % Pl::SPB;
     m = (col0 & (g.M - 1)) + lane_col;
@@ -173,73 +175,89 @@ __device__ __forceinline__ void prefetch_tile_rows(const char* base, int rows, i
 }
 
 template <int LOGP>
-__device__ __forceinline__ int64_t column_tiles(const FourStepArgs& g) { return g.columns / Plan<LOGP>::SPB; }
+__device__ __forceinline__ int64_t column_tiles(const FourStepArgs& g) { return g.columns / ColumnTile<LOGP>::COLUMNS; }
 
 template <int LOGP, typename IO>
 __global__ void __launch_bounds__(Plan<LOGP>::THREADS) outer_forward_smem_kernel(const FourStepArgs g, int S) {
   using Pl = Plan<LOGP>;
-  constexpr int P = Pl::M;
+  using Tile = ColumnTile<LOGP>;
+  constexpr int P = Pl::M, SPB = Pl::SPB;
   extern __shared__ float4 smem_raw[];
   float* sm = reinterpret_cast<float*>(smem_raw);
   const SlotSmem<LOGP> slot(sm, S);
   const int tid = threadIdx.y * Pl::T + threadIdx.x;
-  const int64_t tiles = column_tiles<LOGP>(g);
   const int64_t t = blockIdx.x;
-  const ColumnTile<LOGP> tile(g, sm, S, t);
+  const Tile tile(g, sm, S, t);
   const IO* x = sequence<IO>(g, tile.s);
-  for (int p = tile.first_row; p < P; p += tile.ROWS_PER_STEP) {
+  for (int p = tile.first_row; p < P; p += Tile::ROWS_PER_STEP) {  // z = x_a + i·x_b; p >= P/2: padding
     const int64_t time = tile.m + (int64_t)g.M * p;
     tile.re[pidx(p)] = (p < P / 2 && time < g.L) ? io_load<IO>(x + time) : 0.f;
-    tile.im[pidx(p)] = 0.f;
+    tile.im[pidx(p)] = (p < P / 2 && time + SPB < g.L) ? io_load<IO>(x + time + SPB) : 0.f;
   }
-  if (t + g.tile_stride < tiles) {  // that tile's samples, rows p < P/2 (the rest is padding)
-    const int64_t col0 = (t + g.tile_stride) * Pl::SPB, s = col0 >> g.logM;
+  if (t + g.tile_stride < column_tiles<LOGP>(g)) {  // that tile's samples, rows p < P/2
+    const int64_t col0 = (t + g.tile_stride) * Tile::COLUMNS, s = col0 >> g.logM;
     prefetch_tile_rows(reinterpret_cast<const char*>(sequence<IO>(g, s) + (col0 & (g.M - 1))), P / 2,
-                       (int64_t)g.M * sizeof(IO), Pl::SPB * sizeof(IO), tid, Pl::THREADS);
+                       (int64_t)g.M * sizeof(IO), Tile::COLUMNS * sizeof(IO), tid, Pl::THREADS);
   }
   __syncthreads();
   column_passes<LOGP, false>(slot.re, slot.im, threadIdx.x, slot);
   float2* out = g.a + tile.s * (int64_t)g.R * g.M + tile.m;
-  for (int k2 = tile.first_row; k2 <= P / 2; k2 += tile.ROWS_PER_STEP) {
+  for (int k2 = tile.first_row; k2 <= P / 2; k2 += Tile::ROWS_PER_STEP) {
+    const int mirror = (P - k2) & (P - 1);
     const cf z = {tile.re[pidx(k2)], tile.im[pidx(k2)]};
-    const cf w = k2 == 0 ? z : cmul(z, twiddle_n(tile.m, k2, g.N));
-    __stcg(out + (int64_t)k2 * g.M, make_float2(w.x, w.y));
+    const cf zc = {tile.re[pidx(mirror)], -tile.im[pidx(mirror)]};  // conj Z[P - k2]
+    cf xa = {0.5f * (z.x + zc.x), 0.5f * (z.y + zc.y)};                // (Z + conj Z[P-k]) / 2
+    cf xb = {0.5f * (z.y - zc.y), 0.5f * (zc.x - z.x)};                // (Z - conj Z[P-k]) / 2i
+    if (k2 > 0) {
+      xa = cmul(xa, twiddle_n(tile.m, k2, g.N));
+      xb = cmul(xb, twiddle_n(tile.m + SPB, k2, g.N));
+    }
+    __stcg(out + (int64_t)k2 * g.M, make_float2(xa.x, xa.y));
+    __stcg(out + (int64_t)k2 * g.M + SPB, make_float2(xb.x, xb.y));
   }
 }
 
 template <int LOGP, typename IO>
 __global__ void __launch_bounds__(Plan<LOGP>::THREADS) outer_inverse_smem_kernel(const FourStepArgs g, int S) {
   using Pl = Plan<LOGP>;
-  constexpr int P = Pl::M;
+  using Tile = ColumnTile<LOGP>;
+  constexpr int P = Pl::M, SPB = Pl::SPB;
   extern __shared__ float4 smem_raw[];
   float* sm = reinterpret_cast<float*>(smem_raw);
   const SlotSmem<LOGP> slot(sm, S);
   const int tid = threadIdx.y * Pl::T + threadIdx.x;
-  const int64_t tiles = column_tiles<LOGP>(g);
   const int64_t t = blockIdx.x;
-  const ColumnTile<LOGP> tile(g, sm, S, t);
+  const Tile tile(g, sm, S, t);
   const float2* in = g.a + tile.s * (int64_t)g.R * g.M + tile.m;
-  for (int k2 = tile.first_row; k2 <= P / 2; k2 += tile.ROWS_PER_STEP) {
-    const float2 z = __ldcs(in + (int64_t)k2 * g.M);
-    const cf v = k2 == 0 ? cf{z.x, z.y} : cmul(cf{z.x, z.y}, cconj(twiddle_n(tile.m, k2, g.N)));
-    tile.re[pidx(k2)] = v.x;
-    tile.im[pidx(k2)] = v.y;
-    if (k2 > 0 && k2 < P / 2) {  // the conjugate row P - k2: y is real
-      tile.re[pidx(P - k2)] = v.x;
-      tile.im[pidx(P - k2)] = -v.y;
+  for (int k2 = tile.first_row; k2 <= P / 2; k2 += Tile::ROWS_PER_STEP) {
+    const float2 za = __ldcs(in + (int64_t)k2 * g.M), zb = __ldcs(in + (int64_t)k2 * g.M + SPB);
+    cf ca = {za.x, za.y}, cb = {zb.x, zb.y};
+    if (k2 > 0) {
+      ca = cmul(ca, cconj(twiddle_n(tile.m, k2, g.N)));
+      cb = cmul(cb, cconj(twiddle_n(tile.m + SPB, k2, g.N)));
+    }
+    if (k2 == 0 || k2 == P / 2) {  // y real: only the real parts of these rows count
+      tile.re[pidx(k2)] = ca.x;
+      tile.im[pidx(k2)] = cb.x;
+    } else {  // Z[k2] = C_a + i·C_b, Z[P - k2] = conj C_a + i·conj C_b
+      tile.re[pidx(k2)] = ca.x - cb.y;
+      tile.im[pidx(k2)] = ca.y + cb.x;
+      tile.re[pidx(P - k2)] = ca.x + cb.y;
+      tile.im[pidx(P - k2)] = cb.x - ca.y;
     }
   }
-  if (t + g.tile_stride < tiles) {  // that tile's rows k2 <= P/2
-    const int64_t col0 = (t + g.tile_stride) * Pl::SPB, s = col0 >> g.logM;
+  if (t + g.tile_stride < column_tiles<LOGP>(g)) {  // that tile's rows k2 <= P/2
+    const int64_t col0 = (t + g.tile_stride) * Tile::COLUMNS, s = col0 >> g.logM;
     prefetch_tile_rows(reinterpret_cast<const char*>(g.a + s * (int64_t)g.R * g.M + (col0 & (g.M - 1))), P / 2 + 1,
-                       (int64_t)g.M * sizeof(float2), Pl::SPB * sizeof(float2), tid, Pl::THREADS);
+                       (int64_t)g.M * sizeof(float2), Tile::COLUMNS * sizeof(float2), tid, Pl::THREADS);
   }
   __syncthreads();
   column_passes<LOGP, true>(slot.re, slot.im, threadIdx.x, slot);
   IO* y = static_cast<IO*>(g.y) + tile.s * g.L;
-  for (int p = tile.first_row; p < P / 2; p += tile.ROWS_PER_STEP) {
+  for (int p = tile.first_row; p < P / 2; p += Tile::ROWS_PER_STEP) {  // y_a, y_b: Re and Im
     const int64_t time = tile.m + (int64_t)g.M * p;
     if (time < g.L) io_store<IO>(y + time, tile.re[pidx(p)]);
+    if (time + SPB < g.L) io_store<IO>(y + time + SPB, tile.im[pidx(p)]);
   }
 }
 
@@ -500,7 +518,7 @@ cudaError_t launch_outer(const FourStepArgs& g, IOType io, cudaStream_t stream) 
       if (err != cudaSuccess) return err;
       FourStepArgs prefetching = g;
       prefetching.tile_stride = (int64_t)ctas * sms;
-      kern<<<(unsigned)(g.columns / Pl::SPB), dim3(Pl::T, Pl::SPB), smem, stream>>>(prefetching, S);
+      kern<<<(unsigned)(g.columns / ColumnTile<LOGP>::COLUMNS), dim3(Pl::T, Pl::SPB), smem, stream>>>(prefetching, S);
       return cudaGetLastError();
     });
   });
