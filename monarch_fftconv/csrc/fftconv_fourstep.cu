@@ -17,8 +17,9 @@
 //                   P - k2, an inverse P-point DFT, the real part of the first P/2 outputs
 //                   stored where t < L
 // The outer kernels come in two forms: for P <= 32 one thread per column, the DFT in
-// registers; for P >= 128 a CTA per tile of consecutive columns, each column a slot of the
-// radix plan of P in shared memory. M = 8192 (4096 at N = 2^19: fourstep_inner_size).
+// registers; for P >= 128 a CTA per tile of consecutive columns, two real columns packed
+// into each slot of the radix plan of P in shared memory. M = 8192 (4096 at N = 2^19:
+// fourstep_inner_size).
 // The filter spectrum K[c][k2][k1] = FFT_N(k_c)[P·k1 + k2] / N carries the 1/N; every transform
 // here is unnormalised. Arithmetic is fp32 throughout, the intermediate fp32. The filter
 // spectrum itself is the outer forward and the inner forward half run on k (InnerMode::kSpectrum).
