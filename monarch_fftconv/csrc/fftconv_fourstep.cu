@@ -376,27 +376,13 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inn
     // ---- inverse last: radix R1, NS = M/R1, smem -> global
     {
       constexpr int NB = 32 / R1, NS = M / R1;
-      const float2* twM = slot.mid();
       cf v[NB][R1];
-#pragma unroll
-      for (int q = 0; q < NB; ++q) {
-        const int j = tx + q * T, pj = pidx(j);
-#pragma unroll
-        for (int r = 0; r < R1; ++r) v[q][r] = lds_s<NS>(re, im, j, pj, r);
-      }
-#pragma unroll
-      for (int q = 0; q < NB; ++q) {
+      last_inverse_butterflies<LOGM>(re, im, tx, slot.mid(), v, [&](int q) {
+        if (!valid) return;  // stored as each butterfly completes: fewer live registers
         const int j = tx + q * T;
-        const float2 w = twM[j];
-        if (q > 0) fence(v[q]);
-        apply_pow<R1>(v[q], cf{w.x, -w.y});
-        fft_reg<R1, true>(v[q]);
-        fence(v[q]);
-        if (valid) {  // stored as each butterfly completes: fewer live registers
 #pragma unroll
-          for (int r = 0; r < R1; ++r) __stcg(data + j + r * NS, make_float2(v[q][r].x, v[q][r].y));
-        }
-      }
+        for (int r = 0; r < R1; ++r) __stcg(data + j + r * NS, make_float2(v[q][r].x, v[q][r].y));
+      });
     }
   }
 }

@@ -267,21 +267,7 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) fft
     {
       constexpr int R = P::R1, NB = 32 / R, NS = M / R;
       cf v[NB][R];
-#pragma unroll
-      for (int q = 0; q < NB; ++q) {
-        const int j = tx + q * T, pj = pidx(j);
-#pragma unroll
-        for (int r = 0; r < R; ++r) v[q][r] = lds_s<NS>(re, im, j, pj, r);
-      }
-#pragma unroll
-      for (int q = 0; q < NB; ++q) {
-        const int j = tx + q * T;
-        const float2 w = twM[j];
-        if (q > 0) fence(v[q]);
-        apply_pow<R>(v[q], cf{w.x, -w.y});
-        fft_reg<R, true>(v[q]);
-        fence(v[q]);
-      }
+      last_inverse_butterflies<LOGM>(re, im, tx, twM, v, [](int) {});
       {
         const bool direct_skip = a.skip != nullptr && !a.skip_fold;
         const float sk = (direct_skip && valid) ? a.skip[c] : 0.f;

@@ -670,6 +670,31 @@ __device__ __forceinline__ void for_each_pair(int tx, const cf (&A)[16], const c
   }
 }
 
+// The last inverse pass's butterflies, smem -> registers: v[q][r] is output j + r·M/R1 of
+// butterfly j = tx + q·T (radix R1, the twiddles of span M conjugated). done(q) runs as
+// butterfly q completes: a store there keeps fewer values live.
+template <int LOGM, class Done>
+__device__ __forceinline__ void last_inverse_butterflies(const float* re, const float* im, int tx, const float2* twM,
+                                                         cf (&v)[32 / Plan<LOGM>::R1][Plan<LOGM>::R1], Done&& done) {
+  using P = Plan<LOGM>;
+  constexpr int T = P::T, R = P::R1, NB = 32 / R, NS = P::M / R;
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    const int j = tx + q * T, pj = pidx(j);
+#pragma unroll
+    for (int r = 0; r < R; ++r) v[q][r] = lds_s<NS>(re, im, j, pj, r);
+  }
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    const float2 w = twM[tx + q * T];
+    if (q > 0) fence(v[q]);
+    apply_pow<R>(v[q], cf{w.x, -w.y});
+    fft_reg<R, true>(v[q]);
+    fence(v[q]);
+    done(q);
+  }
+}
+
 // The mid pass's inverse radix-16 butterflies, the inverse p2 and the last inverse pass
 // (smem -> global): stores y[t] for t < Lv.
 template <int LOGM, typename IO>
@@ -699,20 +724,7 @@ __device__ __forceinline__ void inverse_passes(float* re, float* im, int tx, con
 
   constexpr int R = P::R1, NB = 32 / R, NS = M / R;
   cf v[NB][R];
-#pragma unroll
-  for (int q = 0; q < NB; ++q) {
-    const int j = tx + q * T, pj = pidx(j);
-#pragma unroll
-    for (int r = 0; r < R; ++r) v[q][r] = lds_s<NS>(re, im, j, pj, r);
-  }
-#pragma unroll
-  for (int q = 0; q < NB; ++q) {
-    const float2 w = twM[tx + q * T];
-    if (q > 0) fence(v[q]);
-    apply_pow<R>(v[q], cf{w.x, -w.y});
-    fft_reg<R, true>(v[q]);
-    fence(v[q]);
-  }
+  last_inverse_butterflies<LOGM>(re, im, tx, twM, v, [](int) {});
   const bool ypair = (reinterpret_cast<uintptr_t>(y) & (2 * sizeof(IO) - 1)) == 0;
 #pragma unroll
   for (int q = 0; q < NB; ++q) {
