@@ -166,17 +166,24 @@ struct ColumnTile {
   }
 };
 
-// Asks L2 for `rows` rows of a tile, starting at `base` (the tile's first column), `row_bytes`
-// apart and `tile_bytes` long each: one prefetch per 128-byte line, spread over the CTA.
-__device__ __forceinline__ void prefetch_tile_rows(const char* base, int rows, int64_t row_bytes, int tile_bytes,
-                                                   int tid, int threads) {
-  const int lines_per_row = (tile_bytes + 127) / 128;
-  for (int i = tid; i < rows * lines_per_row; i += threads)
-    prefetch_l2(base + (i / lines_per_row) * row_bytes + (i % lines_per_row) * 128);
-}
-
 template <int LOGP>
 __device__ __forceinline__ int64_t column_tiles(const FourStepArgs& g) { return g.columns / ColumnTile<LOGP>::COLUMNS; }
+
+// Asks L2 for the first `rows` rows of the tile one wave ahead of this CTA's (blockIdx.x +
+// tile_stride), in an array of Elements whose sequence s starts at sequence_base(s) and whose
+// rows are M elements apart: one prefetch per 128-byte line, spread over the CTA.
+template <int LOGP, typename Element, class SequenceBase>
+__device__ __forceinline__ void prefetch_tile_ahead(const FourStepArgs& g, int rows, SequenceBase sequence_base) {
+  using Pl = Plan<LOGP>;
+  constexpr int kLinesPerRow = (ColumnTile<LOGP>::COLUMNS * (int)sizeof(Element) + 127) / 128;
+  const int64_t tile = blockIdx.x + g.tile_stride;
+  if (tile >= column_tiles<LOGP>(g)) return;
+  const int64_t col0 = tile * ColumnTile<LOGP>::COLUMNS;
+  const char* base = reinterpret_cast<const char*>(sequence_base(col0 >> g.logM) + (col0 & (g.M - 1)));
+  const int64_t row_bytes = (int64_t)g.M * sizeof(Element);
+  for (int i = threadIdx.y * Pl::T + threadIdx.x; i < rows * kLinesPerRow; i += Pl::THREADS)
+    prefetch_l2(base + (i / kLinesPerRow) * row_bytes + (i % kLinesPerRow) * 128);
+}
 
 template <int LOGP, typename IO>
 __global__ void __launch_bounds__(Plan<LOGP>::THREADS) outer_forward_smem_kernel(const FourStepArgs g, int S) {
@@ -186,20 +193,14 @@ __global__ void __launch_bounds__(Plan<LOGP>::THREADS) outer_forward_smem_kernel
   extern __shared__ float4 smem_raw[];
   float* sm = reinterpret_cast<float*>(smem_raw);
   const SlotSmem<LOGP> slot(sm, S);
-  const int tid = threadIdx.y * Pl::T + threadIdx.x;
-  const int64_t t = blockIdx.x;
-  const Tile tile(g, sm, S, t);
+  const Tile tile(g, sm, S, blockIdx.x);
   const IO* x = sequence<IO>(g, tile.s);
   for (int p = tile.first_row; p < P; p += Tile::ROWS_PER_STEP) {  // z = x_a + i·x_b; p >= P/2: padding
     const int64_t time = tile.m + (int64_t)g.M * p;
     tile.re[pidx(p)] = (p < P / 2 && time < g.L) ? io_load<IO>(x + time) : 0.f;
     tile.im[pidx(p)] = (p < P / 2 && time + SPB < g.L) ? io_load<IO>(x + time + SPB) : 0.f;
   }
-  if (t + g.tile_stride < column_tiles<LOGP>(g)) {  // that tile's samples, rows p < P/2
-    const int64_t col0 = (t + g.tile_stride) * Tile::COLUMNS, s = col0 >> g.logM;
-    prefetch_tile_rows(reinterpret_cast<const char*>(sequence<IO>(g, s) + (col0 & (g.M - 1))), P / 2,
-                       (int64_t)g.M * sizeof(IO), Tile::COLUMNS * sizeof(IO), tid, Pl::THREADS);
-  }
+  prefetch_tile_ahead<LOGP, IO>(g, P / 2, [&](int64_t s) { return sequence<IO>(g, s); });  // rows p >= P/2: padding
   __syncthreads();
   column_passes<LOGP, false>(slot.re, slot.im, threadIdx.x, slot);
   float2* out = g.a + tile.s * (int64_t)g.R * g.M + tile.m;
@@ -226,9 +227,7 @@ __global__ void __launch_bounds__(Plan<LOGP>::THREADS) outer_inverse_smem_kernel
   extern __shared__ float4 smem_raw[];
   float* sm = reinterpret_cast<float*>(smem_raw);
   const SlotSmem<LOGP> slot(sm, S);
-  const int tid = threadIdx.y * Pl::T + threadIdx.x;
-  const int64_t t = blockIdx.x;
-  const Tile tile(g, sm, S, t);
+  const Tile tile(g, sm, S, blockIdx.x);
   const float2* in = g.a + tile.s * (int64_t)g.R * g.M + tile.m;
   for (int k2 = tile.first_row; k2 <= P / 2; k2 += Tile::ROWS_PER_STEP) {
     const float2 za = __ldcs(in + (int64_t)k2 * g.M), zb = __ldcs(in + (int64_t)k2 * g.M + SPB);
@@ -247,11 +246,7 @@ __global__ void __launch_bounds__(Plan<LOGP>::THREADS) outer_inverse_smem_kernel
       tile.im[pidx(P - k2)] = cb.x - ca.y;
     }
   }
-  if (t + g.tile_stride < column_tiles<LOGP>(g)) {  // that tile's rows k2 <= P/2
-    const int64_t col0 = (t + g.tile_stride) * Tile::COLUMNS, s = col0 >> g.logM;
-    prefetch_tile_rows(reinterpret_cast<const char*>(g.a + s * (int64_t)g.R * g.M + (col0 & (g.M - 1))), P / 2 + 1,
-                       (int64_t)g.M * sizeof(float2), Tile::COLUMNS * sizeof(float2), tid, Pl::THREADS);
-  }
+  prefetch_tile_ahead<LOGP, float2>(g, P / 2 + 1, [&](int64_t s) { return g.a + s * (int64_t)g.R * g.M; });
   __syncthreads();
   column_passes<LOGP, true>(slot.re, slot.im, threadIdx.x, slot);
   IO* y = static_cast<IO*>(g.y) + tile.s * g.L;
