@@ -37,14 +37,10 @@ from .planner import compute_dtype, plan_for
 
 def _spectrum_shape(k: Tensor, seq_len: int) -> tuple[int, ...]:
     # The plan depends on next_pow2(L): a symbolic length is specialised (one graph per plan).
-    fft_size = plan_for(int(seq_len)).fft_size
-    if fourstep.covers(fft_size):
-        return fourstep.spectrum_shape(k.shape[0], fft_size)
-    return (k.shape[0], *plan_for(int(seq_len)).spectrum_shape, 2)
-
-
-def _is_fourstep(seq_len: int) -> bool:
-    return fourstep.covers(plan_for(seq_len).fft_size)
+    plan = plan_for(int(seq_len))
+    if fourstep.covers(plan.fft_size):
+        return fourstep.spectrum_shape(k.shape[0], plan.fft_size)
+    return (k.shape[0], *plan.spectrum_shape, 2)
 
 
 # --------------------------------------------------------------------------- filter_spectrum
@@ -70,10 +66,11 @@ def _(k: Tensor, seq_len: int, precision: str) -> Tensor:
 
 @torch.library.custom_op("monarch_fftconv::conv_forward", mutates_args=(), device_types="cpu")
 def conv_forward(u: Tensor, filter_spectrum: Tensor, skip: Tensor | None, precision: str) -> Tensor:
+    plan = plan_for(u.shape[-1])
     spectrum = torch.view_as_complex(filter_spectrum.contiguous())
-    if _is_fourstep(u.shape[-1]):
+    if fourstep.covers(plan.fft_size):
         return fourstep.conv_reference(u, spectrum, skip).to(u.dtype)
-    return portable.conv_forward(u, spectrum, skip, plan_for(u.shape[-1]), precision)
+    return portable.conv_forward(u, spectrum, skip, plan, precision)
 
 
 @conv_forward.register_fake
