@@ -244,10 +244,11 @@ void fill_backward(BackwardParams& p, const at::Tensor& grad, const at::Tensor& 
 // The four-step backward into du and dk (eight launches, two intermediates in one
 // workspace); dD = Σ_{b,t} u·dy in fp32, by ATen (deterministic).
 void fourstep_backward(const at::Tensor& grad, const at::Tensor& u, const at::Tensor& spectrum,
-                       const std::optional<at::Tensor>& skip, at::Tensor& du, at::Tensor& dk, at::Tensor& dskip) {
+                       const std::optional<at::Tensor>& skip, int64_t fft_size, at::Tensor& du, at::Tensor& dk,
+                       at::Tensor& dskip) {
   mf::FourStepBackwardParams p{};
   fill_backward(p, grad, u, spectrum, skip, du, dk);
-  p.fft_size = static_cast<int>(2 * (spectrum.size(1) - 1) * spectrum.size(2));
+  p.fft_size = static_cast<int>(fft_size);
   const size_t workspace_bytes = mf::fourstep_backward_workspace_bytes(p);
   TORCH_CHECK(workspace_bytes > 0, "monarch_fftconv: no four-step backward for N=", p.fft_size);
   const at::Tensor workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, u.options().dtype(at::kByte));
@@ -287,7 +288,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fftconv_backward(const at::Tensor
   }
 
   if (split.fft_size >= mf::kFourStepMinSize) {
-    fourstep_backward(grad, u, spectrum, skip, du, dk, dskip);
+    fourstep_backward(grad, u, spectrum, skip, split.fft_size, du, dk, dskip);
     return {du, dk, dskip};
   }
 
