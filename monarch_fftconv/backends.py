@@ -176,6 +176,17 @@ BACKEND_CHOICES = ("auto", "portable")
 
 _decisions: dict[tuple, Backend] = {}
 
+# Which tensor-core kernel runs the 128x128 split (N = 16384) in bf16/fp16: the mma.sync kernel by
+# default, the Hopper wgmma kernel on request ("sm90"; it measured slower so far, docs/performance.md).
+# The binding reads the same variable per call; here it only names the kernel in explain().
+TC_KERNEL_ENV = "MONARCH_FFTCONV_TC_KERNEL"
+
+
+def _tensor_core_kernel(plan: MonarchPlan, precision: str) -> str:
+    if plan.factors == (128, 128) and precision in ("bf16", "fp16") and os.environ.get(TC_KERNEL_ENV) == "sm90":
+        return "the Hopper wgmma kernel"
+    return "the mma.sync kernel"
+
 
 def requested_backend() -> str:
     """The backend the environment asks for: "auto" (the default) or "portable"."""
@@ -191,7 +202,7 @@ def select_backend(
     """The one place that decides where a call runs. With build=False (explain) the CUDA
     extension is never built; the answer may then be `Pending`."""
     requested = requested_backend()
-    key = (device, dtype, precision, plan, requested)
+    key = (device, dtype, precision, plan, requested, os.environ.get(TC_KERNEL_ENV))
     if (decided := _decisions.get(key)) is not None:
         return decided
     backend = _decide(device, dtype, precision, plan, build, requested)
@@ -246,5 +257,6 @@ def _decide(
     if precision in FP32_KERNEL_IS_FASTER:
         return FusedFP32("cuda-fp32", f"fused fp32 radix FFT conv, N={plan.fft_size}",
                          FP32_KERNEL_IS_FASTER[precision], runs_as="fp32")
-    return FusedTensorCore("cuda-tensor-core", f"fused Monarch {factors} on tensor cores, {precision} operands",
+    return FusedTensorCore("cuda-tensor-core", f"fused Monarch {factors} on tensor cores, {precision} operands, "
+                           f"{_tensor_core_kernel(plan, precision)}",
                            "the fused tensor-core kernel covers this call")

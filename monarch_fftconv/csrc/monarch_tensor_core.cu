@@ -4,6 +4,9 @@
 //
 // CUDA + CuTe headers only: never include torch here.
 
+#include <cstdlib>
+#include <cstring>
+
 #include "monarch_tensor_core.cuh"
 
 namespace monarch_fftconv {
@@ -14,6 +17,37 @@ template <int N1, int N2, Precision P, IOType IO>
 cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream);
 
 using LaunchFn = cudaError_t (*)(const ConvForwardParams&, cudaStream_t);
+
+}  // namespace tc
+
+namespace sm90 {
+// Defined in monarch_sm90.cuh; instantiated in monarch_sm90.cu.
+template <Precision P, IOType IO>
+cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream);
+
+template <Precision P>
+constexpr tc::LaunchFn pick_io(IOType io) {
+  return io == IOType::kFloat32    ? &launch<P, IOType::kFloat32>
+         : io == IOType::kBFloat16 ? &launch<P, IOType::kBFloat16>
+                                   : &launch<P, IOType::kFloat16>;
+}
+
+// The Hopper (wgmma) kernel covers split 128 x 128 in bf16 and fp16. It is correct but measured
+// 2x slower than the mma.sync kernel (docs/performance.md, session 9), so it runs only on request:
+// MONARCH_FFTCONV_TC_KERNEL=sm90, read per call (side-by-side measurements, its tests).
+tc::LaunchFn pick(const ConvForwardParams& p) {
+  if (p.n1 != 128 || p.n2 != 128) return nullptr;
+  const char* requested = std::getenv("MONARCH_FFTCONV_TC_KERNEL");
+  if (requested == nullptr || std::strcmp(requested, "sm90") != 0) return nullptr;
+  switch (p.precision) {
+    case Precision::kBF16: return pick_io<Precision::kBF16>(p.io_type);
+    case Precision::kFP16: return pick_io<Precision::kFP16>(p.io_type);
+    default: return nullptr;
+  }
+}
+}  // namespace sm90
+
+namespace tc {
 
 template <int N1, int N2, Precision P>
 constexpr LaunchFn pick_io(IOType io) {
@@ -46,7 +80,8 @@ LaunchFn pick(const ConvForwardParams& p) {
 }  // namespace tc
 
 cudaError_t conv_forward_tensor_core(const ConvForwardParams& params, cudaStream_t stream) {
-  const tc::LaunchFn launch = tc::pick(params);
+  tc::LaunchFn launch = sm90::pick(params);
+  if (launch == nullptr) launch = tc::pick(params);
   const bool valid = launch != nullptr && params.u != nullptr && params.y != nullptr &&
                      params.filter_spectrum != nullptr && params.batch * params.channels <= int64_t(0x7fffffff) &&
                      reinterpret_cast<uintptr_t>(params.filter_spectrum) % 8 == 0;
