@@ -13,6 +13,8 @@ import torch
 
 import monarch_fftconv as mf
 
+from monarch_fftconv.backends import TC_KERNEL_ENV
+
 from helpers import BUDGETS, reference
 
 CASES = {"cpu": 200, "cuda": 500}
@@ -38,6 +40,7 @@ class Case:
     skip: bool
     backward: bool
     engine: str  # MONARCH_FFTCONV_BACKEND: "auto", or "portable" (the emulating engine)
+    tc_kernel: str = "sm80"  # MONARCH_FFTCONV_TC_KERNEL: "sm90" requests the Hopper kernel (GPU only)
 
 
 def draw(rng: random.Random, device: str) -> Case:
@@ -46,7 +49,7 @@ def draw(rng: random.Random, device: str) -> Case:
     sequences = int(math.exp(rng.uniform(0, math.log(sequences_cap))))
     channels = rng.randint(1, min(sequences, 64))
     dtypes = [torch.float32, torch.bfloat16, torch.float16] + ([torch.float64] if device == "cpu" else [])
-    return Case(
+    case = Case(
         batch=max(1, sequences // channels),
         channels=channels,
         length=length,
@@ -58,6 +61,9 @@ def draw(rng: random.Random, device: str) -> Case:
         backward=rng.random() < 0.3,
         engine=rng.choice(["auto", "portable"]) if device == "cpu" else "auto",
     )
+    if device == "cuda":  # drawn last, so the CPU's draws (and its seeds' cases) are unchanged
+        case.tc_kernel = rng.choice(["sm80", "sm90"])
+    return case
 
 
 def make_inputs(case: Case, gen: torch.Generator, device: str):
@@ -106,13 +112,15 @@ def error(got: torch.Tensor, want: torch.Tensor, scale: torch.Tensor) -> float:
 def run_case(case: Case, gen: torch.Generator, device: str) -> tuple[str, list[str]]:
     """(backend, what went wrong); an empty list means within every budget."""
     os.environ["MONARCH_FFTCONV_BACKEND"] = case.engine
+    os.environ[TC_KERNEL_ENV] = case.tc_kernel
     u, k, D = make_inputs(case, gen, device)
     inputs = [u, k] + ([D] if D is not None else [])
     if case.backward:
         for t in inputs:
             t.requires_grad_()
     y = mf.fftconv(u, k, D=D, precision=case.precision)
-    backend = mf.explain(u, k, D=D, precision=case.precision)["backend"]
+    explained = mf.explain(u, k, D=D, precision=case.precision)
+    backend = explained["backend"] + (" (wgmma)" if "wgmma" in explained["kernel"] else "")
     g = torch.randn(y.shape, generator=gen).to(device=device, dtype=y.dtype) if case.backward else None
     wanted = reference_with_scales(u, k, D, g)
     budget = BUDGETS[case.precision] + IO_ROUNDING[case.io_dtype]
@@ -146,10 +154,12 @@ def fuzz(device: str) -> None:
 
 def test_fuzz_cpu(monkeypatch):
     monkeypatch.setenv("MONARCH_FFTCONV_BACKEND", "auto")  # restored after the test
+    monkeypatch.setenv(TC_KERNEL_ENV, "sm80")
     fuzz("cpu")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_fuzz_cuda(monkeypatch):
     monkeypatch.setenv("MONARCH_FFTCONV_BACKEND", "auto")
+    monkeypatch.setenv(TC_KERNEL_ENV, "sm80")  # each case sets its own; restored after the test
     fuzz("cuda")
