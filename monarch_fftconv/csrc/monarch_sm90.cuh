@@ -192,6 +192,23 @@ __device__ __forceinline__ void gemm_issue(TA const& sA, TB const& sB, Acc& acc,
   }
 }
 
+// Visits this thread's accumulator pairs row by row: fn(k1, s, i, twiddles) for the values i and
+// i + 1 at (k1, s) and (k1, s + 1). The GMMA accumulator layout gives each thread two rows, m0
+// (values 4j, 4j + 1) and m0 + 8 (values 4j + 2, 4j + 3), and columns n0 + 8j, n0 + 8j + 1: the
+// order RowTwiddles::next walks, so fn takes the pair's twiddles with twiddles.next(w0, w1).
+template <class Coord, class Fn>
+__device__ __forceinline__ void for_each_pair_by_row(const Coord& coord, int col0, const float2* w128,
+                                                     const float2* tw_lo, Fn&& fn) {
+  constexpr int kValues = decltype(size(coord))::value;
+#pragma unroll
+  for (int row = 0; row < 2; ++row) {
+    const int k1 = get<0>(coord(2 * row));
+    RowTwiddles twiddles(w128, tw_lo, k1, col0 + get<1>(coord(2 * row)));
+#pragma unroll
+    for (int i = 2 * row; i < kValues; i += 4) fn(k1, col0 + get<1>(coord(i)), i, twiddles);
+  }
+}
+
 template <class... Accs>
 __device__ __forceinline__ void gmma_begin(Accs&... accs) {
   (warpgroup_fence_operand(accs), ...);
@@ -331,29 +348,22 @@ __global__ void __launch_bounds__(256, 1) monarch_sm90_kernel(const ConvForwardP
 
     // Twiddle exp(-2 pi i k1 s / N), round, store A (k1, s). Row 0: A[0] is real (its twiddle
     // is 1); its imaginary slot holds the Nyquist row, twiddled into nyq_b in fp32.
-#pragma unroll
-    for (int row = 0; row < 2; ++row) {  // the thread's rows m0 and m0 + 8 (values 4j + 2row, + 1)
-      const int k1 = get<0>(coord(2 * row));
-      RowTwiddles tw(sm.w128, sm.tw_lo, k1, col0 + get<1>(coord(2 * row)));
-#pragma unroll
-      for (int i = 2 * row; i < kAcc; i += 4) {
-        const int s = col0 + get<1>(coord(i));
-        float2 z0 = make_float2(acc_re(i), acc_im(i)), z1 = make_float2(acc_re(i + 1), acc_im(i + 1));
-        if (k1 == 0) {
-          sm.nyq_b[s] = cmul(make_float2(z0.y, 0.0f), twiddle(sm.w128, sm.tw_lo, 64 * s));
-          sm.nyq_b[s + 1] = cmul(make_float2(z1.y, 0.0f), twiddle(sm.w128, sm.tw_lo, 64 * (s + 1)));
-          z0.y = 0.0f;
-          z1.y = 0.0f;
-        } else {
-          float2 w0, w1;
-          tw.next(w0, w1);
-          z0 = cmul(z0, w0);
-          z1 = cmul(z1, w1);
-        }
-        *reinterpret_cast<uint32_t*>(&sAre(k1, s)) = pack2<T>(z0.x, z1.x);
-        *reinterpret_cast<uint32_t*>(&sAim(k1, s)) = pack2<T>(z0.y, z1.y);
+    for_each_pair_by_row(coord, col0, sm.w128, sm.tw_lo, [&](int k1, int s, int i, RowTwiddles& tw) {
+      float2 z0 = make_float2(acc_re(i), acc_im(i)), z1 = make_float2(acc_re(i + 1), acc_im(i + 1));
+      if (k1 == 0) {
+        sm.nyq_b[s] = cmul(make_float2(z0.y, 0.0f), twiddle(sm.w128, sm.tw_lo, 64 * s));
+        sm.nyq_b[s + 1] = cmul(make_float2(z1.y, 0.0f), twiddle(sm.w128, sm.tw_lo, 64 * (s + 1)));
+        z0.y = 0.0f;
+        z1.y = 0.0f;
+      } else {
+        float2 w0, w1;
+        tw.next(w0, w1);
+        z0 = cmul(z0, w0);
+        z1 = cmul(z1, w1);
       }
-    }
+      *reinterpret_cast<uint32_t*>(&sAre(k1, s)) = pack2<T>(z0.x, z1.x);
+      *reinterpret_cast<uint32_t*>(&sAim(k1, s)) = pack2<T>(z0.y, z1.y);
+    });
     fence_smem_for_gmma();
     __syncthreads();  // stage 2 contracts over every s
 
@@ -407,27 +417,20 @@ __global__ void __launch_bounds__(256, 1) monarch_sm90_kernel(const ConvForwardP
 
     // Conj twiddle times the Hermitian weight (2 but for row 0), round, store A' (s, k1).
     // Row 0 is real; its imaginary slot carries the Nyquist row's real output.
-#pragma unroll
-    for (int row = 0; row < 2; ++row) {
-      const int k1 = get<0>(coord(2 * row));
-      RowTwiddles tw(sm.w128, sm.tw_lo, k1, col0 + get<1>(coord(2 * row)));
-#pragma unroll
-      for (int i = 2 * row; i < kAcc; i += 4) {
-        const int s = col0 + get<1>(coord(i));
-        float2 z0 = make_float2(acc_re(i), acc_im(i)), z1 = make_float2(acc_re(i + 1), acc_im(i + 1));
-        if (k1 == 0) {
-          z0.y = sm.nyq_c[s];
-          z1.y = sm.nyq_c[s + 1];
-        } else {
-          float2 w0, w1;
-          tw.next(w0, w1);
-          z0 = cmul_conj(make_float2(2.0f * z0.x, 2.0f * z0.y), w0);
-          z1 = cmul_conj(make_float2(2.0f * z1.x, 2.0f * z1.y), w1);
-        }
-        *reinterpret_cast<uint32_t*>(&sApre(s, k1)) = pack2<T>(z0.x, z1.x);  // s, s + 1: adjacent (MN-major)
-        *reinterpret_cast<uint32_t*>(&sApim(s, k1)) = pack2<T>(z0.y, z1.y);
+    for_each_pair_by_row(coord, col0, sm.w128, sm.tw_lo, [&](int k1, int s, int i, RowTwiddles& tw) {
+      float2 z0 = make_float2(acc_re(i), acc_im(i)), z1 = make_float2(acc_re(i + 1), acc_im(i + 1));
+      if (k1 == 0) {
+        z0.y = sm.nyq_c[s];
+        z1.y = sm.nyq_c[s + 1];
+      } else {
+        float2 w0, w1;
+        tw.next(w0, w1);
+        z0 = cmul_conj(make_float2(2.0f * z0.x, 2.0f * z0.y), w0);
+        z1 = cmul_conj(make_float2(2.0f * z1.x, 2.0f * z1.y), w1);
       }
-    }
+      *reinterpret_cast<uint32_t*>(&sApre(s, k1)) = pack2<T>(z0.x, z1.x);  // s, s + 1: adjacent (MN-major)
+      *reinterpret_cast<uint32_t*>(&sApim(s, k1)) = pack2<T>(z0.y, z1.y);
+    });
     fence_smem_for_gmma();
     warpgroup_barrier(wg);  // inverse stage 1 reads this half only
 
