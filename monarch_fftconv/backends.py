@@ -183,7 +183,7 @@ TC_KERNEL_ENV = "MONARCH_FFTCONV_TC_KERNEL"
 
 
 def _tensor_core_kernel(plan: MonarchPlan, precision: str) -> str:
-    if plan.factors == (128, 128) and precision in ("bf16", "fp16") and os.environ.get(TC_KERNEL_ENV) == "sm90":
+    if plan.factors == (128, 128) and precision in ("bf16", "fp16") and os.environ.get(TC_KERNEL_ENV, "").startswith("sm90"):
         return "the Hopper wgmma kernel"
     return "the mma.sync kernel"
 

@@ -21,9 +21,10 @@ KERNEL_ENV = "MONARCH_FFTCONV_TC_KERNEL"
 PRECISIONS = ["bf16", "fp16"]
 
 
-@pytest.fixture
-def sm90(monkeypatch):
-    monkeypatch.setenv(KERNEL_ENV, "sm90")
+@pytest.fixture(params=["sm90", "sm90-1team"])
+def sm90(request, monkeypatch):
+    """The kernel with two sequences in flight per CTA (the request "sm90"), and with one."""
+    monkeypatch.setenv(KERNEL_ENV, request.param)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)

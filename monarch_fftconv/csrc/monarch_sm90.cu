@@ -7,8 +7,9 @@
 namespace monarch_fftconv {
 namespace sm90 {
 
-#define MONARCH_SM90_INSTANCE(P_, IO_) \
-  template cudaError_t launch<P_, IO_>(const ConvForwardParams&, cudaStream_t);
+#define MONARCH_SM90_INSTANCE(P_, IO_)                                               \
+  template cudaError_t launch<P_, IO_, 2>(const ConvForwardParams&, cudaStream_t); \
+  template cudaError_t launch<P_, IO_, 1>(const ConvForwardParams&, cudaStream_t);
 #define MONARCH_SM90_ALL_IO(P_)                        \
   MONARCH_SM90_INSTANCE(P_, IOType::kFloat32)          \
   MONARCH_SM90_INSTANCE(P_, IOType::kBFloat16)         \

@@ -59,12 +59,15 @@ template <> struct Operand<Precision::kFP16> {
 //   fp32: w128[j] = exp(-2 pi i j / 128), tw_lo[j] = exp(-2 pi i j / 16384), j < 128;
 //         the Nyquist row's vectors (nyq_b, nyq_p, nyq_c).
 // ---------------------------------------------------------------------------
-template <Precision P_, IOType IO_>
+template <Precision P_, IOType IO_, int Teams>
 struct Sm90Cfg {
   static constexpr int kN1 = 128, kN2 = 128, kN = kN1 * kN2;
   static constexpr int kRows = 64;           // m64: Hermitian rows 0..63
   static constexpr int kHalf = 64;           // columns per warpgroup
-  static constexpr int kThreads = 256;       // two warpgroups
+  // Sequences in flight per CTA, one team of two warpgroups each: while one team runs its
+  // epilogues, the other's GEMMs keep the tensor cores busy.
+  static constexpr int kTeams = Teams;
+  static constexpr int kThreads = 256 * kTeams;
   using Io = tc::IoTraits<IO_>;
   using T = typename Operand<P_>::T;
   template <GMMA::Major A, GMMA::Major B, GMMA::ScaleIn S = GMMA::ScaleIn::One>
@@ -76,21 +79,28 @@ struct Sm90Cfg {
   using LayoutRowsK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<_64, _128>{}));
   using LayoutColsMN = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<_128, _64>{}));
 
+  // One team's buffers. Two aliases keep two teams within shared memory: `ap` shares `a`'s
+  // bytes (a is dead once stage 2 has run in both warpgroups) and `x` the first 16 KB of `p`
+  // (x is dead after stage 1); a team barrier at the top of each sequence orders them.
+  struct alignas(1024) TeamData {
+    T a[2][64 * 128];          // a: (k1, s) K-major, then ap: (s, k1) MN-major
+    T p[2][64 * 128];          // x: (s, r) MN-major in p[0], then p: (k1, k2) K-major
+  };
+  struct Nyquist {
+    float2 b[128];             // the Nyquist row after stage 1 and its twiddle, by s
+    float2 p[128];             // ... after stage 2 and the filter, by k2
+    float c[128];              // ... after inverse 2 and the conj twiddle, real part, by s
+    float2 fft[2][2][128];     // per warpgroup: the ping-pong buffers of its 128-point FFTs
+  };
   struct alignas(1024) Smem {
     T f1c[64 * 64];
     T s1[64 * 64];
     T f2c[128 * 128];
     T f2s[128 * 128];
-    T x[128 * 64];
-    T a[2][64 * 128];
-    T p[2][64 * 128];
-    T ap[2][128 * 64];
+    TeamData team[kTeams];
     float2 w128[128];
     float2 tw_lo[128];
-    float2 nyq_b[128];         // Nyquist row after stage 1 and its twiddle, by s
-    float2 nyq_p[128];         // ... after stage 2 and the filter, by k2
-    float nyq_c[128];          // ... after inverse 2 and the conj twiddle, real part, by s
-    float2 nyq_fft[2][2][128]; // per warpgroup: the ping-pong buffers of its 128-point FFTs
+    Nyquist nyq[kTeams];
   };
   static constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // + alignment slack
 
@@ -168,12 +178,36 @@ struct RowTwiddles {
   }
 };
 
+// Stores to shared memory through 32-bit shared-window addresses: one register per address
+// (generic pointers take two), and the imaginary plane is the real one's address + a constant.
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void st_shared(uint32_t address, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_shared(uint32_t address, uint2 v) {
+  asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(address), "r"(v.x), "r"(v.y) : "memory");
+}
+
+// Element offset of (i, j) in a GMMA 128-byte-swizzled layout of 16-bit elements: the layout's
+// unswizzled offset, then the swizzle (16-byte chunk ^= 128-byte row, mod 8). Calling the
+// composed layout itself would swizzle element offsets as if they were bytes; the smem tensors
+// apply the swizzle to addresses, which this matches (checked against them on the host).
+template <class SwizzledLayout>
+__device__ __forceinline__ uint32_t swizzled_offset(SwizzledLayout const& layout, int i, int j) {
+  return Swizzle<3, 3, 3>{}(uint32_t(layout.layout_b()(i, j)));
+}
+
 // Generic-proxy shared-memory writes become visible to the wgmma (async) proxy.
 __device__ __forceinline__ void fence_smem_for_gmma() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-// Barrier of one warpgroup (ids 1 and 2; 0 is __syncthreads).
-__device__ __forceinline__ void warpgroup_barrier(int wg) {
-  asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");
+// Named barriers (0 is __syncthreads): a team's two warpgroups (ids 1, 2), one warpgroup (3..6).
+__device__ __forceinline__ void team_barrier(int team) {
+  asm volatile("bar.sync %0, 256;\n" ::"r"(1 + team) : "memory");
+}
+__device__ __forceinline__ void warpgroup_barrier(int warpgroup) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(3 + warpgroup) : "memory");
 }
 
 // acc (+)= A · B over the whole K of the tiles, issued (not waited for): sA (64, K), sB (64, K).
@@ -189,6 +223,49 @@ __device__ __forceinline__ void gemm_issue(TA const& sA, TB const& sB, Acc& acc,
   for (int k = 0; k < size<2>(fA); ++k) {
     cute::gemm(mma, fA(_, _, k), fB(_, _, k), acc);
     mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+}
+
+// A k step's descriptor fragment, computed where it is used: the empty asm keeps the compiler
+// from making every step's descriptors before the first wgmma (a register each).
+template <class Fragment>
+__device__ __forceinline__ auto at_use(Fragment const& fragment) {
+  auto descriptors = fragment.data();
+  asm volatile("" : "+r"(descriptors.desc_.reg32_[0]));
+  return make_tensor(descriptors, fragment.layout());
+}
+
+// The complex product of stage 2 (Conjugate = false) or inverse 2 (true), issued k step by k step
+// so that each step's four descriptors are made where they are used (all 32 made up front took
+// 64 registers): with F = C + iS,
+//   forward:  re += R·C - I·S,  im += I·C + R·S          (R + iI) · F
+//   inverse:  re += R·C + I·S,  im += I·C - R·S          (R + iI) · conj(F)
+template <class MmaPos, class MmaNeg, bool Conjugate, class TR, class TC, class Acc>
+__device__ __forceinline__ void complex_gemm_issue(TR const& sR, TR const& sI, TC const& sC, TC const& sS,
+                                                   Acc& acc_re, Acc& acc_im) {
+  MmaPos pos;
+  MmaNeg neg;
+  auto thr = pos.get_slice(threadIdx.x % 128);
+  Tensor fR = thr.make_fragment_A(thr.partition_A(sR));  // (MMA, 1, K/16) descriptors
+  Tensor fI = thr.make_fragment_A(thr.partition_A(sI));
+  Tensor fC = thr.make_fragment_B(thr.partition_B(sC));
+  Tensor fS = thr.make_fragment_B(thr.partition_B(sS));
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(fR); ++k) {
+    const auto r = at_use(fR(_, _, k)), i = at_use(fI(_, _, k));
+    const auto c = at_use(fC(_, _, k)), s = at_use(fS(_, _, k));
+    pos.accumulate_ = k == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+    cute::gemm(pos, r, c, acc_re);
+    cute::gemm(pos, i, c, acc_im);
+    pos.accumulate_ = GMMA::ScaleOut::One;
+    neg.accumulate_ = GMMA::ScaleOut::One;
+    if constexpr (Conjugate) {
+      cute::gemm(pos, i, s, acc_re);
+      cute::gemm(neg, r, s, acc_im);
+    } else {
+      cute::gemm(neg, i, s, acc_re);
+      cute::gemm(pos, r, s, acc_im);
+    }
   }
 }
 
@@ -223,9 +300,9 @@ __device__ __forceinline__ void gmma_wait(Accs&... accs) {
 // ---------------------------------------------------------------------------
 // The kernel.
 // ---------------------------------------------------------------------------
-template <Precision P, IOType IO>
-__global__ void __launch_bounds__(256, 1) monarch_sm90_kernel(const ConvForwardParams p) {
-  using Cfg = Sm90Cfg<P, IO>;
+template <Precision P, IOType IO, int Teams>
+__global__ void __launch_bounds__(Sm90Cfg<P, IO, Teams>::kThreads, 1) monarch_sm90_kernel(const ConvForwardParams p) {
+  using Cfg = Sm90Cfg<P, IO, Teams>;
   using T = typename Cfg::T;
   using Io = typename Cfg::Io;
   using Smem = typename Cfg::Smem;
@@ -239,8 +316,12 @@ __global__ void __launch_bounds__(256, 1) monarch_sm90_kernel(const ConvForwardP
   Smem& sm = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
 
   const int tid = threadIdx.x;
-  const int wg = tid / 128;            // warpgroup: owns column half wg
+  const int team = tid / 256;          // the sequence this thread works on: one per team
+  const int warpgroup = tid / 128;
+  const int wg = warpgroup % 2;        // the warpgroup's column half in its team
   const int col0 = Cfg::kHalf * wg;
+  typename Cfg::TeamData& data = sm.team[team];
+  typename Cfg::Nyquist& nyq = sm.nyq[team];
 
   // Shared-memory tensors.
   Tensor sF1c = make_tensor(make_smem_ptr(sm.f1c), typename Cfg::LayoutSquare{});   // (k1|r, r|k1)
@@ -248,13 +329,20 @@ __global__ void __launch_bounds__(256, 1) monarch_sm90_kernel(const ConvForwardP
   Tensor sS1T = make_tensor(make_smem_ptr(sm.s1), typename Cfg::LayoutSquareT{});   // (r, k1), same bytes
   Tensor sF2c = make_tensor(make_smem_ptr(sm.f2c), typename Cfg::LayoutF2{});       // (k2|s, s|k2)
   Tensor sF2s = make_tensor(make_smem_ptr(sm.f2s), typename Cfg::LayoutF2{});
-  Tensor sX = make_tensor(make_smem_ptr(sm.x), typename Cfg::LayoutColsMN{});       // (s, r)
-  Tensor sAre = make_tensor(make_smem_ptr(sm.a[0]), typename Cfg::LayoutRowsK{});   // (k1, s)
-  Tensor sAim = make_tensor(make_smem_ptr(sm.a[1]), typename Cfg::LayoutRowsK{});
-  Tensor sPre = make_tensor(make_smem_ptr(sm.p[0]), typename Cfg::LayoutRowsK{});   // (k1, k2)
-  Tensor sPim = make_tensor(make_smem_ptr(sm.p[1]), typename Cfg::LayoutRowsK{});
-  Tensor sApre = make_tensor(make_smem_ptr(sm.ap[0]), typename Cfg::LayoutColsMN{}); // (s, k1)
-  Tensor sApim = make_tensor(make_smem_ptr(sm.ap[1]), typename Cfg::LayoutColsMN{});
+  Tensor sX = make_tensor(make_smem_ptr(data.p[0]), typename Cfg::LayoutColsMN{});   // (s, r): 16 KB of p[0]
+  Tensor sAre = make_tensor(make_smem_ptr(data.a[0]), typename Cfg::LayoutRowsK{});  // (k1, s)
+  Tensor sAim = make_tensor(make_smem_ptr(data.a[1]), typename Cfg::LayoutRowsK{});
+  Tensor sPre = make_tensor(make_smem_ptr(data.p[0]), typename Cfg::LayoutRowsK{});  // (k1, k2)
+  Tensor sPim = make_tensor(make_smem_ptr(data.p[1]), typename Cfg::LayoutRowsK{});
+  Tensor sApre = make_tensor(make_smem_ptr(data.a[0]), typename Cfg::LayoutColsMN{}); // (s, k1): a's bytes
+  Tensor sApim = make_tensor(make_smem_ptr(data.a[1]), typename Cfg::LayoutColsMN{});
+
+  // Byte addresses of the planes the epilogues store into, and the layouts that place an
+  // element: byte = plane + 2 · swizzled_offset(layout, row, column).
+  const uint32_t a_plane = smem_address(data.a[0]), p_plane = smem_address(data.p[0]);
+  constexpr uint32_t kPlaneBytes = sizeof(data.a[0]);  // re to im
+  const typename Cfg::LayoutRowsK rows_k{};
+  const typename Cfg::LayoutColsMN cols_mn{};
 
   // This warpgroup's N slices: rows [64 wg, 64 wg + 64) of the N-by-K operands.
   Tensor sXh = local_tile(sX, Shape<_64, _64>{}, make_coord(wg, 0));        // (64 s, 64 r)
@@ -282,6 +370,8 @@ __global__ void __launch_bounds__(256, 1) monarch_sm90_kernel(const ConvForwardP
       sS1(i, j) = T(i == 0 ? ((j & 1) ? -1.0f : 1.0f) : w.y);
     }
   }
+  fence_smem_for_gmma();
+  __syncthreads();  // the tables
 
   // Accumulator fragments and their (row, column) coordinates within the warpgroup's tile.
   Tensor acc_re = partition_fragment_C(MmaKK{}, Shape<_64, _64>{});            // 32 fp32
@@ -293,7 +383,9 @@ __global__ void __launch_bounds__(256, 1) monarch_sm90_kernel(const ConvForwardP
   const bool u_vec_ok = (reinterpret_cast<uintptr_t>(p.u) % (4 * sizeof(typename Io::T))) == 0 &&
                         p.u_batch_stride % 4 == 0 && p.u_channel_stride % 4 == 0;
 
-  for (int64_t seq = blockIdx.x; seq < sequences; seq += gridDim.x) {
+  const int64_t seq_step = int64_t(gridDim.x) * Cfg::kTeams;
+  for (int64_t seq = int64_t(blockIdx.x) * Cfg::kTeams + team; seq < sequences; seq += seq_step) {
+    team_barrier(team);  // the team's previous sequence is done with p (x's bytes) and ap (a's)
     // The accumulators' (row, column) coordinates. Derived from an opaque copy of the thread
     // index each sequence: hoisted out of the loop, their addresses would take ~100 registers.
     int lt = threadIdx.x % 128;
@@ -323,20 +415,20 @@ __global__ void __launch_bounds__(256, 1) monarch_sm90_kernel(const ConvForwardP
 #pragma unroll
           for (int q = 0; q < 4; ++q) v[q] = t0 + q < L ? Io::load(p.u, u_off + t0 + q) : 0.0f;
         }
-        uint2 packed = make_uint2(pack2<T>(v[0], v[1]), pack2<T>(v[2], v[3]));
-        *reinterpret_cast<uint2*>(&sX(s0, r)) = packed;  // 4 consecutive s: one 8-byte chunk
+        // 4 consecutive s: one 8-byte chunk
+        st_shared(p_plane + 2 * swizzled_offset(cols_mn, s0, r), make_uint2(pack2<T>(v[0], v[1]), pack2<T>(v[2], v[3])));
       }
     }
     fence_smem_for_gmma();
-    __syncthreads();  // x (this half) and, on the first sequence, the tables
+    warpgroup_barrier(warpgroup);  // stage 1 reads this half of x only
 
     // ---- 2. stage 1: A = F1 · X over r, rows k1 = 0..63; row 0's imaginary = Nyquist row ----
     gmma_begin(acc_re, acc_im);
     gemm_issue<MmaKMN>(sF1c, sXh, acc_re, false);
     gemm_issue<MmaKMN>(sS1, sXh, acc_im, false);
     warpgroup_commit_batch();
-    if (seq + gridDim.x < sequences) {  // ask L2 for the next sequence's u: one 128-byte line per thread
-      const int64_t next = seq + gridDim.x;
+    if (seq + seq_step < sequences) {  // ask L2 for the next sequence's u: one 128-byte line per thread
+      const int64_t next = seq + seq_step;
       const int64_t t = int64_t(lt / 2) * 128 + col0 + (lt & 1) * 32;  // 64 rows x this half
       if (t < L) {
         const auto* line = static_cast<const typename Io::T*>(p.u) + (next / p.channels) * p.u_batch_stride +
@@ -351,8 +443,8 @@ __global__ void __launch_bounds__(256, 1) monarch_sm90_kernel(const ConvForwardP
     for_each_pair_by_row(coord, col0, sm.w128, sm.tw_lo, [&](int k1, int s, int i, RowTwiddles& tw) {
       float2 z0 = make_float2(acc_re(i), acc_im(i)), z1 = make_float2(acc_re(i + 1), acc_im(i + 1));
       if (k1 == 0) {
-        sm.nyq_b[s] = cmul(make_float2(z0.y, 0.0f), twiddle(sm.w128, sm.tw_lo, 64 * s));
-        sm.nyq_b[s + 1] = cmul(make_float2(z1.y, 0.0f), twiddle(sm.w128, sm.tw_lo, 64 * (s + 1)));
+        nyq.b[s] = cmul(make_float2(z0.y, 0.0f), twiddle(sm.w128, sm.tw_lo, 64 * s));
+        nyq.b[s + 1] = cmul(make_float2(z1.y, 0.0f), twiddle(sm.w128, sm.tw_lo, 64 * (s + 1)));
         z0.y = 0.0f;
         z1.y = 0.0f;
       } else {
@@ -361,27 +453,21 @@ __global__ void __launch_bounds__(256, 1) monarch_sm90_kernel(const ConvForwardP
         z0 = cmul(z0, w0);
         z1 = cmul(z1, w1);
       }
-      *reinterpret_cast<uint32_t*>(&sAre(k1, s)) = pack2<T>(z0.x, z1.x);
-      *reinterpret_cast<uint32_t*>(&sAim(k1, s)) = pack2<T>(z0.y, z1.y);
+      const uint32_t at = a_plane + 2 * swizzled_offset(rows_k, k1, s);
+      st_shared(at, pack2<T>(z0.x, z1.x));
+      st_shared(at + kPlaneBytes, pack2<T>(z0.y, z1.y));
     });
     fence_smem_for_gmma();
-    __syncthreads();  // stage 2 contracts over every s
+    team_barrier(team);  // stage 2 contracts over every s
 
     // ---- 3. stage 2: B = A · F2 over s, columns k2 of this half ----
     gmma_begin(acc_re, acc_im);
-    gemm_issue<MmaKK>(sAre, sF2ch, acc_re, false);
-    gemm_issue<MmaKKNeg>(sAim, sF2sh, acc_re, true);   // re: Are·c - Aim·s
-    gemm_issue<MmaKK>(sAre, sF2sh, acc_im, false);
-    gemm_issue<MmaKK>(sAim, sF2ch, acc_im, true);      // im: Are·s + Aim·c
+    complex_gemm_issue<MmaKK, MmaKKNeg, false>(sAre, sAim, sF2ch, sF2sh, acc_re, acc_im);
     warpgroup_commit_batch();
-    float4 filter_pairs[kAcc / 2];  // the filter under this thread's accumulators, loaded under the GEMMs
-#pragma unroll
-    for (int i = 0; i < kAcc; i += 2)
-      filter_pairs[i / 2] = __ldg(reinterpret_cast<const float4*>(filt + get<0>(coord(i)) * 128 + col0 + get<1>(coord(i))));
     if (wg == 0 && lt < 32) {  // meanwhile one warp: the Nyquist row's stage 2 and filter, fp32
-      const float2* spectrum = fft128_warp<false>(sm.nyq_b, sm.nyq_fft[0], sm.w128, lt);
+      const float2* spectrum = fft128_warp<false>(nyq.b, nyq.fft[0], sm.w128, lt);
 #pragma unroll
-      for (int k2 = lt; k2 < 128; k2 += 32) sm.nyq_p[k2] = cmul(spectrum[k2], __ldg(filt + 64 * 128 + k2));
+      for (int k2 = lt; k2 < 128; k2 += 32) nyq.p[k2] = cmul(spectrum[k2], __ldg(filt + 64 * 128 + k2));
     }
     gmma_wait(acc_re, acc_im);
 
@@ -389,50 +475,49 @@ __global__ void __launch_bounds__(256, 1) monarch_sm90_kernel(const ConvForwardP
 #pragma unroll
     for (int i = 0; i < kAcc; i += 2) {
       const int k1 = get<0>(coord(i)), k2 = col0 + get<1>(coord(i));
-      const float4 kf = filter_pairs[i / 2];
+      const float4 kf = __ldg(reinterpret_cast<const float4*>(filt + k1 * 128 + k2));
       const float2 z0 = cmul(make_float2(acc_re(i), acc_im(i)), make_float2(kf.x, kf.y));
       const float2 z1 = cmul(make_float2(acc_re(i + 1), acc_im(i + 1)), make_float2(kf.z, kf.w));
-      *reinterpret_cast<uint32_t*>(&sPre(k1, k2)) = pack2<T>(z0.x, z1.x);
-      *reinterpret_cast<uint32_t*>(&sPim(k1, k2)) = pack2<T>(z0.y, z1.y);
+      const uint32_t at = p_plane + 2 * swizzled_offset(rows_k, k1, k2);
+      st_shared(at, pack2<T>(z0.x, z1.x));
+      st_shared(at + kPlaneBytes, pack2<T>(z0.y, z1.y));
     }
     fence_smem_for_gmma();
-    __syncthreads();  // inverse 2 contracts over every k2; nyq_p complete
+    team_barrier(team);  // inverse 2 contracts over every k2; nyq.p complete
 
     // ---- 4. inverse stage 2: A' = P · conj(F2) over k2, columns s of this half ----
     gmma_begin(acc_re, acc_im);
-    gemm_issue<MmaKK>(sPre, sF2ch, acc_re, false);
-    gemm_issue<MmaKK>(sPim, sF2sh, acc_re, true);      // re: Pre·c + Pim·s
-    gemm_issue<MmaKK>(sPim, sF2ch, acc_im, false);
-    gemm_issue<MmaKKNeg>(sPre, sF2sh, acc_im, true);   // im: Pim·c - Pre·s
+    complex_gemm_issue<MmaKK, MmaKKNeg, true>(sPre, sPim, sF2ch, sF2sh, acc_re, acc_im);
     warpgroup_commit_batch();
     if (lt < 32) {  // meanwhile one warp per warpgroup: the Nyquist row's inverse 2 and conj
                     // twiddle, c64[s] = Re(conj(tw64[s]) · IDFT(P64)[s]) for this half's s
-      const float2* signal = fft128_warp<true>(sm.nyq_p, sm.nyq_fft[wg], sm.w128, lt);
+      const float2* signal = fft128_warp<true>(nyq.p, nyq.fft[wg], sm.w128, lt);
 #pragma unroll
       for (int s = col0 + lt; s < col0 + 64; s += 32)
-        sm.nyq_c[s] = cmul_conj(signal[s], twiddle(sm.w128, sm.tw_lo, 64 * s)).x;
+        nyq.c[s] = cmul_conj(signal[s], twiddle(sm.w128, sm.tw_lo, 64 * s)).x;
     }
     gmma_wait(acc_re, acc_im);
-    warpgroup_barrier(wg);  // nyq_c of this half
+    warpgroup_barrier(warpgroup);  // nyq.c of this half
 
     // Conj twiddle times the Hermitian weight (2 but for row 0), round, store A' (s, k1).
     // Row 0 is real; its imaginary slot carries the Nyquist row's real output.
     for_each_pair_by_row(coord, col0, sm.w128, sm.tw_lo, [&](int k1, int s, int i, RowTwiddles& tw) {
       float2 z0 = make_float2(acc_re(i), acc_im(i)), z1 = make_float2(acc_re(i + 1), acc_im(i + 1));
       if (k1 == 0) {
-        z0.y = sm.nyq_c[s];
-        z1.y = sm.nyq_c[s + 1];
+        z0.y = nyq.c[s];
+        z1.y = nyq.c[s + 1];
       } else {
         float2 w0, w1;
         tw.next(w0, w1);
         z0 = cmul_conj(make_float2(2.0f * z0.x, 2.0f * z0.y), w0);
         z1 = cmul_conj(make_float2(2.0f * z1.x, 2.0f * z1.y), w1);
       }
-      *reinterpret_cast<uint32_t*>(&sApre(s, k1)) = pack2<T>(z0.x, z1.x);  // s, s + 1: adjacent (MN-major)
-      *reinterpret_cast<uint32_t*>(&sApim(s, k1)) = pack2<T>(z0.y, z1.y);
+      const uint32_t at = a_plane + 2 * swizzled_offset(cols_mn, s, k1);  // s, s + 1: adjacent (MN-major)
+      st_shared(at, pack2<T>(z0.x, z1.x));
+      st_shared(at + kPlaneBytes, pack2<T>(z0.y, z1.y));
     });
     fence_smem_for_gmma();
-    warpgroup_barrier(wg);  // inverse stage 1 reads this half only
+    warpgroup_barrier(warpgroup);  // inverse stage 1 reads this half only
 
     // ---- 5. inverse stage 1: y = cos · Re A' + (-sin | Nyquist) · Im A' over k1 ----
     gmma_begin(acc_re);
@@ -463,15 +548,17 @@ __global__ void __launch_bounds__(256, 1) monarch_sm90_kernel(const ConvForwardP
   }
 }
 
-template <Precision P, IOType IO>
+// Teams: sequences in flight per CTA (2: the default; 1: for comparison, 255 registers a thread).
+template <Precision P, IOType IO, int Teams>
 cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream) {
-  using Cfg = Sm90Cfg<P, IO>;
-  constexpr auto kernel = &monarch_sm90_kernel<P, IO>;
+  using Cfg = Sm90Cfg<P, IO, Teams>;
+  constexpr auto kernel = &monarch_sm90_kernel<P, IO, Teams>;
   int ctas_per_sm = 0, sms = 0;
   cudaError_t err = residency<kernel>(Cfg::kThreads, Cfg::kSmemBytes, ctas_per_sm, sms);
   if (err != cudaSuccess) return err;
   const int64_t sequences = p.batch * p.channels;
-  const int64_t grid = sequences < int64_t(ctas_per_sm) * sms ? sequences : int64_t(ctas_per_sm) * sms;
+  const int64_t needed = (sequences + Cfg::kTeams - 1) / Cfg::kTeams;
+  const int64_t grid = needed < int64_t(ctas_per_sm) * sms ? needed : int64_t(ctas_per_sm) * sms;
   kernel<<<dim3(unsigned(grid)), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }

@@ -22,28 +22,36 @@ using LaunchFn = cudaError_t (*)(const ConvForwardParams&, cudaStream_t);
 
 namespace sm90 {
 // Defined in monarch_sm90.cuh; instantiated in monarch_sm90.cu.
-template <Precision P, IOType IO>
+template <Precision P, IOType IO, int Teams>
 cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream);
 
-template <Precision P>
+template <Precision P, int Teams>
 constexpr tc::LaunchFn pick_io(IOType io) {
-  return io == IOType::kFloat32    ? &launch<P, IOType::kFloat32>
-         : io == IOType::kBFloat16 ? &launch<P, IOType::kBFloat16>
-                                   : &launch<P, IOType::kFloat16>;
+  return io == IOType::kFloat32    ? &launch<P, IOType::kFloat32, Teams>
+         : io == IOType::kBFloat16 ? &launch<P, IOType::kBFloat16, Teams>
+                                   : &launch<P, IOType::kFloat16, Teams>;
+}
+
+template <int Teams>
+tc::LaunchFn pick_precision(Precision precision, IOType io) {
+  switch (precision) {
+    case Precision::kBF16: return pick_io<Precision::kBF16, Teams>(io);
+    case Precision::kFP16: return pick_io<Precision::kFP16, Teams>(io);
+    default: return nullptr;
+  }
 }
 
 // The Hopper (wgmma) kernel covers split 128 x 128 in bf16 and fp16. It is correct but measured
 // 2x slower than the mma.sync kernel (docs/performance.md, session 9), so it runs only on request:
-// MONARCH_FFTCONV_TC_KERNEL=sm90, read per call (side-by-side measurements, its tests).
+// MONARCH_FFTCONV_TC_KERNEL=sm90, read per call (side-by-side measurements, its tests);
+// sm90-1team runs it with one sequence in flight per CTA instead of two (for comparison).
 tc::LaunchFn pick(const ConvForwardParams& p) {
   if (p.n1 != 128 || p.n2 != 128) return nullptr;
   const char* requested = std::getenv("MONARCH_FFTCONV_TC_KERNEL");
-  if (requested == nullptr || std::strcmp(requested, "sm90") != 0) return nullptr;
-  switch (p.precision) {
-    case Precision::kBF16: return pick_io<Precision::kBF16>(p.io_type);
-    case Precision::kFP16: return pick_io<Precision::kFP16>(p.io_type);
-    default: return nullptr;
-  }
+  if (requested == nullptr) return nullptr;
+  if (std::strcmp(requested, "sm90") == 0) return pick_precision<2>(p.precision, p.io_type);
+  if (std::strcmp(requested, "sm90-1team") == 0) return pick_precision<1>(p.precision, p.io_type);
+  return nullptr;
 }
 }  // namespace sm90
 
