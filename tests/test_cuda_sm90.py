@@ -21,9 +21,9 @@ KERNEL_ENV = "MONARCH_FFTCONV_TC_KERNEL"
 PRECISIONS = ["bf16", "fp16"]
 
 
-@pytest.fixture(params=["sm90", "sm90-1team"])
+@pytest.fixture(params=["sm90", "sm90-2teams"])
 def sm90(request, monkeypatch):
-    """The kernel with two sequences in flight per CTA (the request "sm90"), and with one."""
+    """The kernel with one sequence in flight per CTA (the request "sm90"), and with two."""
     monkeypatch.setenv(KERNEL_ENV, request.param)
 
 

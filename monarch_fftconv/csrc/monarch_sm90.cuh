@@ -548,7 +548,8 @@ __global__ void __launch_bounds__(Sm90Cfg<P, IO, Teams>::kThreads, 1) monarch_sm
   }
 }
 
-// Teams: sequences in flight per CTA (2: the default; 1: for comparison, 255 registers a thread).
+// Teams: sequences in flight per CTA. 1 (the request "sm90"): 255 registers a thread. 2
+// ("sm90-2teams"): 128 registers and some spills; measured slower (docs/performance.md, session 10).
 template <Precision P, IOType IO, int Teams>
 cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream) {
   using Cfg = Sm90Cfg<P, IO, Teams>;

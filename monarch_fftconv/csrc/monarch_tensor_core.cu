@@ -43,14 +43,14 @@ tc::LaunchFn pick_precision(Precision precision, IOType io) {
 
 // The Hopper (wgmma) kernel covers split 128 x 128 in bf16 and fp16. It is correct but measured
 // 2x slower than the mma.sync kernel (docs/performance.md, session 9), so it runs only on request:
-// MONARCH_FFTCONV_TC_KERNEL=sm90, read per call (side-by-side measurements, its tests);
-// sm90-1team runs it with one sequence in flight per CTA instead of two (for comparison).
+// MONARCH_FFTCONV_TC_KERNEL=sm90, read per call (side-by-side measurements, its tests), with one
+// sequence in flight per CTA; sm90-2teams runs two (measured slower: docs/performance.md, session 10).
 tc::LaunchFn pick(const ConvForwardParams& p) {
   if (p.n1 != 128 || p.n2 != 128) return nullptr;
   const char* requested = std::getenv("MONARCH_FFTCONV_TC_KERNEL");
   if (requested == nullptr) return nullptr;
-  if (std::strcmp(requested, "sm90") == 0) return pick_precision<2>(p.precision, p.io_type);
-  if (std::strcmp(requested, "sm90-1team") == 0) return pick_precision<1>(p.precision, p.io_type);
+  if (std::strcmp(requested, "sm90") == 0) return pick_precision<1>(p.precision, p.io_type);
+  if (std::strcmp(requested, "sm90-2teams") == 0) return pick_precision<2>(p.precision, p.io_type);
   return nullptr;
 }
 }  // namespace sm90
