@@ -10,7 +10,7 @@ timeout 90 python3 -m pytest -q tests/test_cuda_sm90.py -p no:cacheprovider > "$
 grep -E "passed|failed|^FAILED|^E " "$OUT/tests_sm90.txt" | head -12
 for kernel in sm80 sm90 sm90-2teams; do
   MONARCH_FFTCONV_TC_KERNEL=$kernel timeout 60 python3 benchmarks/bench_cufft.py \
-    --methods 'reference,monarch[bf16],monarch[fp16]' --shapes "${SHAPES:-16x256x8192}" \
+    --methods 'reference,monarch-tc[bf16],monarch-tc[fp16]' --shapes "${SHAPES:-16x256x8192}" \
     --no-plots --no-profile --out "$OUT/bench_$kernel" > "$OUT/bench_$kernel.txt" 2>&1
   echo "== $kernel"; grep -E "^(reference|monarch)" "$OUT/bench_$kernel.txt"
 done

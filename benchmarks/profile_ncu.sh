@@ -12,6 +12,9 @@ source "$(dirname "$0")/gpu_setup.sh"
 PRECISION=${PRECISION:-bf16}
 SHAPE=${SHAPE:-16x256x8192}
 KERNEL=${KERNEL:-regex:monarch_}
+# Through the ops, which run the kernel of the precision given (a bf16 call that fills the GPU
+# would otherwise take the fp32 kernel: backends.fp32_kernel_is_faster).
+export MONARCH_FFTCONV_BACKEND=${MONARCH_FFTCONV_BACKEND:-portable}
 NCU=${NCU:-$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)}
 [ -n "$NCU" ] || { echo "ncu not found"; exit 1; }
 

@@ -9,7 +9,8 @@ precision, plan) and remembers the decision; `explain()` and the call share it.
 ``cuda-fp32``          the fused fp32 radix kernel (Hopper, N = 256 .. 32768); at N = 32768,
                        where no tensor-core kernel runs, for every precision
 ``cuda-tensor-core``   the fused Monarch kernel on tensor cores (Hopper, N = 256 .. 16384), bf16 and
-                       fp16 (tf32 takes the fp32 kernel, which measured faster: FP32_KERNEL_IS_FASTER)
+                       fp16 on calls too small to fill the GPU with the fp32 kernel (on larger ones the
+                       fp32 kernel measured faster: `fp32_kernel_is_faster`; tf32 takes it always)
 ``cuda-four-step``     long sequences (Hopper, N = 65536 .. 2^23, L <= 4M): the four-step kernels, an outer
                        DFT down the columns, the fused inner FFT conv along the rows and the outer
                        inverse, in fp32 for every precision
@@ -26,6 +27,7 @@ precision, plan) and remembers the decision; `explain()` and the call share it.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -163,13 +165,39 @@ class Pending(Backend):
         return None
 
 
-# Precisions whose tensor-core kernel measured slower than the fp32 kernel at every N it covers
-# (docs/performance.md): their calls take the fp32 kernel, faster and more accurate than asked.
-# MONARCH_FFTCONV_BACKEND=portable still reaches their kernel (the ops run the precision given).
-FP32_KERNEL_IS_FASTER = {
-    "tf32": "the tf32 tensor-core kernel measured 2-3x slower than the fp32 kernel at every N (and slower "
-            "than cuFFT at N=16384): the fp32 kernel serves tf32, faster and more accurate than asked",
-}
+# Where the tensor-core kernels measured slower than the fp32 kernel (docs/performance.md), the call
+# takes the fp32 kernel: faster, and more accurate than asked. MONARCH_FFTCONV_BACKEND=portable still
+# reaches the tensor-core kernels (the ops run the precision given).
+# - tf32: 2-3x slower at every N.
+# - bf16, fp16: slower on every call that fills the GPU with the fp32 kernel (e.g. 0.43 against
+#   0.34 ms at 16x256x8192); faster on smaller calls, where the fp32 kernel leaves SMs idle
+#   (3x5x1000: 0.024 against 0.061 ms).
+# The fp32 kernel holds 32768 points of N per SM whatever N (two CTAs of 256 threads, 32 complex
+# values a thread: Plan in fp32_radix.cuh), so a call fills the GPU once B·C·N reaches SMs × 32768.
+FP32_KERNEL_POINTS_PER_SM = 32768
+_TF32_REASON = ("the tf32 tensor-core kernel measured 2-3x slower than the fp32 kernel at every N (and slower "
+                "than cuFFT at N=16384): the fp32 kernel serves tf32, faster and more accurate than asked")
+
+
+def fills_fp32_kernel(device: torch.device, plan: MonarchPlan, sequences: int) -> bool:
+    """Whether B·C = `sequences` sequences of `plan` fill the GPU once with the fp32 kernel."""
+    return sequences * plan.fft_size >= _multiprocessors(device) * FP32_KERNEL_POINTS_PER_SM
+
+
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def fp32_kernel_is_faster(precision: str, fills: bool) -> str | None:
+    """Why the fp32 kernel serves a `precision` call (`fills`: fills_fp32_kernel), or None."""
+    if precision == "tf32":
+        return _TF32_REASON
+    if precision in ("bf16", "fp16") and fills:
+        return (f"this call fills the GPU with the fp32 kernel, which then measured faster than the {precision} "
+                f"tensor-core kernel: it serves {precision}, more accurate than asked")
+    return None
+
 
 BACKEND_ENV = "MONARCH_FFTCONV_BACKEND"
 BACKEND_CHOICES = ("auto", "portable")
@@ -197,15 +225,18 @@ def requested_backend() -> str:
 
 
 def select_backend(
-    device: torch.device, dtype: torch.dtype, precision: str, plan: MonarchPlan, *, build: bool = True
+    device: torch.device, dtype: torch.dtype, precision: str, plan: MonarchPlan, sequences: int = 1, *,
+    build: bool = True,
 ) -> Backend:
-    """The one place that decides where a call runs. With build=False (explain) the CUDA
-    extension is never built; the answer may then be `Pending`."""
+    """The one place that decides where a call runs; `sequences` is the call's B·C. With
+    build=False (explain) the CUDA extension is never built; the answer may then be `Pending`."""
     requested = requested_backend()
-    key = (device, dtype, precision, plan, requested, os.environ.get(TC_KERNEL_ENV))
+    # Only the half precisions' decision depends on the call's size (fp32_kernel_is_faster).
+    fills = precision in ("bf16", "fp16") and device.type == "cuda" and fills_fp32_kernel(device, plan, sequences)
+    key = (device, dtype, precision, plan, fills, requested, os.environ.get(TC_KERNEL_ENV))
     if (decided := _decisions.get(key)) is not None:
         return decided
-    backend = _decide(device, dtype, precision, plan, build, requested)
+    backend = _decide(device, dtype, precision, plan, fills, build, requested)
     # Remembered by eager calls only: a compiled graph decides at trace time, where storing
     # into a global would have to be replayed after the graph.
     if not isinstance(backend, Pending) and not torch.compiler.is_compiling():
@@ -214,7 +245,8 @@ def select_backend(
 
 
 def _decide(
-    device: torch.device, dtype: torch.dtype, precision: str, plan: MonarchPlan, build: bool, requested: str
+    device: torch.device, dtype: torch.dtype, precision: str, plan: MonarchPlan, fills: bool, build: bool,
+    requested: str,
 ) -> Backend:
     factors = "x".join(map(str, plan.factors))
     if requested == "portable":
@@ -254,9 +286,8 @@ def _decide(
         return FusedFP32("cuda-fp32", f"fused fp32 radix FFT conv, N={plan.fft_size}",
                          f"no tensor-core kernel at N={plan.fft_size}: the fp32-accurate fused kernel serves "
                          f"{precision}, more accurate than asked")
-    if precision in FP32_KERNEL_IS_FASTER:
-        return FusedFP32("cuda-fp32", f"fused fp32 radix FFT conv, N={plan.fft_size}",
-                         FP32_KERNEL_IS_FASTER[precision], runs_as="fp32")
+    if (why := fp32_kernel_is_faster(precision, fills)) is not None:
+        return FusedFP32("cuda-fp32", f"fused fp32 radix FFT conv, N={plan.fft_size}", why, runs_as="fp32")
     return FusedTensorCore("cuda-tensor-core", f"fused Monarch {factors} on tensor cores, {precision} operands, "
                            f"{_tensor_core_kernel(plan, precision)}",
                            "the fused tensor-core kernel covers this call")

@@ -98,7 +98,7 @@ def conv(
     if not batched:
         u = u.reshape(-1, *shape[-2:])  # (..., C, L) -> (B, C, L): a view unless the strides forbid
     chosen, _ = policy.resolve(precision, u.dtype, module_precision)
-    backend = select_backend(u.device, u.dtype, chosen, plan_for(u.shape[-1]))
+    backend = select_backend(u.device, u.dtype, chosen, plan_for(u.shape[-1]), u.shape[0] * u.shape[1])
     skip = None if D is None else D.to(compute_dtype(u))
     if cached_spectrum is not None and not _records_grad(u, k, D) and not torch.compiler.is_compiling():
         y = backend.conv(u, cached_spectrum(backend, k, chosen), skip, chosen)
@@ -131,9 +131,9 @@ def explain(u: Tensor, k: Tensor, *, D: Tensor | None = None, precision: str | N
     check_inputs(u, k, D)
     chosen, source = policy.resolve(precision, u.dtype, None)
     plan = plan_for(u.shape[-1])
-    backend = select_backend(u.device, u.dtype, chosen, plan, build=False)
     channels = u.shape[-2]
     batch = u.numel() // (channels * u.shape[-1])
+    backend = select_backend(u.device, u.dtype, chosen, plan, batch * channels, build=False)
     return {
         "backend": backend.name,
         "kernel": backend.kernel,

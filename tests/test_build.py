@@ -106,7 +106,11 @@ def hopper_kernels(monkeypatch):
                                    frozenset({torch.float32, torch.bfloat16, torch.float16}), fourstep_coverage())
     monkeypatch.setattr(_extension, "coverage", lambda build=True: coverage)
     monkeypatch.setattr(backends, "_decisions", {})
+    monkeypatch.setattr(backends, "_multiprocessors", lambda device: H200_SMS)
     return backends
+
+
+H200_SMS = 132
 
 
 @pytest.mark.parametrize("precision, name", [("fp32", "cuda-fp32"), ("bf16", "cuda-tensor-core")])
@@ -127,6 +131,33 @@ def test_tf32_takes_the_fp32_kernel_which_measured_faster(hopper_kernels):
         assert "slower than the fp32 kernel" in backend.reason
     bf16 = hopper_kernels.select_backend(torch.device("cuda", 0), torch.float32, "bf16", plan_for(8192))
     assert bf16.runs_as is None
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("length", [129, 1000, 3000, 8192])
+def test_half_precision_calls_that_fill_the_gpu_take_the_fp32_kernel(hopper_kernels, precision, length):
+    """bf16/fp16 calls with enough sequences to fill every SM with the fp32 kernel once take it
+    (it measured faster there); one sequence fewer, they take the tensor cores. Asked for as fp32,
+    so the binding runs the fp32 kernel, and the reason says why."""
+    cuda = torch.device("cuda", 0)
+    plan = plan_for(length)
+    wave = H200_SMS * hopper_kernels.FP32_KERNEL_POINTS_PER_SM // plan.fft_size  # sequences
+    for dtype in (torch.float32, torch.bfloat16):
+        filled = hopper_kernels.select_backend(cuda, dtype, precision, plan, wave)
+        assert filled.name == "cuda-fp32" and filled.runs_as == "fp32"
+        assert "fills the GPU" in filled.reason and precision in filled.reason
+        assert hopper_kernels.select_backend(cuda, dtype, precision, plan, 16 * wave) is filled
+        small = hopper_kernels.select_backend(cuda, dtype, precision, plan, wave - 1)
+        assert small.name == "cuda-tensor-core" and small.runs_as is None
+        assert hopper_kernels.select_backend(cuda, dtype, "fp32", plan, wave - 1).name == "cuda-fp32"
+
+
+def test_the_seed_shape_fills_the_gpu_and_the_tiny_shapes_do_not(hopper_kernels):
+    cuda = torch.device("cuda", 0)
+    assert hopper_kernels.fills_fp32_kernel(cuda, plan_for(8192), 16 * 256)
+    assert hopper_kernels.fills_fp32_kernel(cuda, plan_for(1024), 16 * 256)
+    assert not hopper_kernels.fills_fp32_kernel(cuda, plan_for(1000), 3 * 5)
+    assert not hopper_kernels.fills_fp32_kernel(cuda, plan_for(8191), 1 * 7)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16", "fp16"])

@@ -9,6 +9,7 @@ import torch
 
 import monarch_fftconv as mf
 from monarch_fftconv import ops, portable
+from monarch_fftconv.backends import BACKEND_ENV
 from monarch_fftconv.planner import plan_for, spectrum_frequencies
 
 from helpers import BUDGETS, randn, reference, rel_l2
@@ -271,8 +272,11 @@ def test_module_inference_cache_on_gpu(gen):
     assert rel_l2(second, reference(x, conv.filter)) <= BUDGETS["fp32"]
 
 
-def test_64bit_indexing(gen):
-    """More than 2**31 elements: 32-bit offsets would wrap and corrupt the last sequences."""
+@pytest.mark.parametrize("backend", ["auto", "portable"])
+def test_64bit_indexing(backend, monkeypatch, gen):
+    """More than 2**31 elements: 32-bit offsets would wrap and corrupt the last sequences. A bf16
+    call this large takes the fp32 kernel; through the ops ("portable") the tensor-core kernel."""
+    monkeypatch.setenv(BACKEND_ENV, backend)
     channels, length = 4, 8192
     batch = 2**31 // (channels * length) + 1
     u = torch.empty(batch, channels, length, device=DEVICE, dtype=torch.bfloat16).normal_()

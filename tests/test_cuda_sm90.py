@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import monarch_fftconv as mf
+from monarch_fftconv.backends import BACKEND_ENV
 
 from helpers import BUDGETS, randn, reference, rel_l2
 from test_cuda import assert_sequences_stay_independent, emulate, poisoned_call
@@ -23,8 +24,11 @@ PRECISIONS = ["bf16", "fp16"]
 
 @pytest.fixture(params=["sm90", "sm90-2teams"])
 def sm90(request, monkeypatch):
-    """The kernel with one sequence in flight per CTA (the request "sm90"), and with two."""
+    """The kernel with one sequence in flight per CTA (the request "sm90"), and with two. Through
+    the ops (MONARCH_FFTCONV_BACKEND=portable): calls that fill the GPU would otherwise take the
+    fp32 kernel."""
     monkeypatch.setenv(KERNEL_ENV, request.param)
+    monkeypatch.setenv(BACKEND_ENV, "portable")
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)

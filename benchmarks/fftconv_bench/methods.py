@@ -268,7 +268,34 @@ def convolutions(*, compile: bool = False) -> List[Convolution]:
                                  _explain(p), _monarch_flops))
     convs.append(Convolution("monarch-module", "monarch", None, _bind_module, _explain(None),
                              _monarch_flops))
+    for p in TENSOR_CORE_PRECISIONS:
+        convs.append(Convolution(f"monarch-tc[{p}]", "monarch", p, bind_function(_tensor_core_call(p)),
+                                 _nominal_tensor_core(p), _monarch_flops))
     return convs
+
+
+# The tensor-core kernels themselves, through the op, which runs the precision it is given:
+# `fftconv` sends calls where the fp32 kernel measured faster to the fp32 kernel (tf32 always,
+# bf16/fp16 on calls that fill the GPU), so `monarch[bf16]` times what a user gets and
+# `monarch-tc[bf16]` the tensor-core kernel (issue #10's figure). Run only when --methods names them.
+TENSOR_CORE_PRECISIONS = ("bf16", "fp16", "tf32")
+ON_REQUEST_PREFIX = "monarch-tc["
+
+
+def _tensor_core_call(precision: str) -> Callable[[Tensor, Tensor], Tensor]:
+    def call(u: Tensor, k: Tensor) -> Tensor:
+        if u.is_cuda:
+            mf._extension.coverage()  # loads the extension (its CUDA kernels) once per process
+        return mf.ops.fftconv_op(u, k, None, precision)[0]
+    return call
+
+
+def _nominal_tensor_core(precision: str) -> Describe:
+    def describe(u: Tensor, k: Tensor) -> Dict[str, Any]:
+        info = _explain(precision)(u, k)
+        info.update(backend="tc-op", precision=precision)
+        return info
+    return describe
 
 
 def make_methods(*, compile: bool = False, backward: bool = False,
@@ -287,4 +314,6 @@ def make_methods(*, compile: bool = False, backward: bool = False,
             raise SystemExit(f"unknown method(s) {sorted(unknown)}; "
                              f"known: {[m.name for m in methods]}")
         methods = [m for m in methods if m.name in set(only)]
+    else:
+        methods = [m for m in methods if not m.name.startswith(ON_REQUEST_PREFIX)]
     return methods
