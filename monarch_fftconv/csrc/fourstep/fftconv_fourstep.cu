@@ -11,7 +11,7 @@
 //                   zero padding), a P-point DFT, the twiddles, rows k2 = 0 .. P/2 stored (x
 //                   is real: the rows above are conjugates)
 //   inner           one CTA slot per row (s, k2): the fp32 radix kernels' Stockham passes
-//                   (fp32_radix.cuh, plan of M), the filter product between the last forward
+//                   (fp32/radix.cuh, plan of M), the filter product between the last forward
 //                   and the first inverse pass, the unnormalised inverse; in place
 //   outer inverse   per column: the twiddles' conjugates, the rows k2 > P/2 as conjugates of
 //                   P - k2, an inverse P-point DFT, the real part of the first P/2 outputs
@@ -26,7 +26,7 @@
 //
 // Each sequence is independent: nothing is shared between two sequences' arithmetic.
 
-#include "fp32_radix.cuh"
+#include "fp32/radix.cuh"
 
 namespace monarch_fftconv {
 namespace {

@@ -13,8 +13,8 @@
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 
 #include "fftconv.h"
-#include "monarch_tensor_core.cuh"  // IoTraits: the io element conversions
-#include "residency.cuh"
+#include "tc/traits.cuh"  // IoTraits: the io element conversions
+#include "common/residency.cuh"
 
 namespace monarch_fftconv {
 namespace sm90 {

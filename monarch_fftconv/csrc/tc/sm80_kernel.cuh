@@ -1,11 +1,11 @@
 // monarch_fftconv: the fused tensor-core Monarch convolution kernel and its
 // launcher (precisions tf32 / bf16 / fp16, fp32 accumulation), FFT sizes 256 .. 16384.
-// Included by one translation unit per precision (monarch_tc_<precision>.cu),
+// Included by one translation unit per precision (tc/sm80_instances_<precision>.cu),
 // which instantiate the launchers in parallel builds; the dispatch table lives in
-// monarch_tensor_core.cu.
+// tc/dispatch.cu.
 //
 // One CTA (8 warps) per (b, c) sequence at a time (a persistent grid); everything
-// stays on chip between the load of u and the store of y. Stages (see csrc/fftconv.h and docs/design.md):
+// stays on chip between the load of u and the store of y. Stages (see fftconv.h and docs/design.md):
 //   1. A  = F1[0..H, :H] . X              (real X; two real GEMMs, M = rows k1)
 //      A *= w_N^(k1 n2)                    (fp32)
 //   2. B  = A . F2                          (complex GEMM, K = n2)
@@ -26,8 +26,8 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "monarch_tensor_core.cuh"
-#include "residency.cuh"
+#include "tc/traits.cuh"
+#include "common/residency.cuh"
 
 namespace monarch_fftconv {
 namespace tc {

@@ -1,5 +1,5 @@
 // monarch_fftconv: kernel traits of the fused tensor-core Monarch convolution
-// (monarch_tensor_core_kernel.cuh). The one home of tile shapes, shared-memory
+// (tc/sm80_kernel.cuh). The one home of tile shapes, shared-memory
 // layout and operand precision policy. CUDA + CuTe only: never include torch.
 #pragma once
 

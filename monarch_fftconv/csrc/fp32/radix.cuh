@@ -1,13 +1,13 @@
 // monarch_fftconv: the building blocks of the fp32-accurate radix kernels, shared by the
-// forward (fftconv_fp32.cu) and the backward (fftconv_fp32_backward.cu): complex helpers,
+// forward (fp32/fftconv_fp32.cu) and the backward (fp32/fftconv_fp32_backward.cu): complex helpers,
 // in-register radix-R DFTs, twiddle tables, Stockham passes in shared memory, the real-FFT
 // split and its inverse, io conversions and the plan of passes per FFT size. The algorithm
-// is described at the top of fftconv_fp32.cu.
+// is described at the top of fp32/fftconv_fp32.cu.
 #pragma once
 
 
 #include "fftconv.h"
-#include "residency.cuh"
+#include "common/residency.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
