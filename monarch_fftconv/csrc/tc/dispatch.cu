@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "tc/traits.cuh"
+#include "tc/sm80_traits.cuh"
 
 namespace monarch_fftconv {
 namespace tc {
