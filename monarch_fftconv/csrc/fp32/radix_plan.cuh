@@ -4,6 +4,8 @@
 // one switch from a runtime FFT size to a plan (with_plan).
 #pragma once
 
+#include "common/limits.cuh"
+
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -93,7 +95,7 @@ inline int ilog2_host(int64_t v) {
   return r;
 }
 
-constexpr size_t kMaxSmem = 227 * 1024;
+constexpr size_t kMaxSmem = max_smem_per_cta(1);  // one CTA per SM (common/limits.cuh)
 
 template <int LOGM>
 inline int area_floats(int n1, int n2) {

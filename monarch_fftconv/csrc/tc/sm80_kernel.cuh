@@ -32,6 +32,7 @@
 
 #include "tc/sm80_traits.cuh"
 #include "tc/sm80_fragments.cuh"
+#include "common/complex.cuh"
 #include "common/residency.cuh"
 
 namespace monarch_fftconv {
@@ -42,10 +43,6 @@ __device__ __forceinline__ int opaque_tid() {
   int t;
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
   return t;
-}
-
-__device__ __forceinline__ float2 cmul(float2 a, float2 b) {
-  return make_float2(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x);
 }
 
 // ---------------------------------- kernel ----------------------------------

@@ -1,7 +1,8 @@
 // monarch_fftconv: the Hopper Monarch kernel's epilogues' helpers (tc/sm90_kernel.cuh), fp32 on
-// the accumulators: complex products, the N-point twiddles from two tables and their per-row
-// recurrence (RowTwiddles, for_each_pair_by_row), the rounding to the operand type, the
-// stores into the 128-byte-swizzled operand buffers, and the Nyquist row's 128-point FFT.
+// the accumulators (their complex products: common/complex.cuh): the N-point twiddles from
+// two tables and their per-row recurrence (RowTwiddles, for_each_pair_by_row), the rounding
+// to the operand type, the stores into the 128-byte-swizzled operand buffers, and the Nyquist
+// row's 128-point FFT.
 //
 // CUDA + CuTe headers only: never include torch here.
 #pragma once
@@ -11,17 +12,12 @@
 #include <cuda_runtime.h>
 #include <cute/tensor.hpp>
 
+#include "common/complex.cuh"
+
 namespace monarch_fftconv {
 namespace sm90 {
 
 using namespace cute;
-
-__device__ __forceinline__ float2 cmul(float2 a, float2 b) {
-  return make_float2(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x);
-}
-__device__ __forceinline__ float2 cmul_conj(float2 a, float2 b) {  // a * conj(b)
-  return make_float2(a.x * b.x + a.y * b.y, a.y * b.x - a.x * b.y);
-}
 
 // exp(-2 pi i e / 16384) for 0 <= e < 16384, from two 128-entry tables.
 __device__ __forceinline__ float2 twiddle(const float2* w128, const float2* tw_lo, int e) {

@@ -12,7 +12,8 @@
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 
 #include "fftconv.h"
-#include "tc/sm80_traits.cuh"  // IoTraits: the io element conversions
+#include "common/limits.cuh"
+#include "tc/io_traits.cuh"
 
 namespace monarch_fftconv {
 namespace sm90 {
@@ -103,7 +104,7 @@ struct Sm90Cfg {
   static constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // + alignment slack
 
   static_assert(sizeof(T) == 2, "GMMA operands here are 16-bit");
-  static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
+  static_assert(kSmemBytes <= max_smem_per_cta(1), "one CTA per SM");
 };
 
 }  // namespace sm90
