@@ -1,6 +1,6 @@
 // monarch_fftconv: the fp32 radix library, the building blocks of the fp32-accurate radix kernels,
 // shared by the forward (fp32/fftconv_fp32.cu), the backward (fp32/fftconv_fp32_backward.cu), the
-// filter spectrum (fp32/filter_spectrum.cu) and the four-step inner stage (fourstep/). The
+// filter spectrum (fp32/filter_spectrum.cu) and the four-step kernels (fourstep/). The
 // algorithm is described at the top of fp32/fftconv_fp32.cu. Its parts, each building on the
 // ones before it:
 //   radix_dft.cuh      complex helpers, fences, compile-time twiddles, in-register radix-R DFTs
