@@ -2,8 +2,8 @@
 
 Nothing happens at import. The first CUDA call asks `coverage()`, which, once per process:
 1. loads an ahead-of-time build (`monarch_fftconv._C`, see setup.py) if one is installed;
-2. otherwise JIT-builds `monarch_fftconv/csrc/` with ninja through torch.utils.cpp_extension
-   (cached on disk);
+2. otherwise JIT-builds `monarch_fftconv/csrc/` (binding.cpp and every .cu of the tree, with
+   csrc/ on the include path) with ninja through torch.utils.cpp_extension (cached on disk);
 3. otherwise gives a reason, and the caller falls back with one warning saying why.
 
 Loading registers the CUDA implementation of `monarch_fftconv::conv_forward` and the
@@ -83,7 +83,10 @@ def cutlass_include_dirs() -> list[str]:
 
 
 def kernel_sources() -> list[Path]:
-    return sorted(CSRC.glob("*.cu"))
+    """The kernel translation units: every .cu at any depth under csrc/ (fp32/, fourstep/,
+    tc/). Their base names are unique across the tree: the JIT build names each object file
+    after its source's base name (tests/test_build.py checks)."""
+    return sorted(CSRC.rglob("*.cu"))
 
 
 def binding_sources() -> list[Path]:

@@ -6,7 +6,7 @@ W_N^(m·k2)) leaves rows k2 of M values, whose M-point FFTs are the spectrum in 
 X[k2][k1] = FFT_N(x)[P·k1 + k2]. The filter product and the inverse transforms run on those
 rows, and the outer stage's inverse gives y. x is real: only the rows k2 = 0 .. P/2 are kept
 (the others are their conjugates), and only the first half of the columns holds data (the
-zero padding). docs/design.md derives it; csrc/fftconv_fourstep.cu runs it on the GPU.
+zero padding). docs/design.md derives it; csrc/fourstep/ runs it on the GPU.
 
 At these sizes the `monarch_fftconv::*` ops (ops.py) take this layout: the filter spectrum
 is (C, P/2+1, M, 2) real (a complex view), scaled by 1/N. Their CPU implementations are the

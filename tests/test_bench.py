@@ -426,4 +426,12 @@ def test_source_digest_tracks_the_kernel_sources(bench, tmp_path):
     first = bench.outputs.source_digest(tmp_path)
     assert len(first) == 12 and first == bench.outputs.source_digest(tmp_path)
     (tmp_path / "monarch_fftconv" / "csrc" / "k.cu").write_text("// v2\n")
-    assert bench.outputs.source_digest(tmp_path) != first
+    second = bench.outputs.source_digest(tmp_path)
+    assert second != first
+    # the kernel tree's subdirectories count too
+    (tmp_path / "monarch_fftconv" / "csrc" / "tc").mkdir()
+    (tmp_path / "monarch_fftconv" / "csrc" / "tc" / "h.cuh").write_text("// v1\n")
+    third = bench.outputs.source_digest(tmp_path)
+    assert third != second
+    (tmp_path / "monarch_fftconv" / "csrc" / "tc" / "h.cuh").write_text("// v2\n")
+    assert bench.outputs.source_digest(tmp_path) != third

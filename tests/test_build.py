@@ -39,7 +39,7 @@ def compiled_units(tmp_path_factory):
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 @pytest.mark.skipif(not _extension.cutlass_include_dirs(), reason="CUTLASS headers not installed (nvidia-cutlass)")
-@pytest.mark.parametrize("source", SOURCES, ids=[s.name for s in SOURCES])
+@pytest.mark.parametrize("source", SOURCES, ids=[s.relative_to(_extension.CSRC).as_posix() for s in SOURCES])
 def test_kernel_compiles(source, compiled_units):
     result = compiled_units[source].result()
     assert result.returncode == 0, result.stderr[-4000:]
@@ -65,11 +65,34 @@ def test_radix_only_splits_have_the_planners_spectrum_shape():
     assert len(plan.factors) == 3 and plan.fft_size == 32768
 
 
+def csrc_files() -> list[Path]:
+    """Every file of the csrc/ tree, at any depth."""
+    return sorted(p for p in _extension.CSRC.rglob("*") if p.is_file())
+
+
 def test_kernel_sources_are_torch_free():
-    """Kernel units include no torch header: they compile ~10x faster that way."""
-    for path in [*SOURCES, *_extension.CSRC.glob("*.cuh"), *_extension.CSRC.glob("*.h")]:
+    """Kernel units and headers include no torch header: they compile ~10x faster that way.
+    binding.cpp is the one torch-facing file."""
+    files = [p for p in csrc_files() if p != _extension.CSRC / "binding.cpp"]
+    assert set(SOURCES) <= set(files) and any(p.parent != _extension.CSRC for p in files)
+    for path in files:
         text = path.read_text()
-        assert "#include <torch" not in text and "#include <ATen" not in text, path.name
+        assert "#include <torch" not in text and "#include <ATen" not in text and "#include <c10" not in text, path
+
+
+def test_kernel_source_names_are_unique():
+    """The JIT build (torch.utils.cpp_extension) names each object file after its source's base
+    name: two units called x.cu in different directories would overwrite each other's object."""
+    stems = [p.stem for p in SOURCES]
+    assert len(stems) == len(set(stems)), sorted(stems)
+
+
+def test_includes_are_relative_to_csrc():
+    """Every quoted include names a file by its path from csrc/ (the include directory the
+    builds pass), e.g. "common/residency.cuh", whichever directory the including file is in."""
+    for path in csrc_files():
+        for name in re.findall(r'^\s*#\s*include\s+"([^"]+)"', path.read_text(), re.MULTILINE):
+            assert (_extension.CSRC / name).is_file(), f"{path.relative_to(_extension.CSRC)}: #include \"{name}\""
 
 
 def header_constant(name: str) -> int:
@@ -283,7 +306,7 @@ def _env_without_checkout() -> dict[str, str]:
 
 
 def test_wheel_ships_the_kernel_sources(tmp_path):
-    """A regular (non-editable) install carries csrc/, so it can JIT-build the kernels."""
+    """A regular (non-editable) install carries the csrc/ tree, so it can JIT-build the kernels."""
     isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
     # Built from a clean copy: a stale in-tree build/ could hide missing package data.
     source = tmp_path / "src"
@@ -295,7 +318,8 @@ def test_wheel_ships_the_kernel_sources(tmp_path):
     assert build.returncode == 0, build.stderr[-3000:]
     (wheel,) = dist.glob("monarch_fftconv-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    expected = {f"monarch_fftconv/csrc/{p.name}" for p in _extension.CSRC.iterdir() if p.is_file()}
+    expected = {f"monarch_fftconv/csrc/{p.relative_to(_extension.CSRC).as_posix()}" for p in csrc_files()}
+    assert any("/" in name.removeprefix("monarch_fftconv/csrc/") for name in expected)  # the subdirectories too
     assert expected <= names and "monarch_fftconv/py.typed" in names, expected - names
 
     venv = tmp_path / "venv"

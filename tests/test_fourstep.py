@@ -1,5 +1,5 @@
 """The four-step algorithm for long sequences (N > 32768), on the CPU: its torch.fft spec (the
-algorithm of csrc/fftconv_fourstep.cu) against float64 torch.fft at small sizes with a small
+algorithm of csrc/fourstep/fftconv_fourstep.cu) against float64 torch.fft at small sizes with a small
 inner size M, so that every property is checked in CI; and the ops, which take the four-step
 layout from N = 65536, through the portable engine."""
 

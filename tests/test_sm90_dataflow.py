@@ -1,4 +1,4 @@
-"""The Hopper kernel's data flow (monarch_sm90.cuh, docs/design.md), in float64 on the CPU.
+"""The Hopper kernel's data flow (csrc/tc/sm90_kernel.cuh, docs/design.md), in float64 on the CPU.
 
 The kernel keeps every GEMM an exact m64 tile by two tricks that no other path uses: the
 Nyquist row k1 = n/2 of the Hermitian half rides in row 0's imaginary slot (row 0 of the

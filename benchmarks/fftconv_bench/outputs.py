@@ -44,10 +44,13 @@ def source_digest(repo: Path = REPO_ROOT) -> str:
     Ties results to code even where the checkout's git metadata is stale or absent (a copied
     working tree on a device machine reports its copy's HEAD, not the code it carries)."""
     digest = hashlib.sha256()
-    for sub, pattern in (("monarch_fftconv", "*.py"), ("monarch_fftconv/csrc", "*")):
-        for path in sorted((Path(repo) / sub).glob(pattern)):
+    # csrc/ is a tree (common/, fp32/, fourstep/, tc/): every file at any depth, named by its
+    # path from csrc/ (a move changes the digest too)
+    for sub, files in (("monarch_fftconv", "*.py"), ("monarch_fftconv/csrc", "**/*")):
+        base = Path(repo) / sub
+        for path in sorted(base.glob(files)):
             if path.is_file():
-                digest.update(path.name.encode())
+                digest.update(path.relative_to(base).as_posix().encode())
                 digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
 

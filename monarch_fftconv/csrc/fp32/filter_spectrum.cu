@@ -1,14 +1,14 @@
 // monarch_fftconv: the filter spectrum in the Monarch layout, in one launch.
 //
 // Each channel's filter k (zero-padded to N) goes through the fp32 radix kernels' forward
-// passes and real-FFT split (fp32_radix.cuh): every thread ends with the spectrum values
+// passes and real-FFT split (fp32/radix.cuh): every thread ends with the spectrum values
 // X[h], X[M-h] of its mid-pass frequency pairs, h in [0, M], M = N/2. The layout stores
 // S[k1][k2] = X[g]/N for g = k1 + n1·k2 with k1 <= n1/2 (g in [0, N)); an entry with g > M
 // holds conj(X[N - g]). So each X[h] is written as itself at g = h and as its conjugate at
 // g = N - h, where those entries exist. Each entry has one writer (g = M: two identical
 // writes by one thread), so the result is deterministic.
 
-#include "fp32_radix.cuh"
+#include "fp32/radix.cuh"
 
 namespace monarch_fftconv {
 namespace {

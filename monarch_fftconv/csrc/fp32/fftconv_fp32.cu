@@ -44,7 +44,7 @@
 //
 // Each sequence is independent: nothing is shared between two sequences' arithmetic.
 
-#include "fp32_radix.cuh"
+#include "fp32/radix.cuh"
 
 namespace monarch_fftconv {
 namespace {

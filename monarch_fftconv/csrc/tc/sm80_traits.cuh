@@ -1,5 +1,5 @@
 // monarch_fftconv: kernel traits of the fused tensor-core Monarch convolution
-// (monarch_tensor_core_kernel.cuh). The one home of tile shapes, shared-memory
+// (tc/sm80_kernel.cuh). The one home of tile shapes, shared-memory
 // layout and operand precision policy. CUDA + CuTe only: never include torch.
 #pragma once
 
@@ -10,6 +10,8 @@
 #include <cute/arch/mma_sm80.hpp>
 
 #include "fftconv.h"
+#include "common/limits.cuh"
+#include "tc/io_traits.cuh"
 
 namespace monarch_fftconv {
 namespace tc {
@@ -69,81 +71,6 @@ template <> struct OpTraits<Precision::kTF32> {
                                              const uint32_t (&b)[2]) {
     cute::SM80_16x8x8_F32TF32TF32F32_TN::fma(d[0], d[1], d[2], d[3], a[0], a[1], a[2], a[3],
                                              b[0], b[1], d[0], d[1], d[2], d[3]);
-  }
-};
-
-// ---------------------------------------------------------------------------
-// io element type of u and y in global memory.
-// ---------------------------------------------------------------------------
-template <IOType T> struct IoTraits;
-template <> struct IoTraits<IOType::kFloat32> {
-  using T = float;
-  static constexpr int kVec = 4;  // elements per 16-byte load
-  __device__ __forceinline__ static void unpack(const uint4& r, float (&v)[kVec]) {
-    v[0] = __uint_as_float(r.x); v[1] = __uint_as_float(r.y);
-    v[2] = __uint_as_float(r.z); v[3] = __uint_as_float(r.w);
-  }
-  __device__ __forceinline__ static float load(const void* p, int64_t i) {
-    return __ldg(static_cast<const float*>(p) + i);
-  }
-  __device__ __forceinline__ static void store(void* p, int64_t i, float v) {
-    static_cast<float*>(p)[i] = v;
-  }
-  __device__ __forceinline__ static void store2(void* p, int64_t i, float a, float b) {
-    *reinterpret_cast<float2*>(static_cast<float*>(p) + i) = make_float2(a, b);
-  }
-  __device__ __forceinline__ static float2 load2(const void* p, int64_t i) {
-    return __ldg(reinterpret_cast<const float2*>(static_cast<const float*>(p) + i));
-  }
-};
-template <> struct IoTraits<IOType::kBFloat16> {
-  using T = __nv_bfloat16;
-  static constexpr int kVec = 8;
-  __device__ __forceinline__ static void unpack(const uint4& r, float (&v)[kVec]) {
-    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      v[2 * q] = __uint_as_float(w[q] << 16);
-      v[2 * q + 1] = __uint_as_float(w[q] & 0xffff0000u);
-    }
-  }
-  __device__ __forceinline__ static float load(const void* p, int64_t i) {
-    return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-  }
-  __device__ __forceinline__ static void store(void* p, int64_t i, float v) {
-    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
-  }
-  __device__ __forceinline__ static void store2(void* p, int64_t i, float a, float b) {
-    *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p) + i) =
-        __floats2bfloat162_rn(a, b);
-  }
-  __device__ __forceinline__ static float2 load2(const void* p, int64_t i) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(
-        static_cast<const __nv_bfloat16*>(p) + i));
-  }
-};
-template <> struct IoTraits<IOType::kFloat16> {
-  using T = __half;
-  static constexpr int kVec = 8;
-  __device__ __forceinline__ static void unpack(const uint4& r, float (&v)[kVec]) {
-    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      v[2 * q] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[q] & 0xffffu)));
-      v[2 * q + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[q] >> 16)));
-    }
-  }
-  __device__ __forceinline__ static float load(const void* p, int64_t i) {
-    return __half2float(static_cast<const __half*>(p)[i]);
-  }
-  __device__ __forceinline__ static void store(void* p, int64_t i, float v) {
-    static_cast<__half*>(p)[i] = __float2half_rn(v);
-  }
-  __device__ __forceinline__ static void store2(void* p, int64_t i, float a, float b) {
-    *reinterpret_cast<__half2*>(static_cast<__half*>(p) + i) = __floats2half2_rn(a, b);
-  }
-  __device__ __forceinline__ static float2 load2(const void* p, int64_t i) {
-    return __half22float2(*reinterpret_cast<const __half2*>(static_cast<const __half*>(p) + i));
   }
 };
 
@@ -241,7 +168,7 @@ struct Cfg {
                 (kDataElems * sizeof(S)) % 16 == 0, "align");
   static_assert(!kTables || kRows1 <= kHK, "inverse stage 1 reads F1 transposed");
   static_assert(kRowsLive8 >= kHK, "X must not cover the always-zero padding rows");
-  static_assert(kSmemBytes <= 113 * 1024, "two CTAs per SM");
+  static_assert(kSmemBytes <= max_smem_per_cta(2), "two CTAs per SM");
 };
 
 }  // namespace tc

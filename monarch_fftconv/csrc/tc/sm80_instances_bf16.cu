@@ -2,7 +2,7 @@
 // One unit per precision so that the builds run in parallel.
 // CUDA + CuTe headers only: never include torch here.
 
-#include "monarch_tensor_core_kernel.cuh"
+#include "tc/sm80_kernel.cuh"
 
 namespace monarch_fftconv {
 namespace tc {

@@ -1,8 +1,8 @@
-// monarch_fftconv: instances of the Hopper (wgmma) Monarch kernel, monarch_sm90.cuh:
+// monarch_fftconv: instances of the Hopper (wgmma) Monarch kernel, tc/sm90_kernel.cuh:
 // split 128 x 128, bf16 and fp16 operands, every io type.
 // CUDA + CuTe headers only: never include torch here.
 
-#include "monarch_sm90.cuh"
+#include "tc/sm90_kernel.cuh"
 
 namespace monarch_fftconv {
 namespace sm90 {

@@ -8,7 +8,7 @@
 //   dD[c]     = Σ_b Σ_t dy[b,c,t]·u[b,c,t]         = dk[c, 0]
 // N = 2·next_pow2(L) leaves room for every lag of both correlations: nothing wraps.
 //
-// Two kernels, built from the forward's passes (fp32_radix.cuh, same plan, same shared-memory
+// Two kernels, built from the forward's passes (fp32/radix.cuh, same plan, same shared-memory
 // layout, same thread <-> frequency-pair assignment in the mid pass):
 //
 //   grad_kernel: one work item per (channel c, chunk of the batch). For each b of the chunk,
@@ -31,7 +31,7 @@
 // share a channel) depends only on the shape and the device, so a given call on a given GPU
 // gives the same bits run after run.
 
-#include "fp32_radix.cuh"
+#include "fp32/radix.cuh"
 
 namespace monarch_fftconv {
 namespace {

@@ -1,18 +1,18 @@
 // monarch_fftconv: dispatch of the fused tensor-core Monarch convolution
-// (kernel in monarch_tensor_core_kernel.cuh, instantiated per precision by
-// monarch_tc_{tf32,bf16,fp16}.cu, which build in parallel).
+// (kernel in tc/sm80_kernel.cuh, instantiated per precision by
+// tc/sm80_instances_{tf32,bf16,fp16}.cu, which build in parallel).
 //
 // CUDA + CuTe headers only: never include torch here.
 
 #include <cstdlib>
 #include <cstring>
 
-#include "monarch_tensor_core.cuh"
+#include "tc/sm80_traits.cuh"
 
 namespace monarch_fftconv {
 namespace tc {
 
-// Defined in monarch_tensor_core_kernel.cuh; instantiated in the precision units.
+// Defined in tc/sm80_kernel.cuh; instantiated in the precision units.
 template <int N1, int N2, Precision P, IOType IO>
 cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream);
 
@@ -21,7 +21,7 @@ using LaunchFn = cudaError_t (*)(const ConvForwardParams&, cudaStream_t);
 }  // namespace tc
 
 namespace sm90 {
-// Defined in monarch_sm90.cuh; instantiated in monarch_sm90.cu.
+// Defined in tc/sm90_kernel.cuh; instantiated in tc/sm90_instances.cu.
 template <Precision P, IOType IO, int Teams>
 cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream);
 

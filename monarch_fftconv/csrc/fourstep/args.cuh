@@ -1,0 +1,40 @@
+// monarch_fftconv: the four-step kernels' arguments (fourstep/fftconv_fourstep.cu): the CTA size
+// of the outer stage, FourStepArgs, and what the inner kernel does to each row (InnerMode).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace monarch_fftconv {
+namespace {
+namespace fp32_detail {
+
+constexpr int kOuterThreads = 256;
+
+struct FourStepArgs {
+  const void* x;
+  int64_t xbs, xcs;
+  const float2* K;     // (C, R, M)
+  const float* skip;   // (C,) or null: the filter is K + skip/N
+  void* y;             // (B, C, L)
+  float2* a;           // (B·C, R, M)
+  float2* products;    // InnerMode::kGrad: (B·C, R, M), X in, conj(X)·DY out
+  int64_t B, C, L;
+  int64_t columns;     // B·C·M
+  int N, M, logM, R;   // R = P/2 + 1
+  int conj;            // kConv, kGrad: multiply by the conjugate filter
+  float scale;         // kSpectrum: the spectrum times this
+  int64_t tile_stride; // outer stage, P >= 128: the CTAs resident at once (the prefetch distance)
+};
+
+// What the inner kernel does to each row, in place:
+//   kConv      FFT_M, times the filter (or its conjugate), inverse FFT_M
+//   kSpectrum  FFT_M, times `scale`; stored
+//   kGrad      as kConv; on the way, the row's spectrum DY turns `products` (X) into conj(X)·DY
+//   kInverse   inverse FFT_M only
+enum class InnerMode { kConv, kSpectrum, kGrad, kInverse };
+
+}  // namespace fp32_detail
+}  // namespace
+}  // namespace monarch_fftconv

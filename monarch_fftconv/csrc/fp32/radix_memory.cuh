@@ -1,0 +1,127 @@
+// monarch_fftconv, the fp32 radix library (fp32/radix.cuh): memory. Shared-memory indexing
+// (structure of arrays, padded index), the io conversions of u and y (streaming loads and
+// stores), and the asynchronous copies (cp.async, L2 prefetch, the u prefetch).
+#pragma once
+
+#include "fp32/radix_dft.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace monarch_fftconv {
+namespace {  // internal linkage: each kernel translation unit has its own copy
+namespace fp32_detail {
+
+// ------------------------------------------------------------------------------------
+// shared-memory helpers (structure of arrays, padded index)
+// ------------------------------------------------------------------------------------
+__device__ __forceinline__ int pidx(int i) { return i + (i >> 5); }
+__device__ __forceinline__ void sts(float* re, float* im, int i, cf v) {
+  const int p = pidx(i);
+  re[p] = v.x;
+  im[p] = v.y;
+}
+
+// element j + r·STRIDE, STRIDE a multiple of 32: pidx(j + r·STRIDE) = pidx(j) + r·(STRIDE + STRIDE/32)
+// (for a small STRIDE, the generic index of j + r·STRIDE)
+template <int STRIDE>
+__device__ __forceinline__ cf lds_s(const float* re, const float* im, int j, int pj, int r) {
+  const int p = (STRIDE % 32 == 0) ? pj + r * (STRIDE + STRIDE / 32) : pidx(j + r * STRIDE);
+  return {re[p], im[p]};
+}
+template <int STRIDE>
+__device__ __forceinline__ void sts_s(float* re, float* im, int pj, int r, cf v) {
+  static_assert(STRIDE % 32 == 0, "");
+  const int p = pj + r * (STRIDE + STRIDE / 32);
+  re[p] = v.x;
+  im[p] = v.y;
+}
+
+// io conversions. Sequences are read and written once per kernel: the accesses are
+// streaming (evict-first, .cs), so that data a kernel reuses (the backward's scratch) keeps
+// its place in L2.
+template <typename IO> __device__ __forceinline__ float io_load(const IO* p);
+template <> __device__ __forceinline__ float io_load<float>(const float* p) { return __ldcs(p); }
+template <> __device__ __forceinline__ float io_load<__nv_bfloat16>(const __nv_bfloat16* p) {
+  return __bfloat162float(__ushort_as_bfloat16(__ldcs(reinterpret_cast<const unsigned short*>(p))));
+}
+template <> __device__ __forceinline__ float io_load<__half>(const __half* p) {
+  return __half2float(__ushort_as_half(__ldcs(reinterpret_cast<const unsigned short*>(p))));
+}
+template <typename IO> __device__ __forceinline__ void io_store(IO* p, float v);
+template <> __device__ __forceinline__ void io_store<float>(float* p, float v) { __stcs(p, v); }
+template <> __device__ __forceinline__ void io_store<__nv_bfloat16>(__nv_bfloat16* p, float v) {
+  __stcs(reinterpret_cast<unsigned short*>(p), __bfloat16_as_ushort(__float2bfloat16_rn(v)));
+}
+template <> __device__ __forceinline__ void io_store<__half>(__half* p, float v) {
+  __stcs(reinterpret_cast<unsigned short*>(p), __half_as_ushort(__float2half_rn(v)));
+}
+
+__device__ __forceinline__ float io_to_float(float v) { return v; }
+__device__ __forceinline__ float io_to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float io_to_float(__half v) { return __half2float(v); }
+
+// two consecutive elements p[0], p[1] (p aligned to two elements); 16-bit pairs travel as
+// one 32-bit word
+template <typename H2> __device__ __forceinline__ H2 bits_as(unsigned w) {
+  H2 h;
+  memcpy(&h, &w, sizeof(h));
+  return h;
+}
+template <typename H2> __device__ __forceinline__ unsigned as_bits(H2 h) {
+  unsigned w;
+  memcpy(&w, &h, sizeof(w));
+  return w;
+}
+template <typename IO> __device__ __forceinline__ float2 io_load2(const IO* p);
+template <> __device__ __forceinline__ float2 io_load2<float>(const float* p) {
+  return __ldcs(reinterpret_cast<const float2*>(p));
+}
+template <> __device__ __forceinline__ float2 io_load2<__nv_bfloat16>(const __nv_bfloat16* p) {
+  return __bfloat1622float2(bits_as<__nv_bfloat162>(__ldcs(reinterpret_cast<const unsigned*>(p))));
+}
+template <> __device__ __forceinline__ float2 io_load2<__half>(const __half* p) {
+  return __half22float2(bits_as<__half2>(__ldcs(reinterpret_cast<const unsigned*>(p))));
+}
+template <typename IO> __device__ __forceinline__ void io_store2(IO* p, float a, float b);
+template <> __device__ __forceinline__ void io_store2<float>(float* p, float a, float b) {
+  __stcs(reinterpret_cast<float2*>(p), make_float2(a, b));
+}
+template <> __device__ __forceinline__ void io_store2<__nv_bfloat16>(__nv_bfloat16* p, float a, float b) {
+  __stcs(reinterpret_cast<unsigned*>(p), as_bits(__floats2bfloat162_rn(a, b)));
+}
+template <> __device__ __forceinline__ void io_store2<__half>(__half* p, float a, float b) {
+  __stcs(reinterpret_cast<unsigned*>(p), as_bits(__floats2half2_rn(a, b)));
+}
+
+__device__ __forceinline__ void cp_async8(void* smem_dst, const void* gmem_src) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(gmem_src) : "memory");
+}
+// 16-byte copy, bytes [src_bytes, 16) of the destination are zero-filled
+__device__ __forceinline__ void cp_async16_zfill(void* smem_dst, const void* gmem_src, int src_bytes) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem_src), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// stage u[0:L) of one sequence into shared memory (16-byte chunks; src must be 16-byte aligned)
+template <typename IO, int T>
+__device__ __forceinline__ void prefetch_u(IO* buf, const IO* src, int L, int tx) {
+  constexpr int CH = 16 / sizeof(IO);
+  const int nch = (L + CH - 1) / CH;
+  for (int c = tx; c < nch; c += T) {
+    const int rem = (L - c * CH) * (int)sizeof(IO);
+    cp_async16_zfill(buf + c * CH, src + c * CH, rem < 16 ? rem : 16);
+  }
+}
+
+}  // namespace fp32_detail
+}  // namespace
+}  // namespace monarch_fftconv

@@ -1,0 +1,150 @@
+// monarch_fftconv, the fp32 radix library (fp32/radix.cuh): the mid pass's frequency pairs.
+// The filter spectrum read by frequency from its staged copy (kspec, KWalk), the real-FFT
+// split and its inverse, the pairs as the forward kernel assigns them to threads, and the
+// copy of a channel's filter spectrum into shared memory (the stage).
+#pragma once
+
+#include "fp32/radix_dft.cuh"
+#include "fp32/radix_memory.cuh"
+#include "fp32/radix_plan.cuh"
+
+#include <cstdint>
+
+namespace monarch_fftconv {
+namespace {  // internal linkage: each kernel translation unit has its own copy
+namespace fp32_detail {
+
+// The mid pass fences the outputs of every second frequency pair, so that the pairs' products
+// are not all interleaved (register budget).
+constexpr int kPairsPerFence = 2;
+
+// filter spectrum at frequency f in [0, N/2], from the staged [k1][k2] copy
+__device__ __forceinline__ cf kspec(const float2* stage, int f, const KArgs& a) {
+  const int k1 = f & (a.n1 - 1);
+  const bool dir = k1 <= (a.n1 >> 1);
+  const int ff = dir ? f : a.N - f;
+  const float2 v = stage[(ff & (a.n1 - 1)) * (a.n2 + 1) + (ff >> a.ln1)];
+  return {v.x, dir ? v.y : -v.y};
+}
+
+// the filter spectrum along f = f0 + sgn·i·ns, i = 0, 1, ..., for n1 | ns: the row k1 and the
+// conjugation are fixed, the column moves by ±ns/n1
+struct KWalk {
+  int base, step;
+  bool neg;
+  __device__ __forceinline__ KWalk(int f0, int sgn, int ns, const KArgs& a) {
+    const int k1 = f0 & (a.n1 - 1);
+    const bool dir = k1 <= (a.n1 >> 1);
+    const int ff = dir ? f0 : a.N - f0;
+    base = (ff & (a.n1 - 1)) * (a.n2 + 1) + (ff >> a.ln1);
+    step = (dir ? sgn : -sgn) * (ns >> a.ln1);
+    neg = !dir;
+  }
+  __device__ __forceinline__ cf at(const float2* stage, int i) const {
+    const float2 v = stage[base + i * step];
+    return {v.x, neg ? -v.y : v.y};
+  }
+};
+
+// The real-FFT split of the frequency pair (k, M-k): the N-point spectrum X[k], X[M-k] of the
+// real x from zk = Z[k], zm = Z[M-k] of the packed z[m] = x[2m] + i·x[2m+1] (Z[M] = Z[0]),
+// w = ω_N^k.
+__device__ __forceinline__ void split_pair(cf zk, cf zm, cf w, cf& xk, cf& xm) {
+  const cf s = {zk.x + zm.x, zk.y - zm.y};  // Zk + conj Zm
+  const cf d = {zk.x - zm.x, zk.y + zm.y};  // Zk - conj Zm
+  const cf wd = cmul(w, d);
+  const cf g = {-wd.y, wd.x};  // i·w·d
+  xk = {0.5f * (s.x - g.x), 0.5f * (s.y - g.y)};
+  xm = {0.5f * (s.x + g.x), -0.5f * (s.y + g.y)};  // conj(½(s + g))
+}
+
+// Its inverse: V[k], V[M-k] from the spectrum pair yk = Y[k], ym = Y[M-k], such that the
+// unnormalised inverse M-point FFT of V packs the N-point inverse real FFT of Y (unnormalised).
+__device__ __forceinline__ void merge_pair(cf yk, cf ym, cf w, cf& vk, cf& vm) {
+  const cf s2 = {yk.x + ym.x, yk.y - ym.y};  // Yk + conj Ym
+  const cf d2 = {yk.x - ym.x, yk.y + ym.y};  // Yk - conj Ym
+  const cf cd = cmul(cconj(w), d2);
+  const cf h = {-cd.y, cd.x};  // i·conj(w)·d2
+  vk = {s2.x + h.x, s2.y + h.y};
+  vm = {s2.x - h.x, -(s2.y - h.y)};  // conj(s2 - h)
+}
+
+// The split, the filter product (kk = K[k], km = K[M-k]) and the inverse split of one pair.
+__device__ __forceinline__ void pair_fn(cf zk, cf zm, cf kk, cf km, cf w, cf& vk, cf& vm) {
+  cf xk, xm;
+  split_pair(zk, zm, w, xk, xm);
+  merge_pair(cmul(xk, kk), cmul(xm, km), w, vk, vm);
+}
+
+// pair_fn for the frequency pair (f, M - f), the filter read by frequency from the stage;
+// i: the pair's index along the butterfly, whose twiddle is w·W_32^i.
+template <int M>
+__device__ __forceinline__ void pair_at(const float2* stage, const KArgs& a, int i, int f, cf zk, cf zm, cf w,
+                                        cf& vk, cf& vm) {
+  fence(f);
+  pair_fn(zk, zm, kspec(stage, f, a), kspec(stage, M - f, a), tw_const<false>(w, i, 32), vk, vm);
+  if (i % kPairsPerFence == kPairsPerFence - 1) { fence(vk); fence(vm); }
+}
+
+// Mid-pass frequency pairs per thread: thread 0 owns two self-paired frequencies (0 with M,
+// and M/2) and so 17 pairs; every other thread owns 16.
+constexpr int kPairSlots = 17;
+
+// The frequency pairs (k, M-k) of the mid pass as the forward kernel assigns them: for each,
+// op(slot, k, Z[k], Z[M-k], ω_N^k, V[k], V[M-k]), where V lands in the register of the inverse
+// radix-16 butterflies that read it. slot in [0, kPairSlots) numbers the thread's pairs.
+template <int M, class Op>
+__device__ __forceinline__ void for_each_pair(int tx, const cf (&A)[16], const cf (&Bv)[16], cf (&A2)[16],
+                                              cf (&B2)[16], cf wp0, cf wp1, Op&& op) {
+  constexpr int NS = M / 16;
+  if (tx != 0) {
+    // pairs (A[i], B[15-i]): k = tx + i·NS, M-k = j1 + (15-i)·NS
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      op(i, tx + i * NS, A[i], Bv[15 - i], tw_const<false>(wp0, i, 32), A2[i], B2[15 - i]);
+      if (i % kPairsPerFence == kPairsPerFence - 1) { fence(A2[i]); fence(B2[15 - i]); }
+    }
+  } else {
+    cf unused;
+    op(0, 0, A[0], A[0], cf{1.f, 0.f}, A2[0], unused);        // k = 0 with M - k = M (Z[M] = Z[0])
+    op(8, M / 2, A[8], A[8], cf{0.f, -1.f}, A2[8], unused);   // k = M/2 with itself; ω_N^(N/4) = -i
+#pragma unroll
+    for (int i = 1; i < 8; ++i) op(i, i * NS, A[i], A[16 - i], tw_const<false>(wp0, i, 32), A2[i], A2[16 - i]);
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      op(9 + i, M / 32 + i * NS, Bv[i], Bv[15 - i], tw_const<false>(wp1, i, 32), B2[i], B2[15 - i]);
+  }
+}
+
+// The channel's filter spectrum into the stage: its (n1/2 + 1) x n2 entries, rows padded to
+// n2 + 1 float2 (as the filter walk reads them). Each thread copies, and later adjusts, the
+// entries e = tx, tx + T, ...
+__device__ __forceinline__ int stage_entries(const KArgs& a) { return (a.n1 / 2 + 1) * a.n2; }
+__device__ __forceinline__ int stage_index(const KArgs& a, int e) { return (e >> a.ln2) * (a.n2 + 1) + (e & (a.n2 - 1)); }
+
+// The copy in two halves, so that work can hide it: begin issues it (the caller has
+// synchronized: smem is free); end waits for it, folds the skip term in when `fold` (K'[f] =
+// K[f] + D/N) and synchronizes.
+template <int T>
+__device__ __forceinline__ void stage_filter_begin(float2* stage, const KArgs& a, int64_t c, bool valid, int tx) {
+  if (!valid) return;
+  const int total = stage_entries(a);
+  const float2* Kc = a.K + c * (int64_t)total;
+  for (int e = tx; e < total; e += T) cp_async8(stage + stage_index(a, e), Kc + e);
+}
+template <int T>
+__device__ __forceinline__ void stage_filter_end(float2* stage, const KArgs& a, int64_t c, bool fold, int tx) {
+  cp_async_wait_all();
+  if (a.skip != nullptr && fold) {
+    // 1/N is a power of two: exact. The real part of a stored entry is the real part of every
+    // K[f] read from it, also of the conjugated ones.
+    const float dsk = a.skip[c] * (1.f / (float)a.N);
+    const int total = stage_entries(a);
+    for (int e = tx; e < total; e += T) stage[stage_index(a, e)].x += dsk;
+  }
+  __syncthreads();
+}
+
+}  // namespace fp32_detail
+}  // namespace
+}  // namespace monarch_fftconv

@@ -1,0 +1,238 @@
+// monarch_fftconv, the fp32 radix library (fp32/radix.cuh): the passes. The Stockham pass in
+// shared memory, a sequence slot's view of shared memory (SlotSmem), and the whole forward,
+// mid and inverse passes as the backward, filter-spectrum and four-step kernels compose them.
+#pragma once
+
+#include "fp32/radix_dft.cuh"
+#include "fp32/radix_memory.cuh"
+#include "fp32/radix_plan.cuh"
+
+#include <cstdint>
+
+namespace monarch_fftconv {
+namespace {  // internal linkage: each kernel translation unit has its own copy
+namespace fp32_detail {
+
+// Stockham pass in shared memory: radix R, NS = product of the previous radices.
+template <int M, int T, int R, int NS, bool INV>
+__device__ __forceinline__ void pass_smem(float* re, float* im, int tx, const float2* tw) {
+  constexpr int NB = 32 / R;
+  cf v[NB][R];
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    const int j = tx + q * T, pj = pidx(j);
+#pragma unroll
+    for (int r = 0; r < R; ++r) v[q][r] = lds_s<M / R>(re, im, j, pj, r);
+  }
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    const int j = tx + q * T;
+    if (q > 0) fence(v[q]);  // one butterfly at a time (register budget)
+    if constexpr (NS > 1) {
+      const float2 w = tw[j & (NS - 1)];
+      apply_pow<R>(v[q], cf{w.x, INV ? -w.y : w.y});
+    }
+    fft_reg<R, INV>(v[q]);
+    fence(v[q]);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    const int j = tx + q * T;
+    const int base = (j / NS) * NS * R + (j & (NS - 1));
+    if constexpr (NS % 32 == 0) {
+      const int pb = pidx(base);
+#pragma unroll
+      for (int r = 0; r < R; ++r) sts_s<NS>(re, im, pb, r, v[q][r]);
+    } else {
+#pragma unroll
+      for (int r = 0; r < R; ++r) sts(re, im, base + r * NS, v[q][r]);
+    }
+  }
+  __syncthreads();
+}
+
+// ------------------------------------------------------------------------------------
+// whole passes, as the backward and filter-spectrum kernels compose them (the forward kernel
+// inlines its own, with the u prefetch and the filter-walk fast path)
+// ------------------------------------------------------------------------------------
+// One sequence slot's view of a radix kernel's shared memory (layout: the slots' areas,
+// then the twiddle tables): its area re/im and the tables, which the constructor builds
+// with the whole CTA (a barrier: every thread of the CTA constructs one), and the split
+// twiddles ω_N^j of this thread's mid-pass butterflies j0 = tx and j1.
+template <int LOGM>
+struct SlotSmem {
+  using P = Plan<LOGM>;
+  float* re;
+  float* im;
+  const float2* tw;
+  cf wp0, wp1;
+
+  __device__ __forceinline__ SlotSmem(float* sm, int S) {
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    re = sm + (size_t)ty * 2 * S;
+    im = re + S;
+    float2* tables = reinterpret_cast<float2*>(sm + (size_t)P::SPB * 2 * S);
+    build_twiddles<LOGM>(tables, ty * P::T + tx, P::THREADS);
+    __syncthreads();
+    tw = tables;
+    const float2 p0 = tw[P::OFF_POST + tx], p1 = tw[P::OFF_POST + (tx == 0 ? P::M / 32 : P::M / 16 - tx)];
+    wp0 = {p0.x, p0.y};
+    wp1 = {p1.x, p1.y};
+  }
+  __device__ __forceinline__ const float2* fp2() const { return tw + P::OFF_FP2; }
+  __device__ __forceinline__ const float2* mid() const { return tw + P::OFF_TM; }
+  __device__ __forceinline__ const float2* ip2() const { return tw + P::OFF_IP2; }
+};
+
+// The outputs v[q][r] of the butterflies j = tx + q·T into smem at j·R + r, where a Stockham
+// pass with NS = 1 puts them (R | 32: the R outputs never straddle a pad).
+template <int T, int NB, int R>
+__device__ __forceinline__ void store_butterflies(float* re, float* im, int tx, const cf (&v)[NB][R]) {
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    const int pb = pidx((tx + q * T) * R);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      re[pb + r] = v[q][r].x;
+      im[pb + r] = v[q][r].y;
+    }
+  }
+}
+
+// Forward passes p1 (global -> smem, radix R1, the upper half of z known zero) and p2: the
+// sequence x[0:Lv), zero beyond, leaves them in smem ready for the mid pass. Starts with a
+// barrier before its first smem write, so smem may still be read when it is called.
+template <int LOGM, typename IO>
+__device__ __forceinline__ void forward_passes(float* re, float* im, int tx, const float2* twFP2, const IO* x,
+                                               int Lv) {
+  using P = Plan<LOGM>;
+  constexpr int M = P::M, T = P::T, R = P::R1, NB = 32 / R;
+  const bool xpair = (reinterpret_cast<uintptr_t>(x) & (2 * sizeof(IO) - 1)) == 0;
+  cf v[NB][R];
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    const int j = tx + q * T;
+#pragma unroll
+    for (int r = 0; r < R / 2; ++r) {
+      const int t0 = 2 * (j + r * (M / R));
+      if (xpair && t0 + 1 < Lv) {
+        const float2 x2 = io_load2<IO>(x + t0);
+        v[q][r] = {x2.x, x2.y};
+      } else {
+        v[q][r].x = t0 < Lv ? io_load<IO>(x + t0) : 0.f;
+        v[q][r].y = t0 + 1 < Lv ? io_load<IO>(x + t0 + 1) : 0.f;
+      }
+    }
+#pragma unroll
+    for (int r = R / 2; r < R; ++r) v[q][r] = {0.f, 0.f};
+  }
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    if (q > 0) fence(v[q]);
+    fft_reg<R, false, true>(v[q]);
+    fence(v[q]);
+  }
+  __syncthreads();
+  store_butterflies<T>(re, im, tx, v);
+  __syncthreads();
+  if constexpr (P::LR2 > 0) pass_smem<M, T, P::R2, P::R1, false>(re, im, tx, twFP2);
+}
+
+// The mid pass's forward radix-16 butterflies j0 = tx and j1 (Z of the packed sequence at
+// k = j + r·M/16), from smem into registers.
+template <int M>
+__device__ __forceinline__ void mid_forward(const float* re, const float* im, int tx, const float2* twM,
+                                            cf (&A)[16], cf (&Bv)[16]) {
+  constexpr int NS = M / 16;
+  const int j0 = tx, j1 = tx == 0 ? M / 32 : NS - tx;
+  const int pj0 = pidx(j0), pj1 = pidx(j1);
+#pragma unroll
+  for (int r = 0; r < 16; ++r) {
+    A[r] = lds_s<NS>(re, im, j0, pj0, r);
+    Bv[r] = lds_s<NS>(re, im, j1, pj1, r);
+  }
+  const float2 w0 = twM[j0], w1 = twM[j1];
+  apply_pow<16>(A, cf{w0.x, w0.y});
+  fft_reg<16, false>(A);
+  fence(A);
+  fence(Bv);
+  apply_pow<16>(Bv, cf{w1.x, w1.y});
+  fft_reg<16, false>(Bv);
+}
+
+// The last inverse pass's butterflies, smem -> registers: v[q][r] is output j + r·M/R1 of
+// butterfly j = tx + q·T (radix R1, the twiddles of span M conjugated). done(q) runs as
+// butterfly q completes: a store there keeps fewer values live.
+template <int LOGM, class Done>
+__device__ __forceinline__ void last_inverse_butterflies(const float* re, const float* im, int tx, const float2* twM,
+                                                         cf (&v)[32 / Plan<LOGM>::R1][Plan<LOGM>::R1], Done&& done) {
+  using P = Plan<LOGM>;
+  constexpr int T = P::T, R = P::R1, NB = 32 / R, NS = P::M / R;
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    const int j = tx + q * T, pj = pidx(j);
+#pragma unroll
+    for (int r = 0; r < R; ++r) v[q][r] = lds_s<NS>(re, im, j, pj, r);
+  }
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    const float2 w = twM[tx + q * T];
+    if (q > 0) fence(v[q]);
+    apply_pow<R>(v[q], cf{w.x, -w.y});
+    fft_reg<R, true>(v[q]);
+    fence(v[q]);
+    done(q);
+  }
+}
+
+// The mid pass's inverse radix-16 butterflies, the inverse p2 and the last inverse pass
+// (smem -> global): stores y[t] for t < Lv.
+template <int LOGM, typename IO>
+__device__ __forceinline__ void inverse_passes(float* re, float* im, int tx, const float2* twM, const float2* twIP2,
+                                               cf (&A2)[16], cf (&B2)[16], IO* y, int Lv) {
+  using P = Plan<LOGM>;
+  constexpr int M = P::M, T = P::T;
+  const int j0 = tx, j1 = tx == 0 ? M / 32 : M / 16 - tx;
+  fence(A2);
+  fft_reg<16, true>(A2);
+  fence(A2);
+  fence(B2);
+  fft_reg<16, true>(B2);
+  __syncthreads();  // everyone is done with the stage
+  {
+    const int pb0 = pidx(j0 * 16), pb1 = pidx(j1 * 16);
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      re[pb0 + r] = A2[r].x;
+      im[pb0 + r] = A2[r].y;
+      re[pb1 + r] = B2[r].x;
+      im[pb1 + r] = B2[r].y;
+    }
+  }
+  __syncthreads();
+  if constexpr (P::LR2 > 0) pass_smem<M, T, P::R2, 16, true>(re, im, tx, twIP2);
+
+  constexpr int R = P::R1, NB = 32 / R, NS = M / R;
+  cf v[NB][R];
+  last_inverse_butterflies<LOGM>(re, im, tx, twM, v, [](int) {});
+  const bool ypair = (reinterpret_cast<uintptr_t>(y) & (2 * sizeof(IO) - 1)) == 0;
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    const int j = tx + q * T;
+#pragma unroll
+    for (int r = 0; r < R / 2; ++r) {
+      const int t0 = 2 * (j + r * NS);
+      if (ypair && t0 + 1 < Lv) {
+        io_store2<IO>(y + t0, v[q][r].x, v[q][r].y);
+      } else {
+        if (t0 < Lv) io_store<IO>(y + t0, v[q][r].x);
+        if (t0 + 1 < Lv) io_store<IO>(y + t0 + 1, v[q][r].y);
+      }
+    }
+  }
+}
+
+}  // namespace fp32_detail
+}  // namespace
+}  // namespace monarch_fftconv

@@ -1,0 +1,111 @@
+// monarch_fftconv: the traits of the Hopper (wgmma) Monarch kernel (tc/sm90_kernel.cuh): the
+// operand types and their GMMA atoms, and Sm90Cfg, the one home of its tile shapes and its
+// shared-memory layout.
+//
+// CUDA + CuTe headers only: never include torch here.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+
+#include "fftconv.h"
+#include "common/limits.cuh"
+#include "tc/io_traits.cuh"
+
+namespace monarch_fftconv {
+namespace sm90 {
+
+using namespace cute;
+
+// The operand type and its GMMA atom (m64 n64 k16, both operands in shared memory).
+// ScaleA = Neg negates the A operand for free: the complex products' minus signs.
+template <Precision P> struct Operand;
+template <> struct Operand<Precision::kBF16> {
+  using T = cute::bfloat16_t;
+  template <GMMA::Major MajorA, GMMA::Major MajorB, GMMA::ScaleIn ScaleA = GMMA::ScaleIn::One>
+  using Atom = SM90_64x64x16_F32BF16BF16_SS<MajorA, MajorB, ScaleA>;
+};
+template <> struct Operand<Precision::kFP16> {
+  using T = cute::half_t;
+  template <GMMA::Major MajorA, GMMA::Major MajorB, GMMA::ScaleIn ScaleA = GMMA::ScaleIn::One>
+  using Atom = SM90_64x64x16_F32F16F16_SS<MajorA, MajorB, ScaleA>;
+};
+
+// ---------------------------------------------------------------------------
+// The traits: the one home of the tile shapes and the shared-memory layout.
+//
+// One CTA = two warpgroups working on one (b, c) sequence at a time (persistent grid).
+// Warpgroup h owns the column half [64h, 64h + 64) of every stage's N dimension, so every
+// GEMM is one m64 n64 tile per warpgroup: rows k1 = 0..63 of the Hermitian half (row 64,
+// the Nyquist row, rides in row 0's imaginary slot through the stage-1 and inverse
+// stage-1 GEMMs, and takes SIMT fp32 in between; see below).
+//
+// Shared memory (operand type T unless said; layouts are GMMA's 128-byte swizzles):
+//   f1c  (64, 64)   K-major   cos(2 pi k1 r / 128): stage 1's A (k1, r) and inverse
+//                             stage 1's A (r, k1): symmetric
+//   s1   (64, 64)   K-major   -sin(2 pi k1 r / 128), row k1 = 0 replaced by (-1)^r (the
+//                             Nyquist row's stage 1 lands in A's imaginary row 0);
+//                             inverse stage 1 reads the same bytes MN-major, i.e. transposed
+//   f2c, f2s (128, 128) K-major  cos / -sin(2 pi s k2 / 128): stages 2 and inverse 2 (B)
+//   x    (128 s, 64 r)   MN-major  u, rounded: stage 1's B
+//   a    2 x (64 k1, 128 s)  K-major  stage 1's output (re, im), twiddled: stage 2's A
+//   p    2 x (64 k1, 128 k2) K-major  stage 2's output times the filter: inverse 2's A
+//   ap   2 x (128 s, 64 k1)  MN-major inverse 2's output, conj twiddled, weighted:
+//                             inverse stage 1's B
+//   fp32: w128[j] = exp(-2 pi i j / 128), tw_lo[j] = exp(-2 pi i j / 16384), j < 128;
+//         the Nyquist row's vectors (nyq_b, nyq_p, nyq_c).
+// ---------------------------------------------------------------------------
+template <Precision P_, IOType IO_, int Teams>
+struct Sm90Cfg {
+  static constexpr int kN1 = 128, kN2 = 128, kN = kN1 * kN2;
+  static constexpr int kRows = 64;           // m64: Hermitian rows 0..63
+  static constexpr int kHalf = 64;           // columns per warpgroup
+  // Sequences in flight per CTA, one team of two warpgroups each: while one team runs its
+  // epilogues, the other's GEMMs keep the tensor cores busy.
+  static constexpr int kTeams = Teams;
+  static constexpr int kThreads = 256 * kTeams;
+  using Io = tc::IoTraits<IO_>;
+  using T = typename Operand<P_>::T;
+  template <GMMA::Major A, GMMA::Major B, GMMA::ScaleIn S = GMMA::ScaleIn::One>
+  using Mma = decltype(make_tiled_mma(typename Operand<P_>::template Atom<A, B, S>{}));
+
+  using LayoutSquare = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<_64, _64>{}));
+  using LayoutSquareT = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<_64, _64>{}));
+  using LayoutF2 = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<_128, _128>{}));
+  using LayoutRowsK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<_64, _128>{}));
+  using LayoutColsMN = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<_128, _64>{}));
+
+  // One team's buffers. Two aliases keep two teams within shared memory: `ap` shares `a`'s
+  // bytes (a is dead once stage 2 has run in both warpgroups) and `x` the first 16 KB of `p`
+  // (x is dead after stage 1); a team barrier at the top of each sequence orders them.
+  struct alignas(1024) TeamData {
+    T a[2][64 * 128];          // a: (k1, s) K-major, then ap: (s, k1) MN-major
+    T p[2][64 * 128];          // x: (s, r) MN-major in p[0], then p: (k1, k2) K-major
+  };
+  struct Nyquist {
+    float2 b[128];             // the Nyquist row after stage 1 and its twiddle, by s
+    float2 p[128];             // ... after stage 2 and the filter, by k2
+    float c[128];              // ... after inverse 2 and the conj twiddle, real part, by s
+    float2 fft[2][2][128];     // per warpgroup: the ping-pong buffers of its 128-point FFTs
+  };
+  struct alignas(1024) Smem {
+    T f1c[64 * 64];
+    T s1[64 * 64];
+    T f2c[128 * 128];
+    T f2s[128 * 128];
+    TeamData team[kTeams];
+    float2 w128[128];
+    float2 tw_lo[128];
+    Nyquist nyq[kTeams];
+  };
+  static constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // + alignment slack
+
+  static_assert(sizeof(T) == 2, "GMMA operands here are 16-bit");
+  static_assert(kSmemBytes <= max_smem_per_cta(1), "one CTA per SM");
+};
+
+}  // namespace sm90
+}  // namespace monarch_fftconv
