@@ -173,7 +173,7 @@ class Pending(Backend):
 #   0.34 ms at 16x256x8192); faster on smaller calls, where the fp32 kernel leaves SMs idle
 #   (3x5x1000: 0.024 against 0.061 ms).
 # The fp32 kernel holds 32768 points of N per SM whatever N (two CTAs of 256 threads, 32 complex
-# values a thread: Plan in fp32_radix.cuh), so a call fills the GPU once B·C·N reaches SMs × 32768.
+# values a thread: Plan in csrc/fp32/radix_plan.cuh), so a call fills the GPU once B·C·N reaches SMs × 32768.
 FP32_KERNEL_POINTS_PER_SM = 32768
 _TF32_REASON = ("the tf32 tensor-core kernel measured 2-3x slower than the fp32 kernel at every N (and slower "
                 "than cuFFT at N=16384): the fp32 kernel serves tf32, faster and more accurate than asked")
