@@ -44,8 +44,8 @@ __global__ void __launch_bounds__(Sm90Cfg<P, IO, Teams>::kThreads, 1) monarch_sm
   Smem& sm = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
 
   const int tid = threadIdx.x;
-  const int team = tid / 256;          // the sequence this thread works on: one per team
-  const int warpgroup = tid / 128;
+  const int team = tid / Cfg::kTeamThreads;  // the sequence this thread works on: one per team
+  const int warpgroup = tid / Cfg::kWarpgroup;
   const int wg = warpgroup % 2;        // the warpgroup's column half in its team
   const int col0 = Cfg::kHalf * wg;
   typename Cfg::TeamData& data = sm.team[team];
@@ -73,27 +73,30 @@ __global__ void __launch_bounds__(Sm90Cfg<P, IO, Teams>::kThreads, 1) monarch_sm
   const typename Cfg::LayoutColsMN cols_mn{};
 
   // This warpgroup's N slices: rows [64 wg, 64 wg + 64) of the N-by-K operands.
-  Tensor sXh = local_tile(sX, Shape<_64, _64>{}, make_coord(wg, 0));        // (64 s, 64 r)
-  Tensor sF2ch = local_tile(sF2c, Shape<_64, _128>{}, make_coord(wg, 0));   // (64 k2|s, 128 s|k2)
-  Tensor sF2sh = local_tile(sF2s, Shape<_64, _128>{}, make_coord(wg, 0));
-  Tensor sAprh = local_tile(sApre, Shape<_64, _64>{}, make_coord(wg, 0));   // (64 s, 64 k1)
-  Tensor sApih = local_tile(sApim, Shape<_64, _64>{}, make_coord(wg, 0));
+  using TileHalfRows = typename Cfg::TileHalfRows;
+  using TileHalfCols = typename Cfg::TileHalfCols;
+  Tensor sXh = local_tile(sX, TileHalfRows{}, make_coord(wg, 0));        // (64 s, 64 r)
+  Tensor sF2ch = local_tile(sF2c, TileHalfCols{}, make_coord(wg, 0));    // (64 k2|s, 128 s|k2)
+  Tensor sF2sh = local_tile(sF2s, TileHalfCols{}, make_coord(wg, 0));
+  Tensor sAprh = local_tile(sApre, TileHalfRows{}, make_coord(wg, 0));   // (64 s, 64 k1)
+  Tensor sApih = local_tile(sApim, TileHalfRows{}, make_coord(wg, 0));
 
   // ---- tables, once per CTA ----
-  for (int j = tid; j < 128; j += Cfg::kThreads) {
+  constexpr int kN2 = Cfg::kN2;
+  for (int j = tid; j < kN2; j += Cfg::kThreads) {
     float sn, cs;
-    sincospif(2.0f * j / 128.0f, &sn, &cs);
+    sincospif(2.0f * j / float(kN2), &sn, &cs);
     sm.w128[j] = make_float2(cs, -sn);
-    sincospif(2.0f * j / 16384.0f, &sn, &cs);
+    sincospif(2.0f * j / float(Cfg::kN), &sn, &cs);
     sm.tw_lo[j] = make_float2(cs, -sn);
   }
   __syncthreads();
-  for (int e = tid; e < 128 * 128; e += Cfg::kThreads) {
-    const int i = e / 128, j = e % 128;
-    const float2 w = sm.w128[(i * j) & 127];
+  for (int e = tid; e < kN2 * kN2; e += Cfg::kThreads) {
+    const int i = e / kN2, j = e % kN2;
+    const float2 w = sm.w128[(i * j) & (kN2 - 1)];
     sF2c(i, j) = T(w.x);
     sF2s(i, j) = T(w.y);
-    if (i < 64 && j < 64) {
+    if (i < Cfg::kRows && j < Cfg::kRows) {
       sF1c(i, j) = T(w.x);
       sS1(i, j) = T(i == 0 ? ((j & 1) ? -1.0f : 1.0f) : w.y);
     }
@@ -102,8 +105,8 @@ __global__ void __launch_bounds__(Sm90Cfg<P, IO, Teams>::kThreads, 1) monarch_sm
   __syncthreads();  // the tables
 
   // Accumulator fragments and their (row, column) coordinates within the warpgroup's tile.
-  Tensor acc_re = partition_fragment_C(MmaKK{}, Shape<_64, _64>{});            // 32 fp32
-  Tensor acc_im = partition_fragment_C(MmaKK{}, Shape<_64, _64>{});
+  Tensor acc_re = partition_fragment_C(MmaKK{}, typename Cfg::TileAcc{});     // 32 fp32
+  Tensor acc_im = partition_fragment_C(MmaKK{}, typename Cfg::TileAcc{});
   constexpr int kAcc = decltype(size(acc_re))::value;
 
   const int64_t sequences = p.batch * p.channels;
@@ -116,20 +119,22 @@ __global__ void __launch_bounds__(Sm90Cfg<P, IO, Teams>::kThreads, 1) monarch_sm
     team_barrier(team);  // the team's previous sequence is done with p (x's bytes) and ap (a's)
     // The accumulators' (row, column) coordinates. Derived from an opaque copy of the thread
     // index each sequence: hoisted out of the loop, their addresses would take ~100 registers.
-    int lt = threadIdx.x % 128;
+    int lt = threadIdx.x % Cfg::kWarpgroup;
     asm volatile("" : "+r"(lt));
-    Tensor coord = MmaKK{}.get_slice(lt).partition_C(make_identity_tensor(Shape<_64, _64>{}));  // (m, n)
+    Tensor coord = MmaKK{}.get_slice(lt).partition_C(make_identity_tensor(typename Cfg::TileAcc{}));  // (m, n)
     const int64_t b = seq / p.channels, c = seq % p.channels;
     const int64_t u_off = b * p.u_batch_stride + c * p.u_channel_stride;
-    const float2* filt = reinterpret_cast<const float2*>(p.filter_spectrum) + c * int64_t(65 * 128);
+    const float2* filt = reinterpret_cast<const float2*>(p.filter_spectrum) + c * int64_t((Cfg::kNyquistRow + 1) * kN2);  // (65, 128)
 
     // ---- 1. u -> x (this warpgroup's 64 columns, all 64 rows; zero past L) ----
     {
-      const int s0 = col0 + 4 * (lt % 16);
+      constexpr int kThreadsPerRow = Cfg::kHalf / 4;                     // 16, 4 consecutive s each
+      constexpr int kRowsPerStep = Cfg::kWarpgroup / kThreadsPerRow;     // 8
+      const int s0 = col0 + 4 * (lt % kThreadsPerRow);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int r = lt / 16 + 8 * i;
-        const int64_t t0 = int64_t(r) * 128 + s0;
+      for (int i = 0; i < Cfg::kRows / kRowsPerStep; ++i) {
+        const int r = lt / kThreadsPerRow + kRowsPerStep * i;
+        const int64_t t0 = int64_t(r) * kN2 + s0;
         float v[4];
         if (u_vec_ok && t0 + 3 < L) {
           if constexpr (sizeof(typename Io::T) == 4) {
@@ -157,7 +162,7 @@ __global__ void __launch_bounds__(Sm90Cfg<P, IO, Teams>::kThreads, 1) monarch_sm
     warpgroup_commit_batch();
     if (seq + seq_step < sequences) {  // ask L2 for the next sequence's u: one 128-byte line per thread
       const int64_t next = seq + seq_step;
-      const int64_t t = int64_t(lt / 2) * 128 + col0 + (lt & 1) * 32;  // 64 rows x this half
+      const int64_t t = int64_t(lt / 2) * kN2 + col0 + (lt & 1) * (Cfg::kHalf / 2);  // 64 rows x this half
       if (t < L) {
         const auto* line = static_cast<const typename Io::T*>(p.u) + (next / p.channels) * p.u_batch_stride +
                            (next % p.channels) * p.u_channel_stride + t;
@@ -171,8 +176,8 @@ __global__ void __launch_bounds__(Sm90Cfg<P, IO, Teams>::kThreads, 1) monarch_sm
     for_each_pair_by_row(coord, col0, sm.w128, sm.tw_lo, [&](int k1, int s, int i, RowTwiddles& tw) {
       float2 z0 = make_float2(acc_re(i), acc_im(i)), z1 = make_float2(acc_re(i + 1), acc_im(i + 1));
       if (k1 == 0) {
-        nyq.b[s] = cmul(make_float2(z0.y, 0.0f), twiddle(sm.w128, sm.tw_lo, 64 * s));
-        nyq.b[s + 1] = cmul(make_float2(z1.y, 0.0f), twiddle(sm.w128, sm.tw_lo, 64 * (s + 1)));
+        nyq.b[s] = cmul(make_float2(z0.y, 0.0f), twiddle(sm.w128, sm.tw_lo, Cfg::kNyquistRow * s));
+        nyq.b[s + 1] = cmul(make_float2(z1.y, 0.0f), twiddle(sm.w128, sm.tw_lo, Cfg::kNyquistRow * (s + 1)));
         z0.y = 0.0f;
         z1.y = 0.0f;
       } else {
@@ -195,7 +200,7 @@ __global__ void __launch_bounds__(Sm90Cfg<P, IO, Teams>::kThreads, 1) monarch_sm
     if (wg == 0 && lt < 32) {  // meanwhile one warp: the Nyquist row's stage 2 and filter, fp32
       const float2* spectrum = fft128_warp<false>(nyq.b, nyq.fft[0], sm.w128, lt);
 #pragma unroll
-      for (int k2 = lt; k2 < 128; k2 += 32) nyq.p[k2] = cmul(spectrum[k2], __ldg(filt + 64 * 128 + k2));
+      for (int k2 = lt; k2 < kN2; k2 += 32) nyq.p[k2] = cmul(spectrum[k2], __ldg(filt + Cfg::kNyquistRow * kN2 + k2));
     }
     gmma_wait(acc_re, acc_im);
 
@@ -203,7 +208,7 @@ __global__ void __launch_bounds__(Sm90Cfg<P, IO, Teams>::kThreads, 1) monarch_sm
 #pragma unroll
     for (int i = 0; i < kAcc; i += 2) {
       const int k1 = get<0>(coord(i)), k2 = col0 + get<1>(coord(i));
-      const float4 kf = __ldg(reinterpret_cast<const float4*>(filt + k1 * 128 + k2));
+      const float4 kf = __ldg(reinterpret_cast<const float4*>(filt + k1 * kN2 + k2));
       const float2 z0 = cmul(make_float2(acc_re(i), acc_im(i)), make_float2(kf.x, kf.y));
       const float2 z1 = cmul(make_float2(acc_re(i + 1), acc_im(i + 1)), make_float2(kf.z, kf.w));
       const uint32_t at = p_plane + 2 * swizzled_offset(rows_k, k1, k2);
@@ -221,8 +226,8 @@ __global__ void __launch_bounds__(Sm90Cfg<P, IO, Teams>::kThreads, 1) monarch_sm
                     // twiddle, c64[s] = Re(conj(tw64[s]) · IDFT(P64)[s]) for this half's s
       const float2* signal = fft128_warp<true>(nyq.p, nyq.fft[wg], sm.w128, lt);
 #pragma unroll
-      for (int s = col0 + lt; s < col0 + 64; s += 32)
-        nyq.c[s] = cmul_conj(signal[s], twiddle(sm.w128, sm.tw_lo, 64 * s)).x;
+      for (int s = col0 + lt; s < col0 + Cfg::kHalf; s += 32)
+        nyq.c[s] = cmul_conj(signal[s], twiddle(sm.w128, sm.tw_lo, Cfg::kNyquistRow * s)).x;
     }
     gmma_wait(acc_re, acc_im);
     warpgroup_barrier(warpgroup);  // nyq.c of this half
@@ -260,7 +265,7 @@ __global__ void __launch_bounds__(Sm90Cfg<P, IO, Teams>::kThreads, 1) monarch_sm
 #pragma unroll
     for (int i = 0; i < kAcc; i += 2) {
       const int r = get<0>(coord(i)), s = col0 + get<1>(coord(i));
-      const int64_t t = int64_t(r) * 128 + s;
+      const int64_t t = int64_t(r) * kN2 + s;
       float y0 = acc_re(i), y1 = acc_re(i + 1);
       if (p.skip != nullptr) {
         if (t < L) y0 += skip * Io::load(p.u, u_off + t);

@@ -37,8 +37,8 @@ template <> struct Operand<Precision::kFP16> {
 // ---------------------------------------------------------------------------
 // The traits: the one home of the tile shapes and the shared-memory layout.
 //
-// One CTA = two warpgroups working on one (b, c) sequence at a time (persistent grid).
-// Warpgroup h owns the column half [64h, 64h + 64) of every stage's N dimension, so every
+// A team = two warpgroups working on one (b, c) sequence at a time; a persistent CTA has
+// one team or two (Teams). Warpgroup h of a team owns the column half [64h, 64h + 64) of every stage's N dimension, so every
 // GEMM is one m64 n64 tile per warpgroup: rows k1 = 0..63 of the Hermitian half (row 64,
 // the Nyquist row, rides in row 0's imaginary slot through the stage-1 and inverse
 // stage-1 GEMMs, and takes SIMT fp32 in between; see below).
@@ -60,45 +60,62 @@ template <> struct Operand<Precision::kFP16> {
 // ---------------------------------------------------------------------------
 template <Precision P_, IOType IO_, int Teams>
 struct Sm90Cfg {
-  static constexpr int kN1 = 128, kN2 = 128, kN = kN1 * kN2;
-  static constexpr int kRows = 64;           // m64: Hermitian rows 0..63
-  static constexpr int kHalf = 64;           // columns per warpgroup
+  // The split and the tiles, as CuTe integers for the layouts and tiles, and as ints.
+  using N1 = _128;    // stage-1 DFT: rows r (time) / k1 (frequency) of the 128 x 128 grid
+  using N2 = _128;    // stage-2 DFT: columns s (time) / k2 (frequency)
+  using Rows = _64;   // m64: the Hermitian rows k1 = 0..63 (row 64 rides in row 0's imaginary
+                      // slot), and the rows r < 64 that hold u (L <= N / 2)
+  using Half = _64;   // the columns s or k2 of one warpgroup: N2 / 2
+  static constexpr int kN1 = N1::value, kN2 = N2::value, kN = kN1 * kN2;
+  static constexpr int kRows = Rows::value, kHalf = Half::value;
+  static constexpr int kNyquistRow = kN1 / 2;  // k1 = 64
+  static constexpr int kWarpgroup = 128;       // threads: four warps, the unit of wgmma
   // Sequences in flight per CTA, one team of two warpgroups each: while one team runs its
   // epilogues, the other's GEMMs keep the tensor cores busy.
   static constexpr int kTeams = Teams;
-  static constexpr int kThreads = 256 * kTeams;
+  static constexpr int kTeamThreads = 2 * kWarpgroup;
+  static constexpr int kThreads = kTeamThreads * kTeams;
+  // The tables and the kernel's index arithmetic are written for this split: the twiddle
+  // W_N^e = W_128^(e / 128) · W_N^(e % 128) takes N = 128 · 128, and the Nyquist row's FFT is
+  // 128-point (fft128_warp).
+  static_assert(kN1 == 128 && kN2 == 128, "the 128 x 128 split");
+  static_assert(kRows == kN1 / 2 && kHalf == kN2 / 2, "m64 tiles: half the rows, half the columns each");
   using Io = tc::IoTraits<IO_>;
   using T = typename Operand<P_>::T;
   template <GMMA::Major A, GMMA::Major B, GMMA::ScaleIn S = GMMA::ScaleIn::One>
   using Mma = decltype(make_tiled_mma(typename Operand<P_>::template Atom<A, B, S>{}));
 
-  using LayoutSquare = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<_64, _64>{}));
-  using LayoutSquareT = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<_64, _64>{}));
-  using LayoutF2 = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<_128, _128>{}));
-  using LayoutRowsK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<_64, _128>{}));
-  using LayoutColsMN = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<_128, _64>{}));
+  using LayoutSquare = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<Rows, Rows>{}));
+  using LayoutSquareT = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Rows, Rows>{}));
+  using LayoutF2 = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<N2, N2>{}));
+  using LayoutRowsK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<Rows, N2>{}));
+  using LayoutColsMN = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<N2, Rows>{}));
+  // A warpgroup's tiles: the accumulator (Rows, Half), its N-by-K operands (Half, K).
+  using TileAcc = Shape<Rows, Half>;
+  using TileHalfRows = Shape<Half, Rows>;
+  using TileHalfCols = Shape<Half, N2>;
 
   // One team's buffers. Two aliases keep two teams within shared memory: `ap` shares `a`'s
   // bytes (a is dead once stage 2 has run in both warpgroups) and `x` the first 16 KB of `p`
   // (x is dead after stage 1); a team barrier at the top of each sequence orders them.
   struct alignas(1024) TeamData {
-    T a[2][64 * 128];          // a: (k1, s) K-major, then ap: (s, k1) MN-major
-    T p[2][64 * 128];          // x: (s, r) MN-major in p[0], then p: (k1, k2) K-major
+    T a[2][kRows * kN2];       // a: (k1, s) K-major, then ap: (s, k1) MN-major
+    T p[2][kRows * kN2];       // x: (s, r) MN-major in p[0], then p: (k1, k2) K-major
   };
   struct Nyquist {
-    float2 b[128];             // the Nyquist row after stage 1 and its twiddle, by s
-    float2 p[128];             // ... after stage 2 and the filter, by k2
-    float c[128];              // ... after inverse 2 and the conj twiddle, real part, by s
-    float2 fft[2][2][128];     // per warpgroup: the ping-pong buffers of its 128-point FFTs
+    float2 b[kN2];             // the Nyquist row after stage 1 and its twiddle, by s
+    float2 p[kN2];             // ... after stage 2 and the filter, by k2
+    float c[kN2];              // ... after inverse 2 and the conj twiddle, real part, by s
+    float2 fft[2][2][kN2];     // per warpgroup: the ping-pong buffers of its 128-point FFTs
   };
   struct alignas(1024) Smem {
-    T f1c[64 * 64];
-    T s1[64 * 64];
-    T f2c[128 * 128];
-    T f2s[128 * 128];
+    T f1c[kRows * kRows];
+    T s1[kRows * kRows];
+    T f2c[kN2 * kN2];
+    T f2s[kN2 * kN2];
     TeamData team[kTeams];
-    float2 w128[128];
-    float2 tw_lo[128];
+    float2 w128[kN2];
+    float2 tw_lo[kN2];
     Nyquist nyq[kTeams];
   };
   static constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // + alignment slack
