@@ -1,8 +1,10 @@
 // monarch_fftconv, the fp32 radix library (fp32/radix.cuh): memory. Shared-memory indexing
 // (structure of arrays, padded index), the io conversions of u and y (streaming loads and
-// stores), and the asynchronous copies (cp.async, L2 prefetch, the u prefetch).
+// stores), and the asynchronous copies (cp.async, the u prefetch; the L2 prefetch is in
+// common/ptx.cuh).
 #pragma once
 
+#include "common/ptx.cuh"
 #include "fp32/radix_dft.cuh"
 
 #include <cuda_bf16.h>
@@ -108,7 +110,6 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem_dst, const void* gme
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem_src), "r"(src_bytes)
                : "memory");
 }
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 // stage u[0:L) of one sequence into shared memory (16-byte chunks; src must be 16-byte aligned)

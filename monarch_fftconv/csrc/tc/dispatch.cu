@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "tc/sm80_traits.cuh"
+#include "fftconv.h"
 
 namespace monarch_fftconv {
 namespace tc {

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
+#include "common/ptx.cuh"
+
 namespace monarch_fftconv {
 namespace tc {
 
@@ -20,10 +22,6 @@ namespace tc {
 //   B (K x 8, "col"):      16-bit reg r holds (k 2t+8r +{0,1}, col g)
 //                          tf32   reg r holds (k t+4r, col g)
 //   C (16 x 8):            e holds (row g+8(e>>1), col 2t+(e&1))
-
-__device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
-}
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -59,7 +57,7 @@ __device__ __forceinline__ SmemView<Op> a_view(const typename Op::Storage* buf, 
                                                int lane) {
   constexpr int kChunk = 16 / int(sizeof(typename Op::Storage));
   const typename Op::Storage* p = buf + (lane & 15) * stride + (lane >> 4) * kChunk;
-  return {smem_addr(p), p, stride};
+  return {smem_address(p), p, stride};
 }
 template <class Op>
 __device__ __forceinline__ void load_a(uint32_t (&a)[4], const SmemView<Op>& v, int r0, int k0) {
@@ -72,7 +70,7 @@ template <class Op>
 __device__ __forceinline__ SmemView<Op> at_view(const typename Op::Storage* buf, int stride,
                                                 int lane) {
   const typename Op::Storage* p = buf + ((lane >> 4) * 8 + (lane & 7)) * stride + ((lane >> 3) & 1) * 8;
-  return {smem_addr(p), p, stride};
+  return {smem_address(p), p, stride};
 }
 template <class Op>
 __device__ __forceinline__ void load_a_trans(uint32_t (&a)[4], const SmemView<Op>& v, int m0,
@@ -90,7 +88,7 @@ __device__ __forceinline__ SmemView<Op> b_view(const typename Op::Storage* buf, 
                                                int lane) {
   const typename Op::Storage* p =
       Op::kPair ? buf + (lane & 15) * stride : buf + (lane & 3) * stride + (lane >> 2);
-  return {smem_addr(p), p, stride};
+  return {smem_address(p), p, stride};
 }
 template <class Op>
 __device__ __forceinline__ void load_b_kmajor(uint32_t (&b)[2], const SmemView<Op>& v, int k0,

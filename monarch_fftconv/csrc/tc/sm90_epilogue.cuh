@@ -13,6 +13,7 @@
 #include <cute/tensor.hpp>
 
 #include "common/complex.cuh"
+#include "common/ptx.cuh"
 
 namespace monarch_fftconv {
 namespace sm90 {
@@ -79,11 +80,8 @@ struct RowTwiddles {
   }
 };
 
-// Stores to shared memory through 32-bit shared-window addresses: one register per address
-// (generic pointers take two), and the imaginary plane is the real one's address + a constant.
-__device__ __forceinline__ uint32_t smem_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+// Stores to shared memory through 32-bit shared-window addresses (smem_address, common/ptx.cuh):
+// one register per address, and the imaginary plane is the real one's address + a constant.
 __device__ __forceinline__ void st_shared(uint32_t address, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(v) : "memory");
 }

@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(Sm90Cfg<P, IO, Teams>::kThreads, 1) monarch_sm
       if (t < L) {
         const auto* line = static_cast<const typename Io::T*>(p.u) + (next / p.channels) * p.u_batch_stride +
                            (next % p.channels) * p.u_channel_stride + t;
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+        prefetch_l2(line);
       }
     }
     gmma_wait(acc_re, acc_im);
