@@ -45,6 +45,24 @@ __device__ __forceinline__ int opaque_tid() {
   return t;
 }
 
+// The accumulator rows a thread holds in one pass of an epilogue: in its m tiles mt (j < kPass
+// of the pass that starts at tile j0), the rows 16 mt + g + 8h, h = 0, 1, without the 8-row
+// halves that are padding only (at or past kRowsLive8). fn(j, h, row).
+template <int kPass, int kWM, int kMTW, int kMT, int kRowsLive8, class Fn>
+__device__ __forceinline__ void for_each_live_row(int wm, int g, int j0, Fn&& fn) {
+#pragma unroll
+  for (int j = 0; j < kPass; ++j) {
+    const int mt = wm + kWM * (j0 + j);
+    if (j0 + j < kMTW && mt < kMT) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (mt * 16 + 8 * h >= kRowsLive8) continue;  // padding rows only
+        fn(j, h, mt * 16 + g + 8 * h);
+      }
+    }
+  }
+}
+
 // ---------------------------------- kernel ----------------------------------
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, 2) monarch_tc_kernel(const ConvForwardParams p) {
@@ -262,30 +280,20 @@ __global__ void __launch_bounds__(C::kThreads, 2) monarch_tc_kernel(const ConvFo
       // twiddle (fp32) in registers, then write rnd(A) row-major planar over X.
       // Per row r: w^(r c) for c = c0 + q + 8 kWN i is base(r, i) * w^(r q), with
       // base(r, 0) = w^(r c0) (one two-level lookup) and w^r = TL[r].
+      for_each_live_row<kPass, kWM, kMTW, kMT, C::kRowsLive8>(wm, g, j0, [&](int j, int h, int row) {
+        const float2 al = twiddle(row * (8 * wn + 2 * t4));
+        const float2 be = TL[row];
 #pragma unroll
-      for (int j = 0; j < kPass; ++j) {
-        const int mt = wm + kWM * (j0 + j);
-        if (j0 + j < kMTW && mt < kMT) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            if (mt * 16 + 8 * h >= C::kRowsLive8) continue;  // padding rows only
-            const int row = mt * 16 + g + 8 * h;
-            const float2 al = twiddle(row * (8 * wn + 2 * t4));
-            const float2 be = TL[row];
-#pragma unroll
-            for (int i = 0; i < kNTW; ++i) {
-              const int col = (wn + kWN * i) * 8 + 2 * t4;
-              const float2 t0 = i == 0 ? al : cmul(al, twiddle(row * 8 * kWN * i));
-              const float2 t1 = cmul(t0, be);
-              const float2 v0 = cmul(make_float2(acc[j][i][0][2 * h], acc[j][i][1][2 * h]), t0);
-              const float2 v1 =
-                  cmul(make_float2(acc[j][i][0][2 * h + 1], acc[j][i][1][2 * h + 1]), t1);
-              store_pair<Op>(Are, row * kSD + col, v0.x, v1.x);
-              store_pair<Op>(Aim, row * kSD + col, v0.y, v1.y);
-            }
-          }
+        for (int i = 0; i < kNTW; ++i) {
+          const int col = (wn + kWN * i) * 8 + 2 * t4;
+          const float2 t0 = i == 0 ? al : cmul(al, twiddle(row * 8 * kWN * i));
+          const float2 t1 = cmul(t0, be);
+          const float2 v0 = cmul(make_float2(acc[j][i][0][2 * h], acc[j][i][1][2 * h]), t0);
+          const float2 v1 = cmul(make_float2(acc[j][i][0][2 * h + 1], acc[j][i][1][2 * h + 1]), t1);
+          store_pair<Op>(Are, row * kSD + col, v0.x, v1.x);
+          store_pair<Op>(Aim, row * kSD + col, v0.y, v1.y);
         }
-      }
+      });
     }
     __syncthreads();
   }
@@ -397,64 +405,55 @@ __global__ void __launch_bounds__(C::kThreads, 2) monarch_tc_kernel(const ConvFo
 
       // combine into (column m, column n2-m); then filter product or inverse
       // twiddle; write back in place
+      for_each_live_row<kPass, kWM, kMTW, kMT, C::kRowsLive8>(wm, g, j0, [&](int j, int h, int row) {
 #pragma unroll
-      for (int j = 0; j < kPass; ++j) {
-        const int mt = wm + kWM * (j0 + j);
-        if (j0 + j < kMTW && mt < kMT) {
+        for (int i = 0; i < kNTW; ++i) {
+          const int m0 = (wn + kWN * i) * 8 + 2 * t4;
+          const int mh0 = m0 == 0 ? N2 / 2 : N2 - m0, mh1 = N2 - m0 - 1;
+          float2 lo[2], hi[2];
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            if (mt * 16 + 8 * h >= C::kRowsLive8) continue;  // padding rows only
-            const int row = mt * 16 + g + 8 * h;
-#pragma unroll
-            for (int i = 0; i < kNTW; ++i) {
-              const int m0 = (wn + kWN * i) * 8 + 2 * t4;
-              const int mh0 = m0 == 0 ? N2 / 2 : N2 - m0, mh1 = N2 - m0 - 1;
-              float2 lo[2], hi[2];
-#pragma unroll
-              for (int q = 0; q < 2; ++q) {
-                const int e = 2 * h + q;
-                const float P1 = acc[j][i][0][e], P2 = acc[j][i][1][e];
-                const float P3 = acc[j][i][2][e], P4 = acc[j][i][3][e];
-                if (m0 + q == 0) {
-                  lo[q] = make_float2(P1, P3);
-                  hi[q] = kInv ? make_float2(-P4, -P2) : make_float2(P4, P2);
-                } else {
-                  lo[q] = make_float2(P1 - P2, P3 + P4);
-                  hi[q] = make_float2(P1 + P2, P3 - P4);
-                }
-              }
-              if constexpr (!kInv) {
-                lo[0] = cmul(lo[0], kf[j][h][i][0]);
-                lo[1] = cmul(lo[1], kf[j][h][i][1]);
-                hi[0] = cmul(hi[0], kf[j][h][i][2]);
-                hi[1] = cmul(hi[1], kf[j][h][i][3]);
-              } else {
-                // w^(r m) for m = m0, m0+1; w^(r (n2 - m)) = w^(r n2) conj(w^(r m)),
-                // w^(r n2) = W1[r]; column n2/2 (m0 == 0): w^(r n2/2).
-                const float2 t0 = twiddle(row * m0);
-                const float2 t1 = cmul(t0, TL[row]);
-                const float2 wr = W1[row & (N1 - 1)];
-                const float2 th0 = m0 == 0 ? twiddle(row * (N2 / 2))
-                                           : cmul(wr, make_float2(t0.x, -t0.y));
-                const float2 th1 = cmul(wr, make_float2(t1.x, -t1.y));
-                // inverse: multiply by the conjugates, and by inverse stage 1's
-                // Hermitian weight of this row (1 for rows 0 and H, else 2)
-                const float wr2 = (row == 0 || row == kH) ? 1.0f : 2.0f;
-                lo[0] = cmul(lo[0], make_float2(wr2 * t0.x, -wr2 * t0.y));
-                lo[1] = cmul(lo[1], make_float2(wr2 * t1.x, -wr2 * t1.y));
-                hi[0] = cmul(hi[0], make_float2(wr2 * th0.x, -wr2 * th0.y));
-                hi[1] = cmul(hi[1], make_float2(wr2 * th1.x, -wr2 * th1.y));
-              }
-              store_pair<Op>(Are, row * kSD + m0, lo[0].x, lo[1].x);
-              store_pair<Op>(Aim, row * kSD + m0, lo[0].y, lo[1].y);
-              Are[row * kSD + mh0] = Op::cvt1(hi[0].x);
-              Aim[row * kSD + mh0] = Op::cvt1(hi[0].y);
-              Are[row * kSD + mh1] = Op::cvt1(hi[1].x);
-              Aim[row * kSD + mh1] = Op::cvt1(hi[1].y);
+          for (int q = 0; q < 2; ++q) {
+            const int e = 2 * h + q;
+            const float P1 = acc[j][i][0][e], P2 = acc[j][i][1][e];
+            const float P3 = acc[j][i][2][e], P4 = acc[j][i][3][e];
+            if (m0 + q == 0) {
+              lo[q] = make_float2(P1, P3);
+              hi[q] = kInv ? make_float2(-P4, -P2) : make_float2(P4, P2);
+            } else {
+              lo[q] = make_float2(P1 - P2, P3 + P4);
+              hi[q] = make_float2(P1 + P2, P3 - P4);
             }
           }
+          if constexpr (!kInv) {
+            lo[0] = cmul(lo[0], kf[j][h][i][0]);
+            lo[1] = cmul(lo[1], kf[j][h][i][1]);
+            hi[0] = cmul(hi[0], kf[j][h][i][2]);
+            hi[1] = cmul(hi[1], kf[j][h][i][3]);
+          } else {
+            // w^(r m) for m = m0, m0+1; w^(r (n2 - m)) = w^(r n2) conj(w^(r m)),
+            // w^(r n2) = W1[r]; column n2/2 (m0 == 0): w^(r n2/2).
+            const float2 t0 = twiddle(row * m0);
+            const float2 t1 = cmul(t0, TL[row]);
+            const float2 wr = W1[row & (N1 - 1)];
+            const float2 th0 = m0 == 0 ? twiddle(row * (N2 / 2))
+                                       : cmul(wr, make_float2(t0.x, -t0.y));
+            const float2 th1 = cmul(wr, make_float2(t1.x, -t1.y));
+            // inverse: multiply by the conjugates, and by inverse stage 1's
+            // Hermitian weight of this row (1 for rows 0 and H, else 2)
+            const float wr2 = (row == 0 || row == kH) ? 1.0f : 2.0f;
+            lo[0] = cmul(lo[0], make_float2(wr2 * t0.x, -wr2 * t0.y));
+            lo[1] = cmul(lo[1], make_float2(wr2 * t1.x, -wr2 * t1.y));
+            hi[0] = cmul(hi[0], make_float2(wr2 * th0.x, -wr2 * th0.y));
+            hi[1] = cmul(hi[1], make_float2(wr2 * th1.x, -wr2 * th1.y));
+          }
+          store_pair<Op>(Are, row * kSD + m0, lo[0].x, lo[1].x);
+          store_pair<Op>(Aim, row * kSD + m0, lo[0].y, lo[1].y);
+          Are[row * kSD + mh0] = Op::cvt1(hi[0].x);
+          Aim[row * kSD + mh0] = Op::cvt1(hi[0].y);
+          Are[row * kSD + mh1] = Op::cvt1(hi[1].x);
+          Aim[row * kSD + mh1] = Op::cvt1(hi[1].y);
         }
-      }
+      });
     }
     __syncthreads();
   };
