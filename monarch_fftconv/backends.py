@@ -3,7 +3,8 @@
 A backend owns everything a call needs from it: the differentiable convolution, the filter
 spectrum in its own layout with the convolution from it (the module's inference cache), and
 the flop count of its algorithm. `select_backend` decides once per (device, dtype,
-precision, plan) and remembers the decision; `explain()` and the call share it.
+precision, plan, and for bf16/fp16 whether the call fills the GPU with the fp32 kernel) and
+remembers the decision; `explain()` and the call share it.
 
 =====================  ==========================================================
 ``cuda-fp32``          the fused fp32 radix kernel (Hopper, N = 256 .. 32768); at N = 32768,
