@@ -42,7 +42,8 @@ tc::LaunchFn pick_precision(Precision precision, IOType io) {
 }
 
 // The Hopper (wgmma) kernel covers split 128 x 128 in bf16 and fp16. It is correct but measured
-// 2x slower than the mma.sync kernel (docs/performance.md, session 9), so it runs only on request:
+// slower than the mma.sync kernel (0.53 against 0.43 ms at the seed shape; docs/performance.md,
+// sessions 9 and 10), so it runs only on request:
 // MONARCH_FFTCONV_TC_KERNEL=sm90, read per call (side-by-side measurements, its tests), with one
 // sequence in flight per CTA; sm90-2teams runs two (measured slower: docs/performance.md, session 10).
 tc::LaunchFn pick(const ConvForwardParams& p) {
