@@ -26,12 +26,192 @@ namespace sm90 {
 using namespace cute;
 
 // ---------------------------------------------------------------------------
-// The kernel.
+// The stages. Each runs on one warpgroup's half (columns [col0, col0 + 64)) of one sequence;
+// the kernel below orders them with the GEMMs and the barriers.
+// ---------------------------------------------------------------------------
+
+// The DFT tables in the operand type and the fp32 twiddle tables, once per CTA (the caller
+// fences them for the GEMMs and synchronizes).
+template <class Cfg>
+__device__ __forceinline__ void build_tables(typename Cfg::Smem& sm, int tid) {
+  using T = typename Cfg::T;
+  constexpr int kN2 = Cfg::kN2;
+  Tensor sF1c = make_tensor(make_smem_ptr(sm.f1c), typename Cfg::LayoutSquare{});  // (k1|r, r|k1)
+  Tensor sS1 = make_tensor(make_smem_ptr(sm.s1), typename Cfg::LayoutSquare{});    // (k1, r)
+  Tensor sF2c = make_tensor(make_smem_ptr(sm.f2c), typename Cfg::LayoutF2{});      // (k2|s, s|k2)
+  Tensor sF2s = make_tensor(make_smem_ptr(sm.f2s), typename Cfg::LayoutF2{});
+  for (int j = tid; j < kN2; j += Cfg::kThreads) {
+    float sn, cs;
+    sincospif(2.0f * j / float(kN2), &sn, &cs);
+    sm.w128[j] = make_float2(cs, -sn);
+    sincospif(2.0f * j / float(Cfg::kN), &sn, &cs);
+    sm.tw_lo[j] = make_float2(cs, -sn);
+  }
+  __syncthreads();
+  for (int e = tid; e < kN2 * kN2; e += Cfg::kThreads) {
+    const int i = e / kN2, j = e % kN2;
+    const float2 w = sm.w128[(i * j) & (kN2 - 1)];
+    sF2c(i, j) = T(w.x);
+    sF2s(i, j) = T(w.y);
+    if (i < Cfg::kRows && j < Cfg::kRows) {
+      sF1c(i, j) = T(w.x);
+      sS1(i, j) = T(i == 0 ? ((j & 1) ? -1.0f : 1.0f) : w.y);
+    }
+  }
+}
+
+// u -> x: this warpgroup's 64 columns s, all 64 rows r, rounded; zero past L.
+template <class Cfg>
+__device__ __forceinline__ void load_u(const ConvForwardParams& p, int64_t u_off, bool u_vec_ok, int col0, int lt,
+                                       uint32_t x_plane) {
+  using Io = typename Cfg::Io;
+  using T = typename Cfg::T;
+  constexpr int kThreadsPerRow = Cfg::kHalf / 4;                     // 16, 4 consecutive s each
+  constexpr int kRowsPerStep = Cfg::kWarpgroup / kThreadsPerRow;     // 8
+  const typename Cfg::LayoutColsMN cols_mn{};
+  const int64_t L = p.seq_len;
+  const int s0 = col0 + 4 * (lt % kThreadsPerRow);
+#pragma unroll
+  for (int i = 0; i < Cfg::kRows / kRowsPerStep; ++i) {
+    const int r = lt / kThreadsPerRow + kRowsPerStep * i;
+    const int64_t t0 = int64_t(r) * Cfg::kN2 + s0;
+    float v[4];
+    if (u_vec_ok && t0 + 3 < L) {
+      if constexpr (sizeof(typename Io::T) == 4) {
+        const float4 q = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p.u) + u_off + t0));
+        v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+      } else {
+        const float2 lo = Io::load2(p.u, u_off + t0), hi = Io::load2(p.u, u_off + t0 + 2);
+        v[0] = lo.x; v[1] = lo.y; v[2] = hi.x; v[3] = hi.y;
+      }
+    } else {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) v[q] = t0 + q < L ? Io::load(p.u, u_off + t0 + q) : 0.0f;
+    }
+    // 4 consecutive s: one 8-byte chunk
+    st_shared(x_plane + 2 * swizzled_offset(cols_mn, s0, r), make_uint2(pack2<T>(v[0], v[1]), pack2<T>(v[2], v[3])));
+  }
+}
+
+// Asks L2 for sequence `next`'s u, this warpgroup's half: one 128-byte line per thread.
+template <class Cfg>
+__device__ __forceinline__ void prefetch_u(const ConvForwardParams& p, int64_t next, int col0, int lt) {
+  const int64_t t = int64_t(lt / 2) * Cfg::kN2 + col0 + (lt & 1) * (Cfg::kHalf / 2);  // 64 rows x this half
+  if (t < p.seq_len) {
+    const auto* line = static_cast<const typename Cfg::Io::T*>(p.u) + (next / p.channels) * p.u_batch_stride +
+                       (next % p.channels) * p.u_channel_stride + t;
+    prefetch_l2(line);
+  }
+}
+
+// After stage 1: twiddle exp(-2 pi i k1 s / N), round, store A (k1, s). Row 0: A[0] is real
+// (its twiddle is 1); its imaginary slot holds the Nyquist row, twiddled into nyq.b in fp32.
+template <class Cfg, class Coord, class Acc>
+__device__ __forceinline__ void twiddle_to_a(const Acc& acc_re, const Acc& acc_im, const Coord& coord, int col0,
+                                             const typename Cfg::Smem& sm, typename Cfg::Nyquist& nyq,
+                                             uint32_t a_plane) {
+  using T = typename Cfg::T;
+  constexpr uint32_t kPlaneBytes = sizeof(typename Cfg::TeamData{}.a[0]);  // re to im
+  const typename Cfg::LayoutRowsK rows_k{};
+  for_each_pair_by_row(coord, col0, sm.w128, sm.tw_lo, [&](int k1, int s, int i, RowTwiddles& tw) {
+    float2 z0 = make_float2(acc_re(i), acc_im(i)), z1 = make_float2(acc_re(i + 1), acc_im(i + 1));
+    if (k1 == 0) {
+      nyq.b[s] = cmul(make_float2(z0.y, 0.0f), twiddle(sm.w128, sm.tw_lo, Cfg::kNyquistRow * s));
+      nyq.b[s + 1] = cmul(make_float2(z1.y, 0.0f), twiddle(sm.w128, sm.tw_lo, Cfg::kNyquistRow * (s + 1)));
+      z0.y = 0.0f;
+      z1.y = 0.0f;
+    } else {
+      float2 w0, w1;
+      tw.next(w0, w1);
+      z0 = cmul(z0, w0);
+      z1 = cmul(z1, w1);
+    }
+    const uint32_t at = a_plane + 2 * swizzled_offset(rows_k, k1, s);
+    st_shared(at, pack2<T>(z0.x, z1.x));
+    st_shared(at + kPlaneBytes, pack2<T>(z0.y, z1.y));
+  });
+}
+
+// After stage 2: the filter product in fp32, round, store P (k1, k2).
+template <class Cfg, class Coord, class Acc>
+__device__ __forceinline__ void filter_to_p(const Acc& acc_re, const Acc& acc_im, const Coord& coord, int col0,
+                                            const float2* filt, uint32_t p_plane) {
+  using T = typename Cfg::T;
+  constexpr uint32_t kPlaneBytes = sizeof(typename Cfg::TeamData{}.p[0]);  // re to im
+  constexpr int kAcc = decltype(size(acc_re))::value;
+  const typename Cfg::LayoutRowsK rows_k{};
+#pragma unroll
+  for (int i = 0; i < kAcc; i += 2) {
+    const int k1 = get<0>(coord(i)), k2 = col0 + get<1>(coord(i));
+    const float4 kf = __ldg(reinterpret_cast<const float4*>(filt + k1 * Cfg::kN2 + k2));
+    const float2 z0 = cmul(make_float2(acc_re(i), acc_im(i)), make_float2(kf.x, kf.y));
+    const float2 z1 = cmul(make_float2(acc_re(i + 1), acc_im(i + 1)), make_float2(kf.z, kf.w));
+    const uint32_t at = p_plane + 2 * swizzled_offset(rows_k, k1, k2);
+    st_shared(at, pack2<T>(z0.x, z1.x));
+    st_shared(at + kPlaneBytes, pack2<T>(z0.y, z1.y));
+  }
+}
+
+// After inverse 2: the conj twiddle times the Hermitian weight (2 but for row 0), round, store
+// A' (s, k1). Row 0 is real; its imaginary slot carries the Nyquist row's real output.
+template <class Cfg, class Coord, class Acc>
+__device__ __forceinline__ void twiddle_to_ap(const Acc& acc_re, const Acc& acc_im, const Coord& coord, int col0,
+                                              const typename Cfg::Smem& sm, const typename Cfg::Nyquist& nyq,
+                                              uint32_t ap_plane) {
+  using T = typename Cfg::T;
+  constexpr uint32_t kPlaneBytes = sizeof(typename Cfg::TeamData{}.a[0]);  // re to im
+  const typename Cfg::LayoutColsMN cols_mn{};
+  for_each_pair_by_row(coord, col0, sm.w128, sm.tw_lo, [&](int k1, int s, int i, RowTwiddles& tw) {
+    float2 z0 = make_float2(acc_re(i), acc_im(i)), z1 = make_float2(acc_re(i + 1), acc_im(i + 1));
+    if (k1 == 0) {
+      z0.y = nyq.c[s];
+      z1.y = nyq.c[s + 1];
+    } else {
+      float2 w0, w1;
+      tw.next(w0, w1);
+      z0 = cmul_conj(make_float2(2.0f * z0.x, 2.0f * z0.y), w0);
+      z1 = cmul_conj(make_float2(2.0f * z1.x, 2.0f * z1.y), w1);
+    }
+    const uint32_t at = ap_plane + 2 * swizzled_offset(cols_mn, s, k1);  // s, s + 1: adjacent (MN-major)
+    st_shared(at, pack2<T>(z0.x, z1.x));
+    st_shared(at + kPlaneBytes, pack2<T>(z0.y, z1.y));
+  });
+}
+
+// After inverse 1: y[t = 128 r + s] for t < L, plus the skip term.
+template <class Cfg, class Coord, class Acc>
+__device__ __forceinline__ void store_y(const Acc& acc_re, const Coord& coord, int col0, const ConvForwardParams& p,
+                                        int64_t seq, int64_t c, int64_t u_off) {
+  using Io = typename Cfg::Io;
+  constexpr int kAcc = decltype(size(acc_re))::value;
+  const int64_t L = p.seq_len;
+  const float skip = p.skip != nullptr ? __ldg(p.skip + c) : 0.0f;
+  const int64_t y_off = seq * L;
+#pragma unroll
+  for (int i = 0; i < kAcc; i += 2) {
+    const int r = get<0>(coord(i)), s = col0 + get<1>(coord(i));
+    const int64_t t = int64_t(r) * Cfg::kN2 + s;
+    float y0 = acc_re(i), y1 = acc_re(i + 1);
+    if (p.skip != nullptr) {
+      if (t < L) y0 += skip * Io::load(p.u, u_off + t);
+      if (t + 1 < L) y1 += skip * Io::load(p.u, u_off + t + 1);
+    }
+    if (t + 1 < L && ((y_off + t) & 1) == 0) {
+      Io::store2(p.y, y_off + t, y0, y1);
+    } else {
+      if (t < L) Io::store(p.y, y_off + t, y0);
+      if (t + 1 < L) Io::store(p.y, y_off + t + 1, y1);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The kernel: per sequence, the five steps of docs/design.md in order, each GEMM issued
+// asynchronously with the Nyquist row's fp32 work (one warp) under it.
 // ---------------------------------------------------------------------------
 template <Precision P, IOType IO, int Teams>
 __global__ void __launch_bounds__(Sm90Cfg<P, IO, Teams>::kThreads, 1) monarch_sm90_kernel(const ConvForwardParams p) {
   using Cfg = Sm90Cfg<P, IO, Teams>;
-  using T = typename Cfg::T;
   using Io = typename Cfg::Io;
   using Smem = typename Cfg::Smem;
   using GM = GMMA::Major;
@@ -65,12 +245,8 @@ __global__ void __launch_bounds__(Sm90Cfg<P, IO, Teams>::kThreads, 1) monarch_sm
   Tensor sApre = make_tensor(make_smem_ptr(data.a[0]), typename Cfg::LayoutColsMN{}); // (s, k1): a's bytes
   Tensor sApim = make_tensor(make_smem_ptr(data.a[1]), typename Cfg::LayoutColsMN{});
 
-  // Byte addresses of the planes the epilogues store into, and the layouts that place an
-  // element: byte = plane + 2 · swizzled_offset(layout, row, column).
+  // Byte addresses of the planes the epilogues store into: x and p share p's bytes, a and ap a's.
   const uint32_t a_plane = smem_address(data.a[0]), p_plane = smem_address(data.p[0]);
-  constexpr uint32_t kPlaneBytes = sizeof(data.a[0]);  // re to im
-  const typename Cfg::LayoutRowsK rows_k{};
-  const typename Cfg::LayoutColsMN cols_mn{};
 
   // This warpgroup's N slices: rows [64 wg, 64 wg + 64) of the N-by-K operands.
   using TileHalfRows = typename Cfg::TileHalfRows;
@@ -81,36 +257,15 @@ __global__ void __launch_bounds__(Sm90Cfg<P, IO, Teams>::kThreads, 1) monarch_sm
   Tensor sAprh = local_tile(sApre, TileHalfRows{}, make_coord(wg, 0));   // (64 s, 64 k1)
   Tensor sApih = local_tile(sApim, TileHalfRows{}, make_coord(wg, 0));
 
-  // ---- tables, once per CTA ----
-  constexpr int kN2 = Cfg::kN2;
-  for (int j = tid; j < kN2; j += Cfg::kThreads) {
-    float sn, cs;
-    sincospif(2.0f * j / float(kN2), &sn, &cs);
-    sm.w128[j] = make_float2(cs, -sn);
-    sincospif(2.0f * j / float(Cfg::kN), &sn, &cs);
-    sm.tw_lo[j] = make_float2(cs, -sn);
-  }
-  __syncthreads();
-  for (int e = tid; e < kN2 * kN2; e += Cfg::kThreads) {
-    const int i = e / kN2, j = e % kN2;
-    const float2 w = sm.w128[(i * j) & (kN2 - 1)];
-    sF2c(i, j) = T(w.x);
-    sF2s(i, j) = T(w.y);
-    if (i < Cfg::kRows && j < Cfg::kRows) {
-      sF1c(i, j) = T(w.x);
-      sS1(i, j) = T(i == 0 ? ((j & 1) ? -1.0f : 1.0f) : w.y);
-    }
-  }
+  build_tables<Cfg>(sm, tid);
   fence_smem_for_gmma();
   __syncthreads();  // the tables
 
-  // Accumulator fragments and their (row, column) coordinates within the warpgroup's tile.
+  // Accumulator fragments, (64 rows, 64 columns) of the warpgroup's tile.
   Tensor acc_re = partition_fragment_C(MmaKK{}, typename Cfg::TileAcc{});     // 32 fp32
   Tensor acc_im = partition_fragment_C(MmaKK{}, typename Cfg::TileAcc{});
-  constexpr int kAcc = decltype(size(acc_re))::value;
 
   const int64_t sequences = p.batch * p.channels;
-  const int64_t L = p.seq_len;
   const bool u_vec_ok = (reinterpret_cast<uintptr_t>(p.u) % (4 * sizeof(typename Io::T))) == 0 &&
                         p.u_batch_stride % 4 == 0 && p.u_channel_stride % 4 == 0;
 
@@ -124,34 +279,11 @@ __global__ void __launch_bounds__(Sm90Cfg<P, IO, Teams>::kThreads, 1) monarch_sm
     Tensor coord = MmaKK{}.get_slice(lt).partition_C(make_identity_tensor(typename Cfg::TileAcc{}));  // (m, n)
     const int64_t b = seq / p.channels, c = seq % p.channels;
     const int64_t u_off = b * p.u_batch_stride + c * p.u_channel_stride;
-    const float2* filt = reinterpret_cast<const float2*>(p.filter_spectrum) + c * int64_t((Cfg::kNyquistRow + 1) * kN2);  // (65, 128)
+    const float2* filt = reinterpret_cast<const float2*>(p.filter_spectrum) +
+                         c * int64_t((Cfg::kNyquistRow + 1) * Cfg::kN2);  // (65, 128)
 
-    // ---- 1. u -> x (this warpgroup's 64 columns, all 64 rows; zero past L) ----
-    {
-      constexpr int kThreadsPerRow = Cfg::kHalf / 4;                     // 16, 4 consecutive s each
-      constexpr int kRowsPerStep = Cfg::kWarpgroup / kThreadsPerRow;     // 8
-      const int s0 = col0 + 4 * (lt % kThreadsPerRow);
-#pragma unroll
-      for (int i = 0; i < Cfg::kRows / kRowsPerStep; ++i) {
-        const int r = lt / kThreadsPerRow + kRowsPerStep * i;
-        const int64_t t0 = int64_t(r) * kN2 + s0;
-        float v[4];
-        if (u_vec_ok && t0 + 3 < L) {
-          if constexpr (sizeof(typename Io::T) == 4) {
-            const float4 q = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p.u) + u_off + t0));
-            v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
-          } else {
-            const float2 lo = Io::load2(p.u, u_off + t0), hi = Io::load2(p.u, u_off + t0 + 2);
-            v[0] = lo.x; v[1] = lo.y; v[2] = hi.x; v[3] = hi.y;
-          }
-        } else {
-#pragma unroll
-          for (int q = 0; q < 4; ++q) v[q] = t0 + q < L ? Io::load(p.u, u_off + t0 + q) : 0.0f;
-        }
-        // 4 consecutive s: one 8-byte chunk
-        st_shared(p_plane + 2 * swizzled_offset(cols_mn, s0, r), make_uint2(pack2<T>(v[0], v[1]), pack2<T>(v[2], v[3])));
-      }
-    }
+    // ---- 1. u -> x ----
+    load_u<Cfg>(p, u_off, u_vec_ok, col0, lt, p_plane);
     fence_smem_for_gmma();
     warpgroup_barrier(warpgroup);  // stage 1 reads this half of x only
 
@@ -160,36 +292,9 @@ __global__ void __launch_bounds__(Sm90Cfg<P, IO, Teams>::kThreads, 1) monarch_sm
     gemm_issue<MmaKMN>(sF1c, sXh, acc_re, false);
     gemm_issue<MmaKMN>(sS1, sXh, acc_im, false);
     warpgroup_commit_batch();
-    if (seq + seq_step < sequences) {  // ask L2 for the next sequence's u: one 128-byte line per thread
-      const int64_t next = seq + seq_step;
-      const int64_t t = int64_t(lt / 2) * kN2 + col0 + (lt & 1) * (Cfg::kHalf / 2);  // 64 rows x this half
-      if (t < L) {
-        const auto* line = static_cast<const typename Io::T*>(p.u) + (next / p.channels) * p.u_batch_stride +
-                           (next % p.channels) * p.u_channel_stride + t;
-        prefetch_l2(line);
-      }
-    }
+    if (seq + seq_step < sequences) prefetch_u<Cfg>(p, seq + seq_step, col0, lt);
     gmma_wait(acc_re, acc_im);
-
-    // Twiddle exp(-2 pi i k1 s / N), round, store A (k1, s). Row 0: A[0] is real (its twiddle
-    // is 1); its imaginary slot holds the Nyquist row, twiddled into nyq_b in fp32.
-    for_each_pair_by_row(coord, col0, sm.w128, sm.tw_lo, [&](int k1, int s, int i, RowTwiddles& tw) {
-      float2 z0 = make_float2(acc_re(i), acc_im(i)), z1 = make_float2(acc_re(i + 1), acc_im(i + 1));
-      if (k1 == 0) {
-        nyq.b[s] = cmul(make_float2(z0.y, 0.0f), twiddle(sm.w128, sm.tw_lo, Cfg::kNyquistRow * s));
-        nyq.b[s + 1] = cmul(make_float2(z1.y, 0.0f), twiddle(sm.w128, sm.tw_lo, Cfg::kNyquistRow * (s + 1)));
-        z0.y = 0.0f;
-        z1.y = 0.0f;
-      } else {
-        float2 w0, w1;
-        tw.next(w0, w1);
-        z0 = cmul(z0, w0);
-        z1 = cmul(z1, w1);
-      }
-      const uint32_t at = a_plane + 2 * swizzled_offset(rows_k, k1, s);
-      st_shared(at, pack2<T>(z0.x, z1.x));
-      st_shared(at + kPlaneBytes, pack2<T>(z0.y, z1.y));
-    });
+    twiddle_to_a<Cfg>(acc_re, acc_im, coord, col0, sm, nyq, a_plane);
     fence_smem_for_gmma();
     team_barrier(team);  // stage 2 contracts over every s
 
@@ -200,21 +305,11 @@ __global__ void __launch_bounds__(Sm90Cfg<P, IO, Teams>::kThreads, 1) monarch_sm
     if (wg == 0 && lt < 32) {  // meanwhile one warp: the Nyquist row's stage 2 and filter, fp32
       const float2* spectrum = fft128_warp<false>(nyq.b, nyq.fft[0], sm.w128, lt);
 #pragma unroll
-      for (int k2 = lt; k2 < kN2; k2 += 32) nyq.p[k2] = cmul(spectrum[k2], __ldg(filt + Cfg::kNyquistRow * kN2 + k2));
+      for (int k2 = lt; k2 < Cfg::kN2; k2 += 32)
+        nyq.p[k2] = cmul(spectrum[k2], __ldg(filt + Cfg::kNyquistRow * Cfg::kN2 + k2));
     }
     gmma_wait(acc_re, acc_im);
-
-    // Filter product in fp32, round, store P (k1, k2).
-#pragma unroll
-    for (int i = 0; i < kAcc; i += 2) {
-      const int k1 = get<0>(coord(i)), k2 = col0 + get<1>(coord(i));
-      const float4 kf = __ldg(reinterpret_cast<const float4*>(filt + k1 * kN2 + k2));
-      const float2 z0 = cmul(make_float2(acc_re(i), acc_im(i)), make_float2(kf.x, kf.y));
-      const float2 z1 = cmul(make_float2(acc_re(i + 1), acc_im(i + 1)), make_float2(kf.z, kf.w));
-      const uint32_t at = p_plane + 2 * swizzled_offset(rows_k, k1, k2);
-      st_shared(at, pack2<T>(z0.x, z1.x));
-      st_shared(at + kPlaneBytes, pack2<T>(z0.y, z1.y));
-    }
+    filter_to_p<Cfg>(acc_re, acc_im, coord, col0, filt, p_plane);
     fence_smem_for_gmma();
     team_barrier(team);  // inverse 2 contracts over every k2; nyq.p complete
 
@@ -231,24 +326,7 @@ __global__ void __launch_bounds__(Sm90Cfg<P, IO, Teams>::kThreads, 1) monarch_sm
     }
     gmma_wait(acc_re, acc_im);
     warpgroup_barrier(warpgroup);  // nyq.c of this half
-
-    // Conj twiddle times the Hermitian weight (2 but for row 0), round, store A' (s, k1).
-    // Row 0 is real; its imaginary slot carries the Nyquist row's real output.
-    for_each_pair_by_row(coord, col0, sm.w128, sm.tw_lo, [&](int k1, int s, int i, RowTwiddles& tw) {
-      float2 z0 = make_float2(acc_re(i), acc_im(i)), z1 = make_float2(acc_re(i + 1), acc_im(i + 1));
-      if (k1 == 0) {
-        z0.y = nyq.c[s];
-        z1.y = nyq.c[s + 1];
-      } else {
-        float2 w0, w1;
-        tw.next(w0, w1);
-        z0 = cmul_conj(make_float2(2.0f * z0.x, 2.0f * z0.y), w0);
-        z1 = cmul_conj(make_float2(2.0f * z1.x, 2.0f * z1.y), w1);
-      }
-      const uint32_t at = a_plane + 2 * swizzled_offset(cols_mn, s, k1);  // s, s + 1: adjacent (MN-major)
-      st_shared(at, pack2<T>(z0.x, z1.x));
-      st_shared(at + kPlaneBytes, pack2<T>(z0.y, z1.y));
-    });
+    twiddle_to_ap<Cfg>(acc_re, acc_im, coord, col0, sm, nyq, a_plane);
     fence_smem_for_gmma();
     warpgroup_barrier(warpgroup);  // inverse stage 1 reads this half only
 
@@ -258,26 +336,7 @@ __global__ void __launch_bounds__(Sm90Cfg<P, IO, Teams>::kThreads, 1) monarch_sm
     gemm_issue<MmaMNMN>(sS1T, sApih, acc_re, true);
     warpgroup_commit_batch();
     gmma_wait(acc_re);
-
-    // y[t = 128 r + s] for t < L, plus the skip term.
-    const float skip = p.skip != nullptr ? __ldg(p.skip + c) : 0.0f;
-    const int64_t y_off = seq * L;
-#pragma unroll
-    for (int i = 0; i < kAcc; i += 2) {
-      const int r = get<0>(coord(i)), s = col0 + get<1>(coord(i));
-      const int64_t t = int64_t(r) * kN2 + s;
-      float y0 = acc_re(i), y1 = acc_re(i + 1);
-      if (p.skip != nullptr) {
-        if (t < L) y0 += skip * Io::load(p.u, u_off + t);
-        if (t + 1 < L) y1 += skip * Io::load(p.u, u_off + t + 1);
-      }
-      if (t + 1 < L && ((y_off + t) & 1) == 0) {
-        Io::store2(p.y, y_off + t, y0, y1);
-      } else {
-        if (t < L) Io::store(p.y, y_off + t, y0);
-        if (t + 1 < L) Io::store(p.y, y_off + t + 1, y1);
-      }
-    }
+    store_y<Cfg>(acc_re, coord, col0, p, seq, c, u_off);
   }
 }
 
