@@ -33,5 +33,5 @@ for spec in "$@"; do
     bash benchmarks/profile_ncu.sh > "$work/$name/log.txt" 2>&1
   rm -f "$work/$name"/*.ncu-rep
   echo "== $name ($(( $(date +%s) - start )) s)"
-  grep -E "Duration|Registers Per|Eligible Warps|Issued Warp|Executed Ipc A|Achieved Occ" "$work/$name/details.txt" 2>/dev/null | head -8
+  grep -E "Duration|Registers Per|Eligible Warps|Issued Warp|Executed Ipc A|Achieved Occ" "$work/$name/details.txt" 2>/dev/null | head -8 || true
 done
