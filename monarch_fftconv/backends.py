@@ -28,7 +28,6 @@ remembers the decision; `explain()` and the call share it.
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass
 
@@ -185,9 +184,15 @@ def fills_fp32_kernel(device: torch.device, plan: MonarchPlan, sequences: int) -
     return sequences * plan.fft_size >= _multiprocessors(device) * FP32_KERNEL_POINTS_PER_SM
 
 
-@functools.cache
+_MULTIPROCESSORS: dict[torch.device, int] = {}
+
+
+# A constant to torch.compile: asked once per device, eagerly, also while a graph is traced.
+@torch.compiler.assume_constant_result
 def _multiprocessors(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    if (count := _MULTIPROCESSORS.get(device)) is None:
+        count = _MULTIPROCESSORS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return count
 
 
 def fp32_kernel_is_faster(precision: str, fills: bool) -> str | None:

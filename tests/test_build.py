@@ -367,3 +367,20 @@ def test_binding_signatures_match_the_op_schemas():
         want = [str(argument.type) for argument in schema.arguments]
         got = [_CPP_TO_SCHEMA.get(t, t) for t in _cpp_parameters(source, function)]
         assert got == want, (name, function)
+
+
+def test_the_fill_rule_compiles_into_a_graph(monkeypatch):
+    """torch.compile(fullgraph=True) traces a bf16 decision: the SM count is a constant to it,
+    asked eagerly (here the cache is filled, as a first eager call on a GPU would)."""
+    from monarch_fftconv import backends
+
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setitem(backends._MULTIPROCESSORS, cuda, H200_SMS)
+    plan = plan_for(8192)
+
+    def scaled(x):
+        return x * (2.0 if backends.fills_fp32_kernel(cuda, plan, x.shape[0]) else 1.0)
+
+    compiled = torch.compile(scaled, fullgraph=True)
+    assert compiled(torch.ones(16 * 256))[0].item() == 2.0
+    assert compiled(torch.ones(15))[0].item() == 1.0
