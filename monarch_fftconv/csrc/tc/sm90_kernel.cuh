@@ -111,7 +111,7 @@ __device__ __forceinline__ void twiddle_to_a(const Acc& acc_re, const Acc& acc_i
                                              const typename Cfg::Smem& sm, typename Cfg::Nyquist& nyq,
                                              uint32_t a_plane) {
   using T = typename Cfg::T;
-  constexpr uint32_t kPlaneBytes = sizeof(typename Cfg::TeamData{}.a[0]);  // re to im
+  constexpr uint32_t kPlaneBytes = Cfg::kPlaneBytes;
   const typename Cfg::LayoutRowsK rows_k{};
   for_each_pair_by_row(coord, col0, sm.w128, sm.tw_lo, [&](int k1, int s, int i, RowTwiddles& tw) {
     float2 z0 = make_float2(acc_re(i), acc_im(i)), z1 = make_float2(acc_re(i + 1), acc_im(i + 1));
@@ -137,7 +137,7 @@ template <class Cfg, class Coord, class Acc>
 __device__ __forceinline__ void filter_to_p(const Acc& acc_re, const Acc& acc_im, const Coord& coord, int col0,
                                             const float2* filt, uint32_t p_plane) {
   using T = typename Cfg::T;
-  constexpr uint32_t kPlaneBytes = sizeof(typename Cfg::TeamData{}.p[0]);  // re to im
+  constexpr uint32_t kPlaneBytes = Cfg::kPlaneBytes;
   constexpr int kAcc = decltype(size(acc_re))::value;
   const typename Cfg::LayoutRowsK rows_k{};
 #pragma unroll
@@ -159,7 +159,7 @@ __device__ __forceinline__ void twiddle_to_ap(const Acc& acc_re, const Acc& acc_
                                               const typename Cfg::Smem& sm, const typename Cfg::Nyquist& nyq,
                                               uint32_t ap_plane) {
   using T = typename Cfg::T;
-  constexpr uint32_t kPlaneBytes = sizeof(typename Cfg::TeamData{}.a[0]);  // re to im
+  constexpr uint32_t kPlaneBytes = Cfg::kPlaneBytes;
   const typename Cfg::LayoutColsMN cols_mn{};
   for_each_pair_by_row(coord, col0, sm.w128, sm.tw_lo, [&](int k1, int s, int i, RowTwiddles& tw) {
     float2 z0 = make_float2(acc_re(i), acc_im(i)), z1 = make_float2(acc_re(i + 1), acc_im(i + 1));

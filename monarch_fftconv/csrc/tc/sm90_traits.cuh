@@ -102,6 +102,7 @@ struct Sm90Cfg {
     T a[2][kRows * kN2];       // a: (k1, s) K-major, then ap: (s, k1) MN-major
     T p[2][kRows * kN2];       // x: (s, r) MN-major in p[0], then p: (k1, k2) K-major
   };
+  static constexpr uint32_t kPlaneBytes = sizeof(T) * kRows * kN2;  // a plane's re to its im
   struct Nyquist {
     float2 b[kN2];             // the Nyquist row after stage 1 and its twiddle, by s
     float2 p[kN2];             // ... after stage 2 and the filter, by k2
