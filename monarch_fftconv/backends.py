@@ -175,6 +175,7 @@ class Pending(Backend):
 # The fp32 kernel holds 32768 points of N per SM whatever N (two CTAs of 256 threads, 32 complex
 # values a thread: Plan in csrc/fp32/radix_plan.cuh), so a call fills the GPU once B·C·N reaches SMs × 32768.
 FP32_KERNEL_POINTS_PER_SM = 32768
+SIZE_DEPENDENT_PRECISIONS = ("bf16", "fp16")  # the precisions whose choice depends on B·C
 _TF32_REASON = ("the tf32 tensor-core kernel measured 2-3x slower than the fp32 kernel at every N (and slower "
                 "than cuFFT at N=16384): the fp32 kernel serves tf32, faster and more accurate than asked")
 
@@ -199,7 +200,7 @@ def fp32_kernel_is_faster(precision: str, fills: bool) -> str | None:
     """Why the fp32 kernel serves a `precision` call (`fills`: fills_fp32_kernel), or None."""
     if precision == "tf32":
         return _TF32_REASON
-    if precision in ("bf16", "fp16") and fills:
+    if precision in SIZE_DEPENDENT_PRECISIONS and fills:
         return (f"this call fills the GPU with the fp32 kernel, which then measured faster than the {precision} "
                 f"tensor-core kernel: it serves {precision}, more accurate than asked")
     return None
@@ -237,8 +238,8 @@ def select_backend(
     """The one place that decides where a call runs; `sequences` is the call's B·C. With
     build=False (explain) the CUDA extension is never built; the answer may then be `Pending`."""
     requested = requested_backend()
-    # Only the half precisions' decision depends on the call's size (fp32_kernel_is_faster).
-    fills = precision in ("bf16", "fp16") and device.type == "cuda" and fills_fp32_kernel(device, plan, sequences)
+    fills = (precision in SIZE_DEPENDENT_PRECISIONS and device.type == "cuda"
+             and fills_fp32_kernel(device, plan, sequences))
     key = (device, dtype, precision, plan, fills, requested, os.environ.get(TC_KERNEL_ENV))
     if (decided := _decisions.get(key)) is not None:
         return decided
@@ -294,6 +295,14 @@ def _decide(
                          f"{precision}, more accurate than asked")
     if (why := fp32_kernel_is_faster(precision, fills)) is not None:
         return FusedFP32("cuda-fp32", f"fused fp32 radix FFT conv, N={plan.fft_size}", why, runs_as="fp32")
+    return tensor_core_backend(plan, precision)
+
+
+def tensor_core_backend(plan: MonarchPlan, precision: str) -> FusedTensorCore:
+    """The fused tensor-core kernel of `precision` at a split it covers: what a call takes unless
+    `fp32_kernel_is_faster` sends it to the fp32 kernel (the benchmark's monarch-tc methods run it
+    regardless, through the op)."""
+    factors = "x".join(map(str, plan.factors))
     return FusedTensorCore("cuda-tensor-core", f"fused Monarch {factors} on tensor cores, {precision} operands, "
                            f"{_tensor_core_kernel(plan, precision)}",
                            "the fused tensor-core kernel covers this call")

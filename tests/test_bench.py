@@ -465,3 +465,26 @@ def test_profile_set_archives_each_profile_with_its_environment(tmp_path):
                    for n in names if n.endswith("details.txt")}
     assert details == {"one": "PRECISION=bf16 KERNEL=regex:a", "two": "PRECISION=fp32 KERNEL=b"}
     assert not any(n.endswith(".ncu-rep") for n in names)
+
+
+def test_tensor_core_rows_name_the_kernel_the_op_runs(bench, monkeypatch):
+    """monarch-tc[p] runs the tensor-core kernel through the op even where fftconv (and so
+    explain()) would take the fp32 kernel: its row then carries the tensor-core kernel's name
+    and flops; elsewhere explain()'s description stands."""
+    mf = bench.methods.mf
+    from monarch_fftconv.planner import plan_for
+
+    u, k = torch.empty(16, 256, 8192, device="meta"), torch.empty(256, 8192, device="meta")
+    plan = plan_for(8192)
+    routed = {"backend": "cuda-fp32", "kernel": "fused fp32 radix FFT conv, N=16384", "flops": 1,
+              "reason": mf.backends.fp32_kernel_is_faster("bf16", True)}
+    monkeypatch.setattr(mf, "explain", lambda u, k, precision=None: dict(routed))
+    info = bench.methods._describe_tensor_core("bf16")(u, k)
+    tensor_cores = mf.backends.tensor_core_backend(plan, "bf16")
+    assert info["backend"] == "tc-op" and info["kernel"] == tensor_cores.kernel
+    assert info["flops"] == tensor_cores.flops(plan, 16, 256) != routed["flops"]
+
+    covered = {"backend": "cuda-tensor-core", "kernel": "k", "flops": 7, "reason": "the fused tensor-core kernel"}
+    monkeypatch.setattr(mf, "explain", lambda u, k, precision=None: dict(covered))
+    info = bench.methods._describe_tensor_core("bf16")(u, k)
+    assert (info["backend"], info["kernel"], info["flops"]) == ("tc-op", "k", 7)
