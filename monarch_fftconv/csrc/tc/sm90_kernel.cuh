@@ -30,16 +30,14 @@ using namespace cute;
 // the kernel below orders them with the GEMMs and the barriers.
 // ---------------------------------------------------------------------------
 
-// The DFT tables in the operand type and the fp32 twiddle tables, once per CTA (the caller
-// fences them for the GEMMs and synchronizes).
-template <class Cfg>
-__device__ __forceinline__ void build_tables(typename Cfg::Smem& sm, int tid) {
+// The DFT tables in the operand type (into the kernel's tensors over sm's f1c, s1, f2c, f2s)
+// and the fp32 twiddle tables, once per CTA (the caller fences them for the GEMMs and
+// synchronizes).
+template <class Cfg, class TSquare, class TF2>
+__device__ __forceinline__ void build_tables(typename Cfg::Smem& sm, TSquare& sF1c, TSquare& sS1, TF2& sF2c, TF2& sF2s,
+                                             int tid) {
   using T = typename Cfg::T;
   constexpr int kN2 = Cfg::kN2;
-  Tensor sF1c = make_tensor(make_smem_ptr(sm.f1c), typename Cfg::LayoutSquare{});  // (k1|r, r|k1)
-  Tensor sS1 = make_tensor(make_smem_ptr(sm.s1), typename Cfg::LayoutSquare{});    // (k1, r)
-  Tensor sF2c = make_tensor(make_smem_ptr(sm.f2c), typename Cfg::LayoutF2{});      // (k2|s, s|k2)
-  Tensor sF2s = make_tensor(make_smem_ptr(sm.f2s), typename Cfg::LayoutF2{});
   for (int j = tid; j < kN2; j += Cfg::kThreads) {
     float sn, cs;
     sincospif(2.0f * j / float(kN2), &sn, &cs);
@@ -257,7 +255,7 @@ __global__ void __launch_bounds__(Sm90Cfg<P, IO, Teams>::kThreads, 1) monarch_sm
   Tensor sAprh = local_tile(sApre, TileHalfRows{}, make_coord(wg, 0));   // (64 s, 64 k1)
   Tensor sApih = local_tile(sApim, TileHalfRows{}, make_coord(wg, 0));
 
-  build_tables<Cfg>(sm, tid);
+  build_tables<Cfg>(sm, sF1c, sS1, sF2c, sF2s, tid);
   fence_smem_for_gmma();
   __syncthreads();  // the tables
 
