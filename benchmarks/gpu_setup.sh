@@ -6,8 +6,13 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 
 # The device image has torch, nvcc and ninja but not nvidia-cutlass: install the carried wheel.
+# Installed once per machine: a reinstall gives every CUTLASS header a new mtime, and ninja then
+# rebuilds the whole extension (a minute) in each script that sources this one.
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  if [ ! -e /tmp/site/.monarch_wheels_installed ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+    touch /tmp/site/.monarch_wheels_installed
+  fi
   export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-}

@@ -22,7 +22,7 @@ remembers the decision; `explain()` and the call share it.
                        (read at call time). On CPU tensors they run the PyTorch Monarch engine
                        with emulated operand precision, the executable spec the kernels are
                        tested against; on CUDA tensors, the fused kernels (the ops' CUDA
-                       implementations), once the extension is loaded.
+                       implementations: the decision loads the extension that registers them).
 =====================  ==========================================================
 """
 
@@ -257,6 +257,12 @@ def _decide(
 ) -> Backend:
     factors = "x".join(map(str, plan.factors))
     if requested == "portable":
+        if device.type == "cuda" and build:
+            # The ops' CUDA implementations are registered by loading the extension: without
+            # this, a process whose first CUDA call asks for the ops finds none (NotImplementedError).
+            if isinstance(coverage := _extension.coverage(True), str):
+                raise RuntimeError(f"{BACKEND_ENV}=portable on a CUDA tensor runs the ops' CUDA kernels, "
+                                   f"which are unavailable: {coverage}")
         return Portable("portable", f"PyTorch Monarch {factors}, {precision} operands emulated",
                         f"{BACKEND_ENV}=portable asks for the emulating engine")
     fft_dtype = "fp64" if dtype == torch.float64 else "fp32"

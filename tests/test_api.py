@@ -123,6 +123,32 @@ def test_cpu_calls_take_torch_fft_and_the_engine_on_request(monkeypatch, gen):
         mf.fftconv(u, k)
 
 
+def test_portable_on_cuda_loads_the_extension(monkeypatch):
+    """MONARCH_FFTCONV_BACKEND=portable on a CUDA tensor runs the ops' CUDA implementations,
+    which exist only once the extension is loaded: the decision loads it (explain() never
+    does), and says why when it can't, instead of the dispatcher's NotImplementedError."""
+    from monarch_fftconv import _extension, backends
+    from monarch_fftconv.planner import plan_for
+
+    asked: list[bool] = []
+    answer: object = "no CUDA device"
+
+    def coverage(build: bool = True):
+        asked.append(build)
+        return answer
+
+    monkeypatch.setattr(_extension, "coverage", coverage)
+    cuda, plan = torch.device("cuda", 0), plan_for(4096)
+    with pytest.raises(RuntimeError, match="portable.*unavailable: no CUDA device"):
+        backends._decide(cuda, torch.float32, "bf16", plan, False, True, "portable")
+    assert asked == [True]
+    answer = object()  # a loaded extension's coverage
+    assert backends._decide(cuda, torch.float32, "bf16", plan, False, True, "portable").name == "portable"
+    assert backends._decide(cuda, torch.float32, "bf16", plan, False, False, "portable").name == "portable"
+    assert backends._decide(torch.device("cpu"), torch.float32, "bf16", plan, False, True, "portable").name == "portable"
+    assert asked == [True, True]  # neither explain() (build=False) nor a CPU call loads it
+
+
 def test_precision_context_is_thread_local(monkeypatch):
     """A precision() block in one thread does not change calls in another, as PyTorch's own
     modes (autocast, no_grad) are thread-local."""
