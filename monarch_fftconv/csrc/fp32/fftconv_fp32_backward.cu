@@ -35,8 +35,6 @@
 
 #include <cuda/annotated_ptr>
 
-#include <cstdlib>
-
 namespace monarch_fftconv {
 namespace {
 namespace fp32_detail {
@@ -55,25 +53,22 @@ struct GradArgs {
   int chunks;
 };
 
-// EXPERIMENT (session 11): how the scratch meets L2. The scratch (36 MB at 16x256x8192) and the
-// channels' spectra (17 MB) outgrow L2, and the accumulator sweep waits on DRAM (profile:
-// DRAM 1.9 TB/s, L2 hit 56%, long-scoreboard stalls in the sweep).
-//   kScratchEvictLast: X_u and the accumulator are loaded and stored with the persisting
-//                      (evict-last) L2 property;
-//   kLatePrefetch:     both are prefetched into L2 as the dy pass starts (one FFT before the
-//                      sweep), not the accumulator alone at the start of the iteration.
-constexpr int kScratchEvictLast = 1, kLatePrefetch = 2;
-
-template <int kHints>
+// How the scratch meets L2. The scratch (X_u and the accumulator: ~36 MB at every N, as the
+// slots hold 32768 points per SM) and the channels' spectra outgrow L2 (H200: 50 MB), so the
+// accumulator sweep waits on DRAM. At N <= 8192 the scratch is loaded and stored with the
+// persisting (evict-last) L2 property: 0.750 -> 0.717 ms fwd+bwd at 16x256x4096. At N = 16384
+// it measured 2% slower (1.183 -> 1.208 ms) and left the L2 hit rate as it was (56 -> 54%), so
+// it is off there (docs/performance.md, session 11).
+template <int LOGM>
 __device__ __forceinline__ float4* scratch_view(float4* p) {
-  if constexpr ((kHints & kScratchEvictLast) != 0) {
+  if constexpr (LOGM <= 12) {
     return cuda::associate_access_property(p, cuda::access_property::persisting{});
   } else {
     return p;
   }
 }
 
-template <int LOGM, typename IO, int kHints>
+template <int LOGM, typename IO>
 __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) fftconv_fp32_grad_kernel(const GradArgs g) {
   using P = Plan<LOGM>;
   constexpr int M = P::M, T = P::T, SPB = P::SPB;
@@ -93,8 +88,8 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) fft
   const int64_t b_end = b_begin + g.chunk < a.B ? b_begin + g.chunk : a.B;
   // The item's scratch: only this thread reads back what it wrote, so restrict holds and
   // the loads of later pairs may be issued early.
-  float4* __restrict__ xu = scratch_view<kHints>(g.xu + item * (kPairSlots * T) + tx);
-  float4* __restrict__ acc = scratch_view<kHints>(g.acc + item * (kPairSlots * T) + tx);
+  float4* __restrict__ xu = scratch_view<LOGM>(g.xu + item * (kPairSlots * T) + tx);
+  float4* __restrict__ acc = scratch_view<LOGM>(g.acc + item * (kPairSlots * T) + tx);
   const int64_t L = a.L;
   cf A[16], Bv[16], A2[16], B2[16];
 
@@ -106,7 +101,7 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) fft
     const int Lv = valid ? (int)L : 0;
     const int64_t row = (b * a.C + c) * L;
     // The accumulator is read at the end of the iteration: ask L2 for it now.
-    if ((kHints & kLatePrefetch) == 0 && valid && i > 0) {
+    if (valid && i > 0) {
 #pragma unroll
       for (int pair = 0; pair < kPairSlots; ++pair) prefetch_l2(acc + pair * T);
     }
@@ -117,13 +112,6 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) fft
 #pragma unroll 1
     for (int pass = 0; pass < 2; ++pass) {
       const IO* x = pass == 0 ? static_cast<const IO*>(a.u) + b * a.ubs + c * a.ucs : static_cast<const IO*>(g.dy) + row;
-      if ((kHints & kLatePrefetch) != 0 && pass == 1 && valid) {
-#pragma unroll
-        for (int pair = 0; pair < kPairSlots; ++pair) {
-          prefetch_l2(xu + pair * T);
-          if (i > 0) prefetch_l2(acc + pair * T);
-        }
-      }
       forward_passes<LOGM, IO>(re, im, tx, twFP2, x, Lv);
       mid_forward<M>(re, im, tx, twM, A, Bv);
       if (pass == 1) break;
@@ -215,7 +203,7 @@ cudaError_t grad_shape(const ConvBackwardParams& p, GradShape& shape) {
   using P = Plan<LOGM>;
   int ctas = 0, sms = 0;
   const cudaError_t err =
-      residency<fftconv_fp32_grad_kernel<LOGM, IO, 0>>(P::THREADS, smem_bytes<LOGM>(p.n1, p.n2), ctas, sms);
+      residency<fftconv_fp32_grad_kernel<LOGM, IO>>(P::THREADS, smem_bytes<LOGM>(p.n1, p.n2), ctas, sms);
   if (err != cudaSuccess) return err;
   const int64_t slots = (int64_t)ctas * sms * P::SPB;
   int64_t chunks = slots / p.channels;
@@ -262,29 +250,8 @@ cudaError_t launch_grad(const ConvBackwardParams& p, cudaStream_t stream, size_t
   int ctas = 0, sms = 0;
   if ((err = residency<filter_grad_kernel<LOGM>>(P::THREADS, smem, ctas, sms)) != cudaSuccess) return err;
   const dim3 block(P::T, P::SPB);
-  const unsigned grid = (unsigned)((shape.items + P::SPB - 1) / P::SPB);
-  auto launch_variant = [&](auto hints) {
-    constexpr int H = decltype(hints)::value;
-    int ctas_v = 0, sms_v = 0;  // sets the kernel's shared-memory limit
-    cudaError_t e = residency<fftconv_fp32_grad_kernel<LOGM, IO, H>>(P::THREADS, smem, ctas_v, sms_v);
-    if (e != cudaSuccess) return e;
-    fftconv_fp32_grad_kernel<LOGM, IO, H><<<grid, block, smem, stream>>>(g);
-    return cudaGetLastError();
-  };
-  // EXPERIMENT (session 11): MONARCH_FFTCONV_GRAD_HINTS picks the variant, fp32 io at N = 8192, 16384
-  const char* hints_env = std::getenv("MONARCH_FFTCONV_GRAD_HINTS");
-  const int hints = hints_env != nullptr ? std::atoi(hints_env) : 0;
-  if constexpr (std::is_same_v<IO, float> && (LOGM == 12 || LOGM == 13)) {
-    switch (hints) {
-      case 1: err = launch_variant(std::integral_constant<int, 1>{}); break;
-      case 2: err = launch_variant(std::integral_constant<int, 2>{}); break;
-      case 3: err = launch_variant(std::integral_constant<int, 3>{}); break;
-      default: err = launch_variant(std::integral_constant<int, 0>{});
-    }
-  } else {
-    err = launch_variant(std::integral_constant<int, 0>{});
-  }
-  if (err != cudaSuccess) return err;
+  fftconv_fp32_grad_kernel<LOGM, IO><<<(unsigned)((shape.items + P::SPB - 1) / P::SPB), block, smem, stream>>>(g);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
   filter_grad_kernel<LOGM><<<(unsigned)((p.channels + P::SPB - 1) / P::SPB), block, smem, stream>>>(g);
   return cudaGetLastError();
 }
