@@ -44,7 +44,7 @@
 //
 // Each sequence is independent: nothing is shared between two sequences' arithmetic.
 
-#include "fp32/radix.cuh"
+#include "fp32/forward_stages.cuh"  // the kernel's stages, one function each (and the radix library)
 
 namespace monarch_fftconv {
 namespace {
@@ -64,243 +64,52 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) fft
   float2* stage = reinterpret_cast<float2*>(re);
   float2* tw = reinterpret_cast<float2*>(sm + (size_t)SPB * 2 * a.S);
   // prefetch buffer (when a.prefetch): M elements of u per sequence slot, after the tables
+  // (forward_p1 finds it from sm the same way)
   IO* ubuf = reinterpret_cast<IO*>(tw + P::N_TW) + (size_t)ty * M;
 
   // ---- twiddle tables, once per CTA
-  build_twiddles<LOGM>(tw, tid, P::THREADS);
-  __syncthreads();
-  const float2* twFP2 = tw + P::OFF_FP2;
-  const float2* twM = tw + P::OFF_TM;
-  const float2* twPost = tw + P::OFF_POST;
-  const float2* twIP2 = tw + P::OFF_IP2;
+  const ForwardTables tables = build_forward_tables<LOGM>(tw, tid);
 
   const int64_t nseq = a.B * a.C;
-  const int64_t L = a.L;
   // pf_cur: this slot's next sequence has its u staged in ubuf
-  auto seq_ptr = [&](int64_t sq) {
-    const int64_t bq = sq % a.B, cq = sq / a.B;
-    return static_cast<const IO*>(a.u) + bq * a.ubs + cq * a.ucs;
-  };
   bool pf_cur = false;
   if (kPrefetchU<IO> && a.prefetch) {
     const int64_t s0 = (int64_t)blockIdx.x * SPB + ty;
-    if (s0 < nseq) {
-      const IO* p0 = seq_ptr(s0);
-      pf_cur = (reinterpret_cast<uintptr_t>(p0) & 15) == 0;
-      if (pf_cur) prefetch_u<IO, T>(ubuf, p0, (int)L, tx);
-    }
+    if (s0 < nseq) pf_cur = prefetch_seq<LOGM>(a, ubuf, s0, tx);
   }
   for (int64_t sb = (int64_t)blockIdx.x * SPB; sb < nseq; sb += (int64_t)gridDim.x * SPB) {
     const int64_t s = sb + ty;
-    const bool valid = s < nseq;
-    int64_t b = 0, c = 0;
-    if (valid) {
-      b = s % a.B;
-      c = s / a.B;
-    }
-    const IO* u = static_cast<const IO*>(a.u) + b * a.ubs + c * a.ucs;
-    IO* y = static_cast<IO*>(a.y) + (b * a.C + c) * L;  // y is contiguous (B, C, L)
-    // valid length as int (L <= N/2 <= 16384); an invalid slot reads and writes nothing
-    const int Lv = valid ? (int)L : 0;
-    const bool upair = (reinterpret_cast<uintptr_t>(u) & (2 * sizeof(IO) - 1)) == 0;
-    const bool ypair = (reinterpret_cast<uintptr_t>(y) & (2 * sizeof(IO) - 1)) == 0;
+    const ForwardSeq seq = forward_seq<IO>(a, s, nseq);
 
     // ================= forward p1: global -> smem, radix R1, NS = 1, upper half zero
-    {
-      constexpr int R = P::R1, NB = 32 / R;
-      cf v[NB][R];
-      if (kPrefetchU<IO> && a.prefetch) {
-        cp_async_wait_all();
-        __syncthreads();  // every thread's part of the staged u is visible
-      }
-      const bool from_smem = kPrefetchU<IO> && pf_cur;
-#pragma unroll
-      for (int q = 0; q < NB; ++q) {
-        const int j = tx + q * T;
-#pragma unroll
-        for (int r = 0; r < R / 2; ++r) {
-          const int t0 = 2 * (j + r * (M / R));
-          if (from_smem) {
-            if (t0 + 1 < Lv) {
-              float2 x2;
-              if constexpr (sizeof(IO) == 4) {
-                x2 = *reinterpret_cast<const float2*>(ubuf + t0);
-              } else if constexpr (std::is_same_v<IO, __nv_bfloat16>) {
-                x2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(ubuf + t0));
-              } else {
-                x2 = __half22float2(*reinterpret_cast<const __half2*>(ubuf + t0));
-              }
-              v[q][r] = {x2.x, x2.y};
-            } else {
-              v[q][r].x = t0 < Lv ? io_to_float(ubuf[t0]) : 0.f;
-              v[q][r].y = 0.f;
-            }
-          } else if (upair && t0 + 1 < Lv) {
-            const float2 x2 = io_load2<IO>(u + t0);
-            v[q][r] = {x2.x, x2.y};
-          } else {
-            v[q][r].x = t0 < Lv ? io_load<IO>(u + t0) : 0.f;
-            v[q][r].y = t0 + 1 < Lv ? io_load<IO>(u + t0 + 1) : 0.f;
-          }
-        }
-#pragma unroll
-        for (int r = R / 2; r < R; ++r) v[q][r] = {0.f, 0.f};
-      }
-#pragma unroll
-      for (int q = 0; q < NB; ++q) {
-        if (q > 0) fence(v[q]);
-        fft_reg<R, false, true>(v[q]);
-        fence(v[q]);
-      }
-      __syncthreads();  // the previous sequence's last pass has read smem
-      store_butterflies<T>(re, im, tx, v);
-      __syncthreads();
-    }
+    forward_p1<LOGM, IO>(sm, re, im, tx, a, pf_cur, seq);
     // ================= forward p2
-    if constexpr (P::LR2 > 0) pass_smem<M, T, P::R2, P::R1, false>(re, im, tx, twFP2);
+    if constexpr (P::LR2 > 0) pass_smem<M, T, P::R2, P::R1, false>(re, im, tx, tables.fp2);
 
     // ================= mid: forward radix-16 (NS = M/16), split, ·K, inverse radix-16 (NS = 1)
     {
-      constexpr int NS = M / 16;
-      const bool z = (tx == 0);
-      const int j0 = tx;
-      const int j1 = z ? M / 32 : NS - tx;
+      // this thread's butterflies: j0 and j1 = M/16 - j0 (thread 0: the self-paired 0 and M/32)
+      const int j0 = tx, j1 = tx == 0 ? M / 32 : M / 16 - tx;
       cf A[16], Bv[16];
-      {
-        const int pj0 = pidx(j0), pj1 = pidx(j1);
-#pragma unroll
-        for (int r = 0; r < 16; ++r) {
-          A[r] = lds_s<NS>(re, im, j0, pj0, r);
-          Bv[r] = lds_s<NS>(re, im, j1, pj1, r);
-        }
-      }
-      {
-        const float2 w0 = twM[j0], w1 = twM[j1];
-        apply_pow<16>(A, cf{w0.x, w0.y});
-        fft_reg<16, false>(A);
-        fence(A);
-        fence(Bv);
-        apply_pow<16>(Bv, cf{w1.x, w1.y});
-        fft_reg<16, false>(Bv);
-      }
+      mid_forward<M>(re, im, tx, tables.mid, A, Bv);
       __syncthreads();  // all of Z is in registers: smem becomes the filter stage
-      if (valid) {
-        const float2* Kc = a.K + c * (int64_t)((a.n1 / 2 + 1) * a.n2);
-        const int total = (a.n1 / 2 + 1) * a.n2;
-        const int rowp = a.n2 + 1;
-        for (int e = tx; e < total; e += T)
-          cp_async8(stage + (e >> a.ln2) * rowp + (e & (a.n2 - 1)), Kc + e);
-      }
-      cp_async_wait_all();
-      if (a.skip != nullptr && a.skip_fold && valid) {
-        // skip folded into the filter: K[f] += D/N for every f (1/N is a power of two: exact).
-        // The real part of a stored entry is the real part of every K[f] read from it, also
-        // of the conjugated ones. Each thread adjusts the entries it copied itself.
-        const float dsk = a.skip[c] * (1.f / (float)a.N);
-        const int total = (a.n1 / 2 + 1) * a.n2;
-        const int rowp = a.n2 + 1;
-        for (int e = tx; e < total; e += T) stage[(e >> a.ln2) * rowp + (e & (a.n2 - 1))].x += dsk;
-      }
-      __syncthreads();
+      stage_forward_filter<LOGM>(stage, tx, a, seq);
       // p1 has consumed ubuf: stage the next sequence's u while this one finishes
       pf_cur = false;
       if (kPrefetchU<IO> && a.prefetch) {
         const int64_t sn = s + (int64_t)gridDim.x * SPB;
-        if (sn < nseq) {
-          const IO* pn = seq_ptr(sn);
-          pf_cur = (reinterpret_cast<uintptr_t>(pn) & 15) == 0;
-          if (pf_cur) prefetch_u<IO, T>(ubuf, pn, (int)L, tx);
-        }
+        if (sn < nseq) pf_cur = prefetch_seq<LOGM>(a, ubuf, sn, tx);
       }
 
-      const float2 p0 = twPost[j0], p1 = twPost[j1];
-      const cf wp0 = {p0.x, p0.y}, wp1 = {p1.x, p1.y};
       cf A2[16], B2[16];
-      if (!z && a.n1 <= NS) {
-        // pairs (A[i], B[15-i]): k = j0 + i·NS, M-k = (M - j0) - i·NS. n1 | NS, so along i
-        // the filter row k1 (and so the conjugation) is fixed and k2 moves by ±NS/n1.
-        const KWalk kp(j0, +1, NS, a), kq(M - j0, -1, NS, a);
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          pair_fn(A[i], Bv[15 - i], kp.at(stage, i), kq.at(stage, i), tw_const<false>(wp0, i, 32), A2[i],
-                  B2[15 - i]);
-          if (i % kPairsPerFence == kPairsPerFence - 1) { fence(A2[i]); fence(B2[15 - i]); }
-        }
-      } else if (!z) {
-        // pairs (A[i], B[15-i]): k = j0 + i·NS, M-k = j1 + (15-i)·NS
-#pragma unroll
-        for (int i = 0; i < 16; ++i) pair_at<M>(stage, a, i, j0 + i * NS, A[i], Bv[15 - i], wp0, A2[i], B2[15 - i]);
-      } else {
-        // thread 0 owns the self-paired butterflies j0 = 0 and j1 = M/32
-        cf dummy;
-        // k = 0 with M - k = M (Z[M] = Z[0])
-        pair_fn(A[0], A[0], kspec(stage, 0, a), kspec(stage, M, a), cf{1.f, 0.f}, A2[0], dummy);
-        // k = M/2 pairs with itself; ω_N^(N/4) = -i
-        pair_fn(A[8], A[8], kspec(stage, M / 2, a), kspec(stage, M / 2, a), cf{0.f, -1.f}, A2[8], dummy);
-#pragma unroll
-        for (int i = 1; i < 8; ++i) pair_at<M>(stage, a, i, i * NS, A[i], A[16 - i], wp0, A2[i], A2[16 - i]);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) pair_at<M>(stage, a, i, j1 + i * NS, Bv[i], Bv[15 - i], wp1, B2[i], B2[15 - i]);
-      }
-      fence(A2);
-      fft_reg<16, true>(A2);
-      fence(A2);
-      fence(B2);
-      fft_reg<16, true>(B2);
-      __syncthreads();  // everyone is done with the stage
-      {
-        const int pb0 = pidx(j0 * 16), pb1 = pidx(j1 * 16);
-#pragma unroll
-        for (int r = 0; r < 16; ++r) {
-          re[pb0 + r] = A2[r].x;
-          im[pb0 + r] = A2[r].y;
-          re[pb1 + r] = B2[r].x;
-          im[pb1 + r] = B2[r].y;
-        }
-      }
-      __syncthreads();
+      mid_filter_pairs<M>(stage, a, j0, j1, tables.post, A, Bv, A2, B2);
+      mid_inverse(re, im, j0, j1, A2, B2);
     }
     // ================= inverse p2
-    if constexpr (P::LR2 > 0) pass_smem<M, T, P::R2, 16, true>(re, im, tx, twIP2);
+    if constexpr (P::LR2 > 0) pass_smem<M, T, P::R2, 16, true>(re, im, tx, tables.ip2);
 
     // ================= inverse last: smem -> global, radix R1, NS = M/R1, causal half stored
-    {
-      constexpr int R = P::R1, NB = 32 / R, NS = M / R;
-      cf v[NB][R];
-      last_inverse_butterflies<LOGM>(re, im, tx, twM, v, [](int) {});
-      {
-        const bool direct_skip = a.skip != nullptr && !a.skip_fold;
-        const float sk = (direct_skip && valid) ? a.skip[c] : 0.f;
-#pragma unroll
-        for (int q = 0; q < NB; ++q) {
-          const int j = tx + q * T;
-#pragma unroll
-          for (int r = 0; r < R / 2; ++r) {
-            const int t0 = 2 * (j + r * NS);
-            float y0 = v[q][r].x, y1 = v[q][r].y;
-            if (ypair && upair && t0 + 1 < Lv) {
-              if (direct_skip) {
-                const float2 x2 = io_load2<IO>(u + t0);
-                y0 = fmaf(sk, x2.x, y0);
-                y1 = fmaf(sk, x2.y, y1);
-              }
-              io_store2<IO>(y + t0, y0, y1);
-            } else {
-              if (direct_skip) {
-                if (t0 < Lv) y0 = fmaf(sk, io_load<IO>(u + t0), y0);
-                if (t0 + 1 < Lv) y1 = fmaf(sk, io_load<IO>(u + t0 + 1), y1);
-              }
-              if (ypair && t0 + 1 < Lv) {
-                io_store2<IO>(y + t0, y0, y1);
-              } else {
-                if (t0 < Lv) io_store<IO>(y + t0, y0);
-                if (t0 + 1 < Lv) io_store<IO>(y + t0 + 1, y1);
-              }
-            }
-          }
-        }
-      }
-    }
+    last_inverse_store<LOGM, IO>(re, im, tx, tables.mid, a, seq);
   }
 }
 

@@ -1,0 +1,282 @@
+// monarch_fftconv: the stages of the fp32 forward kernel (fp32/fftconv_fp32.cu), one function
+// each, in the order the kernel runs them: the twiddle tables, the u prefetch, per sequence the
+// forward p1 (global or prefetched u -> smem), the mid pass's filter stage, frequency pairs and
+// inverse radix-16 butterflies, and the last inverse pass with the store of y. The algorithm and
+// the shared-memory layout are described at the top of fp32/fftconv_fp32.cu; the passes the
+// kernel shares with the backward kernel (pass_smem, mid_forward, ...) are in fp32/radix.cuh.
+// The kernel's PTX is the one it had as one body (every instantiation, instruction for
+// instruction). That depends on what a stage is given: a forced-inline function is optimised
+// on its own before it is inlined, and a pointer it receives is opaque there, so it folds the
+// offsets of its accesses into a different address arithmetic. Where that happened, a stage
+// derives the pointer itself, as the kernel did: u and y from b and c, the prefetch buffer
+// from sm. Likewise the mid pass's butterflies j0, j1 are given to its stages (derived from tx
+// there, j1·16 folds into other constants), and the prefetch's conditions stay in the kernel
+// (inside prefetch_seq, the branches merge differently).
+#pragma once
+
+#include "fp32/radix.cuh"
+
+#include <cstdint>
+
+namespace monarch_fftconv {
+namespace {  // internal linkage: each kernel translation unit has its own copy
+namespace fp32_detail {
+
+// The CTA's twiddle tables, one per pass (built once per CTA: the grid is persistent).
+struct ForwardTables {
+  const float2* fp2;   // forward p2
+  const float2* mid;   // mid pass (and, conjugated, the last inverse pass)
+  const float2* post;  // real-FFT split ω_N^j
+  const float2* ip2;   // inverse p2
+};
+
+template <int LOGM>
+__device__ __forceinline__ ForwardTables build_forward_tables(float2* tw, int tid) {
+  using P = Plan<LOGM>;
+  build_twiddles<LOGM>(tw, tid, P::THREADS);
+  __syncthreads();
+  return {tw + P::OFF_FP2, tw + P::OFF_TM, tw + P::OFF_POST, tw + P::OFF_IP2};
+}
+
+// The sequence s of one slot: which it is, and how much of its u and y is read and written
+// (the stages derive the pointers u and y from b and c themselves).
+struct ForwardSeq {
+  bool valid;          // s < nseq
+  int64_t b, c;        // batch and channel (0 for an invalid slot)
+  int Lv;              // valid length as int (L <= N/2 <= 16384); an invalid slot reads and writes nothing
+  bool upair, ypair;   // u, y aligned for two-element accesses
+};
+
+template <typename IO>
+__device__ __forceinline__ ForwardSeq forward_seq(const KArgs& a, int64_t s, int64_t nseq) {
+  const bool valid = s < nseq;
+  int64_t b = 0, c = 0;
+  if (valid) {
+    b = s % a.B;
+    c = s / a.B;
+  }
+  const IO* u = static_cast<const IO*>(a.u) + b * a.ubs + c * a.ucs;
+  IO* y = static_cast<IO*>(a.y) + (b * a.C + c) * a.L;  // y is contiguous (B, C, L)
+  const int Lv = valid ? (int)a.L : 0;
+  const bool upair = (reinterpret_cast<uintptr_t>(u) & (2 * sizeof(IO) - 1)) == 0;
+  const bool ypair = (reinterpret_cast<uintptr_t>(y) & (2 * sizeof(IO) - 1)) == 0;
+  return {valid, b, c, Lv, upair, ypair};
+}
+
+// The u of sequence sq staged into the slot's prefetch buffer ubuf with cp.async, when it is
+// 16-byte aligned: returns whether it is staged (else p1 reads it from global memory). The
+// caller has checked that the prefetch is on and that sq exists.
+template <int LOGM, typename IO>
+__device__ __forceinline__ bool prefetch_seq(const KArgs& a, IO* ubuf, int64_t sq, int tx) {
+  const int64_t bq = sq % a.B, cq = sq / a.B;
+  const IO* p = static_cast<const IO*>(a.u) + bq * a.ubs + cq * a.ucs;
+  const bool staged = (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+  if (staged) prefetch_u<IO, Plan<LOGM>::T>(ubuf, p, (int)a.L, tx);
+  return staged;
+}
+
+// Forward p1: global (or, when pf_cur, the slot's prefetch buffer) -> smem, radix R1, NS = 1,
+// upper half zero. Waits for the prefetch and synchronizes before its smem writes, so the
+// previous sequence's last pass may still be reading smem when it is called. sm: the CTA's
+// shared memory, in which the prefetch buffer is found as the kernel places it.
+template <int LOGM, typename IO>
+__device__ __forceinline__ void forward_p1(const float* sm, float* re, float* im, int tx, const KArgs& a, bool pf_cur,
+                                           const ForwardSeq& seq) {
+  using P = Plan<LOGM>;
+  constexpr int M = P::M, T = P::T;
+  const int ty = threadIdx.y;
+  const float2* tw = reinterpret_cast<const float2*>(sm + (size_t)P::SPB * 2 * a.S);
+  const IO* ubuf = reinterpret_cast<const IO*>(tw + P::N_TW) + (size_t)ty * M;
+  const int64_t b = seq.b, c = seq.c;
+  const IO* u = static_cast<const IO*>(a.u) + b * a.ubs + c * a.ucs;
+  const int Lv = seq.Lv;
+  const bool upair = seq.upair;
+  constexpr int R = P::R1, NB = 32 / R;
+  cf v[NB][R];
+  if (kPrefetchU<IO> && a.prefetch) {
+    cp_async_wait_all();
+    __syncthreads();  // every thread's part of the staged u is visible
+  }
+  const bool from_smem = kPrefetchU<IO> && pf_cur;
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    const int j = tx + q * T;
+#pragma unroll
+    for (int r = 0; r < R / 2; ++r) {
+      const int t0 = 2 * (j + r * (M / R));
+      if (from_smem) {
+        if (t0 + 1 < Lv) {
+          float2 x2;
+          if constexpr (sizeof(IO) == 4) {
+            x2 = *reinterpret_cast<const float2*>(ubuf + t0);
+          } else if constexpr (std::is_same_v<IO, __nv_bfloat16>) {
+            x2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(ubuf + t0));
+          } else {
+            x2 = __half22float2(*reinterpret_cast<const __half2*>(ubuf + t0));
+          }
+          v[q][r] = {x2.x, x2.y};
+        } else {
+          v[q][r].x = t0 < Lv ? io_to_float(ubuf[t0]) : 0.f;
+          v[q][r].y = 0.f;
+        }
+      } else if (upair && t0 + 1 < Lv) {
+        const float2 x2 = io_load2<IO>(u + t0);
+        v[q][r] = {x2.x, x2.y};
+      } else {
+        v[q][r].x = t0 < Lv ? io_load<IO>(u + t0) : 0.f;
+        v[q][r].y = t0 + 1 < Lv ? io_load<IO>(u + t0 + 1) : 0.f;
+      }
+    }
+#pragma unroll
+    for (int r = R / 2; r < R; ++r) v[q][r] = {0.f, 0.f};
+  }
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    if (q > 0) fence(v[q]);
+    fft_reg<R, false, true>(v[q]);
+    fence(v[q]);
+  }
+  __syncthreads();  // the previous sequence's last pass has read smem
+  store_butterflies<T>(re, im, tx, v);
+  __syncthreads();
+}
+
+// The channel's filter spectrum into the stage (cp.async, in its global order [k1][k2], rows
+// padded to n2+1 float2), with the skip folded in; ends with a barrier. The caller has
+// synchronized: all of Z is in registers, smem is free.
+template <int LOGM>
+__device__ __forceinline__ void stage_forward_filter(float2* stage, int tx, const KArgs& a, const ForwardSeq& seq) {
+  constexpr int T = Plan<LOGM>::T;
+  const bool valid = seq.valid;
+  const int64_t c = seq.c;
+  if (valid) {
+    const float2* Kc = a.K + c * (int64_t)((a.n1 / 2 + 1) * a.n2);
+    const int total = (a.n1 / 2 + 1) * a.n2;
+    const int rowp = a.n2 + 1;
+    for (int e = tx; e < total; e += T)
+      cp_async8(stage + (e >> a.ln2) * rowp + (e & (a.n2 - 1)), Kc + e);
+  }
+  cp_async_wait_all();
+  if (a.skip != nullptr && a.skip_fold && valid) {
+    // skip folded into the filter: K[f] += D/N for every f (1/N is a power of two: exact).
+    // The real part of a stored entry is the real part of every K[f] read from it, also
+    // of the conjugated ones. Each thread adjusts the entries it copied itself.
+    const float dsk = a.skip[c] * (1.f / (float)a.N);
+    const int total = (a.n1 / 2 + 1) * a.n2;
+    const int rowp = a.n2 + 1;
+    for (int e = tx; e < total; e += T) stage[(e >> a.ln2) * rowp + (e & (a.n2 - 1))].x += dsk;
+  }
+  __syncthreads();
+}
+
+// The mid pass's frequency pairs: from the forward radix-16 outputs A (butterfly j0 = tx) and
+// Bv (j1), the split, the product with the staged filter and the merge, into the inputs A2, B2
+// of the inverse radix-16 butterflies.
+template <int M>
+__device__ __forceinline__ void mid_filter_pairs(const float2* stage, const KArgs& a, int j0, int j1, const float2* twPost,
+                                                 const cf (&A)[16], const cf (&Bv)[16], cf (&A2)[16], cf (&B2)[16]) {
+  constexpr int NS = M / 16;
+  const bool z = (j0 == 0);
+  const float2 p0 = twPost[j0], p1 = twPost[j1];
+  const cf wp0 = {p0.x, p0.y}, wp1 = {p1.x, p1.y};
+  if (!z && a.n1 <= NS) {
+    // pairs (A[i], B[15-i]): k = j0 + i·NS, M-k = (M - j0) - i·NS. n1 | NS, so along i
+    // the filter row k1 (and so the conjugation) is fixed and k2 moves by ±NS/n1.
+    const KWalk kp(j0, +1, NS, a), kq(M - j0, -1, NS, a);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      pair_fn(A[i], Bv[15 - i], kp.at(stage, i), kq.at(stage, i), tw_const<false>(wp0, i, 32), A2[i],
+              B2[15 - i]);
+      if (i % kPairsPerFence == kPairsPerFence - 1) { fence(A2[i]); fence(B2[15 - i]); }
+    }
+  } else if (!z) {
+    // pairs (A[i], B[15-i]): k = j0 + i·NS, M-k = j1 + (15-i)·NS
+#pragma unroll
+    for (int i = 0; i < 16; ++i) pair_at<M>(stage, a, i, j0 + i * NS, A[i], Bv[15 - i], wp0, A2[i], B2[15 - i]);
+  } else {
+    // thread 0 owns the self-paired butterflies j0 = 0 and j1 = M/32
+    cf dummy;
+    // k = 0 with M - k = M (Z[M] = Z[0])
+    pair_fn(A[0], A[0], kspec(stage, 0, a), kspec(stage, M, a), cf{1.f, 0.f}, A2[0], dummy);
+    // k = M/2 pairs with itself; ω_N^(N/4) = -i
+    pair_fn(A[8], A[8], kspec(stage, M / 2, a), kspec(stage, M / 2, a), cf{0.f, -1.f}, A2[8], dummy);
+#pragma unroll
+    for (int i = 1; i < 8; ++i) pair_at<M>(stage, a, i, i * NS, A[i], A[16 - i], wp0, A2[i], A2[16 - i]);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) pair_at<M>(stage, a, i, j1 + i * NS, Bv[i], Bv[15 - i], wp1, B2[i], B2[15 - i]);
+  }
+}
+
+// The mid pass's inverse radix-16 butterflies j0 = tx and j1 (NS = 1), registers -> smem,
+// once every thread is done with the stage; ends with a barrier.
+__device__ __forceinline__ void mid_inverse(float* re, float* im, int j0, int j1, cf (&A2)[16], cf (&B2)[16]) {
+  fence(A2);
+  fft_reg<16, true>(A2);
+  fence(A2);
+  fence(B2);
+  fft_reg<16, true>(B2);
+  __syncthreads();  // everyone is done with the stage
+  {
+    const int pb0 = pidx(j0 * 16), pb1 = pidx(j1 * 16);
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      re[pb0 + r] = A2[r].x;
+      im[pb0 + r] = A2[r].y;
+      re[pb1 + r] = B2[r].x;
+      im[pb1 + r] = B2[r].y;
+    }
+  }
+  __syncthreads();
+}
+
+// The last inverse pass: smem -> global, radix R1, NS = M/R1; only the causal half (y[t] for
+// t < Lv) is stored, plus D·u there when the skip is not folded into the filter.
+template <int LOGM, typename IO>
+__device__ __forceinline__ void last_inverse_store(const float* re, const float* im, int tx, const float2* twM,
+                                                   const KArgs& a, const ForwardSeq& seq) {
+  using P = Plan<LOGM>;
+  constexpr int M = P::M, T = P::T;
+  const bool valid = seq.valid, upair = seq.upair, ypair = seq.ypair;
+  const int64_t b = seq.b, c = seq.c;
+  const IO* u = static_cast<const IO*>(a.u) + b * a.ubs + c * a.ucs;
+  IO* y = static_cast<IO*>(a.y) + (b * a.C + c) * a.L;  // y is contiguous (B, C, L)
+  const int Lv = seq.Lv;
+  constexpr int R = P::R1, NB = 32 / R, NS = M / R;
+  cf v[NB][R];
+  last_inverse_butterflies<LOGM>(re, im, tx, twM, v, [](int) {});
+  const bool direct_skip = a.skip != nullptr && !a.skip_fold;
+  const float sk = (direct_skip && valid) ? a.skip[c] : 0.f;
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    const int j = tx + q * T;
+#pragma unroll
+    for (int r = 0; r < R / 2; ++r) {
+      const int t0 = 2 * (j + r * NS);
+      float y0 = v[q][r].x, y1 = v[q][r].y;
+      // (upair first: the other order swaps the operands of an or in the PTX)
+      if (upair && ypair && t0 + 1 < Lv) {
+        if (direct_skip) {
+          const float2 x2 = io_load2<IO>(u + t0);
+          y0 = fmaf(sk, x2.x, y0);
+          y1 = fmaf(sk, x2.y, y1);
+        }
+        io_store2<IO>(y + t0, y0, y1);
+      } else {
+        if (direct_skip) {
+          if (t0 < Lv) y0 = fmaf(sk, io_load<IO>(u + t0), y0);
+          if (t0 + 1 < Lv) y1 = fmaf(sk, io_load<IO>(u + t0 + 1), y1);
+        }
+        if (ypair && t0 + 1 < Lv) {
+          io_store2<IO>(y + t0, y0, y1);
+        } else {
+          if (t0 < Lv) io_store<IO>(y + t0, y0);
+          if (t0 + 1 < Lv) io_store<IO>(y + t0 + 1, y1);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace fp32_detail
+}  // namespace
+}  // namespace monarch_fftconv
