@@ -309,6 +309,28 @@ def test_the_cuda_op_is_the_extensions(gen):
     assert rel_l2(y, reference(u, k)) <= BUDGETS["fp32"]
 
 
+def test_portable_first_call_in_a_fresh_process():
+    """MONARCH_FFTCONV_BACKEND=portable as a process's first CUDA call runs the ops' kernels:
+    the decision loads the extension that registers them (session 10's profile script died
+    here with NotImplementedError)."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import torch, monarch_fftconv as mf\n"
+        "u = torch.randn(2, 3, 1000, device='cuda'); k = torch.randn(3, 1000, device='cuda')\n"
+        "y = mf.fftconv(u, k, precision='bf16')\n"
+        "ref = torch.fft.irfft(torch.fft.rfft(u.double(), n=2048) * torch.fft.rfft(k.double(), n=2048), n=2048)[..., :1000]\n"
+        "print(float((y.double() - ref).norm() / ref.norm()), mf.explain(u, k, precision='bf16')['backend'])\n"
+    )
+    env = {**os.environ, BACKEND_ENV: "portable"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    error, backend = done.stdout.split()[-2:]
+    assert backend == "portable" and float(error) <= BUDGETS["bf16"]
+
+
 @pytest.mark.xfail(strict=True, reason="known (session 4): on the H200 image an exception thrown by the JIT-built "
                    "binding kills the process (SIGSEGV) instead of raising; the public API checks every input first")
 def test_the_binding_raises_on_bad_direct_calls():

@@ -152,15 +152,7 @@ __device__ __forceinline__ void build_tables(const TcSmem<C>& sm, int tid) {
   using Op = typename C::Op;
   using S = typename C::S;
   constexpr int N1 = C::N1, N2 = C::N2, kH = C::kH, kRP = C::kRP, kK = C::kK, kSD = C::kSD;
-  float2* const W1 = sm.W1;
-  float2* const W2 = sm.W2;
-  float2* const TL = sm.TL;
-  S* const data = sm.data;
-  S* const Are = sm.Are;
-  S* const Aim = sm.Aim;
-  S* const F1re = sm.F1re;
-  S* const F1im = sm.F1im;
-  uint4* const G2 = sm.G2;
+  const auto& [W1, W2, TL, TH, data, Are, Aim, F1re, F1im, G2] = sm;  // the carved smem, by name
   for (int i = tid; i < N1; i += C::kThreads) {
     float s, co;
     sincospif(2.0f * float(i) / float(N1), &s, &co);
@@ -246,19 +238,9 @@ __device__ __forceinline__ void store_x(const TcSmem<C>& sm, const typename UVec
 template <class C>
 __device__ __forceinline__ void stage1(const TcSmem<C>& sm, const LaneIds& ids, int rows_io) {
   using Op = typename C::Op;
-  using Io = typename C::Io;
-  using S = typename C::S;
   constexpr int N1 = C::N1, kH = C::kH, kK = C::kK, kSD = C::kSD;
   constexpr int kMT = C::kMT;
-  float2* const W1 = sm.W1;
-  float2* const W2 = sm.W2;
-  float2* const TL = sm.TL;
-  S* const data = sm.data;
-  S* const Are = sm.Are;
-  S* const Aim = sm.Aim;
-  S* const F1re = sm.F1re;
-  S* const F1im = sm.F1im;
-  uint4* const G2 = sm.G2;
+  const auto& [W1, W2, TL, TH, data, Are, Aim, F1re, F1im, G2] = sm;  // the carved smem, by name
   const int lane = ids.lane, warp = ids.warp, g = ids.g, t4 = ids.t4;
   auto twiddle = [&](int a) { return sm.twiddle(a); };
   constexpr int kWN = C::kWN, kWM = C::kWM, kMTW = C::kMTW, kNTW = C::kNTW;
@@ -348,19 +330,9 @@ template <class C, bool kInv>
 __device__ __forceinline__ void stage2(const TcSmem<C>& sm, const LaneIds& ids, const float2* __restrict__ Kc,
                                        bool kvec) {
   using Op = typename C::Op;
-  using Io = typename C::Io;
-  using S = typename C::S;
   constexpr int N1 = C::N1, N2 = C::N2, kH = C::kH, kK = C::kK, kSD = C::kSD;
   constexpr int kMT = C::kMT;
-  float2* const W1 = sm.W1;
-  float2* const W2 = sm.W2;
-  float2* const TL = sm.TL;
-  S* const data = sm.data;
-  S* const Are = sm.Are;
-  S* const Aim = sm.Aim;
-  S* const F1re = sm.F1re;
-  S* const F1im = sm.F1im;
-  uint4* const G2 = sm.G2;
+  const auto& [W1, W2, TL, TH, data, Are, Aim, F1re, F1im, G2] = sm;  // the carved smem, by name
   const int lane = ids.lane, warp = ids.warp, g = ids.g, t4 = ids.t4;
   auto twiddle = [&](int a) { return sm.twiddle(a); };
   auto g2 = [&](int m, int k) { return sm.g2(m, k); };
@@ -520,17 +492,8 @@ __device__ __forceinline__ void inverse_stage1(const TcSmem<C>& sm, const LaneId
                                                int64_t c, int64_t u_off, int64_t y_off, int64_t L, int rows_io) {
   using Op = typename C::Op;
   using Io = typename C::Io;
-  using S = typename C::S;
   constexpr int N1 = C::N1, N2 = C::N2, kH = C::kH, kRP = C::kRP, kK = C::kK, kSD = C::kSD;
-  float2* const W1 = sm.W1;
-  float2* const W2 = sm.W2;
-  float2* const TL = sm.TL;
-  S* const data = sm.data;
-  S* const Are = sm.Are;
-  S* const Aim = sm.Aim;
-  S* const F1re = sm.F1re;
-  S* const F1im = sm.F1im;
-  uint4* const G2 = sm.G2;
+  const auto& [W1, W2, TL, TH, data, Are, Aim, F1re, F1im, G2] = sm;  // the carved smem, by name
   const int lane = ids.lane, warp = ids.warp, g = ids.g, t4 = ids.t4;
   constexpr int kWN = C::kWN, kWM = C::kWM, kMTW = C::kMTW1, kNTW = C::kNTW;
   const int wn = warp % kWN, wm = warp / kWN;
