@@ -54,7 +54,7 @@ __device__ __forceinline__ void pass_smem(float* re, float* im, int tx, const fl
 
 // ------------------------------------------------------------------------------------
 // whole passes, as the backward and filter-spectrum kernels compose them (the forward kernel
-// inlines its own, with the u prefetch and the filter-walk fast path)
+// has its own in fp32/forward_stages.cuh, with the u prefetch and the filter-walk fast path)
 // ------------------------------------------------------------------------------------
 // One sequence slot's view of a radix kernel's shared memory (layout: the slots' areas,
 // then the twiddle tables): its area re/im and the tables, which the constructor builds
