@@ -207,28 +207,6 @@ __device__ __forceinline__ void mid_filter_pairs(const float2* stage, const KArg
   }
 }
 
-// The mid pass's inverse radix-16 butterflies j0 = tx and j1 (NS = 1), registers -> smem,
-// once every thread is done with the stage; ends with a barrier.
-__device__ __forceinline__ void mid_inverse(float* re, float* im, int j0, int j1, cf (&A2)[16], cf (&B2)[16]) {
-  fence(A2);
-  fft_reg<16, true>(A2);
-  fence(A2);
-  fence(B2);
-  fft_reg<16, true>(B2);
-  __syncthreads();  // everyone is done with the stage
-  {
-    const int pb0 = pidx(j0 * 16), pb1 = pidx(j1 * 16);
-#pragma unroll
-    for (int r = 0; r < 16; ++r) {
-      re[pb0 + r] = A2[r].x;
-      im[pb0 + r] = A2[r].y;
-      re[pb1 + r] = B2[r].x;
-      im[pb1 + r] = B2[r].y;
-    }
-  }
-  __syncthreads();
-}
-
 // The last inverse pass: smem -> global, radix R1, NS = M/R1; only the causal half (y[t] for
 // t < Lv) is stored, plus D·u there when the skip is not folded into the filter.
 template <int LOGM, typename IO>

@@ -186,14 +186,9 @@ __device__ __forceinline__ void last_inverse_butterflies(const float* re, const 
   }
 }
 
-// The mid pass's inverse radix-16 butterflies, the inverse p2 and the last inverse pass
-// (smem -> global): stores y[t] for t < Lv.
-template <int LOGM, typename IO>
-__device__ __forceinline__ void inverse_passes(float* re, float* im, int tx, const float2* twM, const float2* twIP2,
-                                               cf (&A2)[16], cf (&B2)[16], IO* y, int Lv) {
-  using P = Plan<LOGM>;
-  constexpr int M = P::M, T = P::T;
-  const int j0 = tx, j1 = tx == 0 ? M / 32 : M / 16 - tx;
+// The mid pass's inverse radix-16 butterflies j0 = tx and j1 (NS = 1), registers -> smem,
+// once every thread is done with the stage; ends with a barrier.
+__device__ __forceinline__ void mid_inverse(float* re, float* im, int j0, int j1, cf (&A2)[16], cf (&B2)[16]) {
   fence(A2);
   fft_reg<16, true>(A2);
   fence(A2);
@@ -211,6 +206,16 @@ __device__ __forceinline__ void inverse_passes(float* re, float* im, int tx, con
     }
   }
   __syncthreads();
+}
+
+// The mid pass's inverse radix-16 butterflies, the inverse p2 and the last inverse pass
+// (smem -> global): stores y[t] for t < Lv.
+template <int LOGM, typename IO>
+__device__ __forceinline__ void inverse_passes(float* re, float* im, int tx, const float2* twM, const float2* twIP2,
+                                               cf (&A2)[16], cf (&B2)[16], IO* y, int Lv) {
+  using P = Plan<LOGM>;
+  constexpr int M = P::M, T = P::T;
+  mid_inverse(re, im, tx, tx == 0 ? M / 32 : M / 16 - tx, A2, B2);
   if constexpr (P::LR2 > 0) pass_smem<M, T, P::R2, 16, true>(re, im, tx, twIP2);
 
   constexpr int R = P::R1, NB = 32 / R, NS = M / R;
