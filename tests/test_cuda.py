@@ -319,12 +319,14 @@ def test_portable_first_call_in_a_fresh_process():
 
     script = (
         "import torch, monarch_fftconv as mf\n"
+        "from helpers import reference, rel_l2\n"
         "u = torch.randn(2, 3, 1000, device='cuda'); k = torch.randn(3, 1000, device='cuda')\n"
         "y = mf.fftconv(u, k, precision='bf16')\n"
-        "ref = torch.fft.irfft(torch.fft.rfft(u.double(), n=2048) * torch.fft.rfft(k.double(), n=2048), n=2048)[..., :1000]\n"
-        "print(float((y.double() - ref).norm() / ref.norm()), mf.explain(u, k, precision='bf16')['backend'])\n"
+        "print(rel_l2(y, reference(u, k)), mf.explain(u, k, precision='bf16')['backend'])\n"
     )
-    env = {**os.environ, BACKEND_ENV: "portable"}
+    tests_dir = os.path.dirname(os.path.abspath(__file__))  # for helpers
+    path = os.pathsep.join(p for p in (tests_dir, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, BACKEND_ENV: "portable", "PYTHONPATH": path}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     error, backend = done.stdout.split()[-2:]
