@@ -11,7 +11,9 @@ training step is `y = f(u); y.backward(g)`: its figure includes the backward's h
 which autograd runs on its device thread while this one waits. Medians over --reps calls.
 
 Targets of the issue "Training steps faster than torch.fft at every length": at most 25 µs per
-forward and 60 µs per training step.
+forward and 60 µs per training step. The "floor" rows time `u * k` (broadcast over the batch,
+one ATen kernel forward and two in its backward) the same way: what PyTorch's dispatcher and
+autograd engine cost a step of the simplest differentiable op on this host.
 """
 from __future__ import annotations
 
@@ -68,7 +70,12 @@ def calls(shape, precision):
     def conv(u_, k_):
         return mf.fftconv(u_, k_, precision=precision)
 
+    def elementwise(u_, k_):  # one ATen kernel each way: autograd's own floor for a step
+        return u_ * k_
+
     return {
+        "floor: u*k fwd (no grad)": no_grad(elementwise, u, k),
+        "floor: u*k train step": step(elementwise, ug, kg),
         "reference fwd": no_grad(reference, u, k),
         "fftconv fwd (no grad)": no_grad(conv, u, k),
         "fftconv fwd (grad)": lambda: conv(ug, kg),

@@ -6,7 +6,8 @@
 // S[k1][k2] = X[g]/N for g = k1 + n1·k2 with k1 <= n1/2 (g in [0, N)); an entry with g > M
 // holds conj(X[N - g]). So each X[h] is written as itself at g = h and as its conjugate at
 // g = N - h, where those entries exist. Each entry has one writer (g = M: two identical
-// writes by one thread), so the result is deterministic.
+// writes by one thread), so the result is deterministic. The entries are gathered in shared
+// memory and stored to global memory in order.
 
 #include "fp32/radix.cuh"
 
@@ -14,12 +15,14 @@ namespace monarch_fftconv {
 namespace {
 namespace fp32_detail {
 
-// X[h]·scale into the entries that hold it (see above).
-__device__ __forceinline__ void store_frequency(float2* S, int h, cf x, float scale, const KArgs& a) {
-  if ((h & (a.n1 - 1)) <= (a.n1 >> 1)) S[(h & (a.n1 - 1)) * a.n2 + (h >> a.ln1)] = make_float2(x.x * scale, x.y * scale);
+// X[h]·scale into the entries of the slot's stage that hold it (see above): the layout's
+// [k1][k2] with rows padded to n2 + 1 float2, as the forward kernel stages the spectrum.
+__device__ __forceinline__ void stage_frequency(float2* stage, int h, cf x, float scale, const KArgs& a) {
+  const int pitch = a.n2 + 1;
+  if ((h & (a.n1 - 1)) <= (a.n1 >> 1)) stage[(h & (a.n1 - 1)) * pitch + (h >> a.ln1)] = make_float2(x.x * scale, x.y * scale);
   const int g = a.N - h;
   if (g < a.N && (g & (a.n1 - 1)) <= (a.n1 >> 1))
-    S[(g & (a.n1 - 1)) * a.n2 + (g >> a.ln1)] = make_float2(x.x * scale, -x.y * scale);
+    stage[(g & (a.n1 - 1)) * pitch + (g >> a.ln1)] = make_float2(x.x * scale, -x.y * scale);
 }
 
 template <int LOGM>
@@ -37,16 +40,23 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) fil
   forward_passes<LOGM, float>(slot.re, slot.im, tx, slot.fp2(), k, valid ? (int)a.L : 0);
   cf A[16], Bv[16], A2[16], B2[16];
   mid_forward<M>(slot.re, slot.im, tx, slot.mid(), A, Bv);
-  float2* S = spectrum + c * (int64_t)((a.n1 / 2 + 1) * a.n2);
+  // The frequencies land scattered over the layout (a thread's neighbours hold the next k1,
+  // a row of n2 away): they go to the slot's area first, then to global memory in order, in
+  // full sectors. Written straight to global memory, each warp store touched 32 sectors.
+  __syncthreads();  // all of Z is in registers: the slot's area becomes the stage
+  float2* stage = reinterpret_cast<float2*>(slot.re);
   const float scale = 1.f / (float)a.N;  // a power of two: exact
   for_each_pair<M>(tx, A, Bv, A2, B2, slot.wp0, slot.wp1, [&](int, int f, cf zk, cf zm, cf w, cf&, cf&) {
     cf xk, xm;
     split_pair(zk, zm, w, xk, xm);
-    if (valid) {
-      store_frequency(S, f, xk, scale, a);
-      store_frequency(S, M - f, xm, scale, a);
-    }
+    stage_frequency(stage, f, xk, scale, a);
+    stage_frequency(stage, M - f, xm, scale, a);
   });
+  __syncthreads();
+  if (!valid) return;
+  const int total = stage_entries(a);
+  float2* S = spectrum + c * (int64_t)total;
+  for (int e = tx; e < total; e += P::T) S[e] = stage[stage_index(a, e)];
 }
 
 template <int LOGM>
