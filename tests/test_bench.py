@@ -488,3 +488,13 @@ def test_tensor_core_rows_name_the_kernel_the_op_runs(bench, monkeypatch):
     monkeypatch.setattr(mf, "explain", lambda u, k, precision=None: dict(covered))
     info = bench.methods._describe_tensor_core("bf16")(u, k)
     assert (info["backend"], info["kernel"], info["flops"]) == ("tc-op", "k", 7)
+
+
+@pytest.mark.parametrize("script", ["kernel_times.py", "host_overhead.py"])
+def test_gpu_timing_scripts_parse_their_options_on_the_cpu(script):
+    """The GPU-only timing scripts (run on the device machine) import and parse their options
+    here, so a broken one is caught before a device call is spent on it."""
+    proc = subprocess.run([sys.executable, os.path.join(_BENCHMARKS, script), "--help"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--shape" in proc.stdout and ("--flush-l2" in proc.stdout or "--profile" in proc.stdout)

@@ -14,9 +14,10 @@
 //   grad_kernel: one work item per (channel c, chunk of the batch). For each b of the chunk,
 //     in order:
 //       U  = forward passes of u[b,c]: each thread parks the spectrum pairs X_u[k], X_u[M-k]
-//            of its mid-pass frequency pairs in a per-item scratch in global memory (it reads
-//            back only what it wrote itself, so no synchronisation; the scratch stays in L2,
-//            as the sequences are read and written with evict-first hints)
+//            of its mid-pass frequency pairs, half in shared memory and half in a per-item
+//            scratch in global memory (it reads back only what it wrote itself, so no
+//            synchronisation; the scratch is meant to stay in L2, as the sequences are read
+//            and written with evict-first hints)
 //       DY = forward passes of dy[b,c] (the same code as U's: one copy keeps the kernel
 //            small enough for the instruction cache), then two sweeps over the pairs:
 //              acc += conj(X_u)·X_dy            (fp32, per item, fixed b order), while the
