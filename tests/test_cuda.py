@@ -20,6 +20,19 @@ KERNEL_LENGTHS = [128, 256, 512, 1024, 2048, 4096, 8192, 16384]  # N = 2L from 2
 DEVICE = "cuda"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def cuda_kernels_registered():
+    """Loading the extension registers the ops' CUDA kernels. `fftconv` loads it on its first
+    CUDA call, but the tests that call an op directly (the spectrum kernel's, the emulation's)
+    must not depend on such a call having run before them: under a -k selection they failed
+    with NotImplementedError (session 12)."""
+    if torch.cuda.is_available():
+        from monarch_fftconv import _extension
+
+        coverage = _extension.coverage(True)
+        assert not isinstance(coverage, str), f"the CUDA extension is unavailable: {coverage}"
+
+
 def expected_backend(precision: str, length: int) -> str:
     """fp32 and tf32 (whose tensor-core kernel measured slower) take the radix kernel; bf16 and
     fp16 the tensor cores up to N = 16384, and the radix kernel at N = 32768, where no
