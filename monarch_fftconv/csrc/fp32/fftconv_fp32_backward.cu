@@ -237,6 +237,7 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) fil
 struct GradShape {
   int64_t chunks, chunk, items;
   size_t workspace_bytes;
+  size_t smem;  // the grad kernel's dynamic shared memory
 };
 
 // How the batch is cut into work items: enough items to fill the GPU once, each as long a
@@ -245,9 +246,9 @@ template <int LOGM, typename IO>
 cudaError_t grad_shape(const ConvBackwardParams& p, GradShape& shape) {
   using P = Plan<LOGM>;
   int ctas = 0, sms = 0;
-  const size_t smem = grad_smem_bytes<LOGM>(p.n1, p.n2);
-  if (smem > max_smem_per_cta(P::MIN_CTAS)) return cudaErrorInvalidConfiguration;
-  const cudaError_t err = residency<fftconv_fp32_grad_kernel<LOGM, IO>>(P::THREADS, smem, ctas, sms);
+  shape.smem = grad_smem_bytes<LOGM>(p.n1, p.n2);
+  if (shape.smem > max_smem_per_cta(P::MIN_CTAS)) return cudaErrorInvalidConfiguration;
+  const cudaError_t err = residency<fftconv_fp32_grad_kernel<LOGM, IO>>(P::THREADS, shape.smem, ctas, sms);
   if (err != cudaSuccess) return err;
   const int64_t slots = (int64_t)ctas * sms * P::SPB;
   int64_t chunks = slots / p.channels;
@@ -295,7 +296,7 @@ cudaError_t launch_grad(const ConvBackwardParams& p, cudaStream_t stream, size_t
   if ((err = residency<filter_grad_kernel<LOGM>>(P::THREADS, smem, ctas, sms)) != cudaSuccess) return err;
   const dim3 block(P::T, P::SPB);
   fftconv_fp32_grad_kernel<LOGM, IO>
-      <<<(unsigned)((shape.items + P::SPB - 1) / P::SPB), block, grad_smem_bytes<LOGM>(p.n1, p.n2), stream>>>(g);
+      <<<(unsigned)((shape.items + P::SPB - 1) / P::SPB), block, shape.smem, stream>>>(g);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
   filter_grad_kernel<LOGM><<<(unsigned)((p.channels + P::SPB - 1) / P::SPB), block, smem, stream>>>(g);
   return cudaGetLastError();

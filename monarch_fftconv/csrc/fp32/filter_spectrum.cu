@@ -15,14 +15,15 @@ namespace monarch_fftconv {
 namespace {
 namespace fp32_detail {
 
-// X[h]·scale into the entries of the slot's stage that hold it (see above): the layout's
-// [k1][k2] with rows padded to n2 + 1 float2, as the forward kernel stages the spectrum.
+// X[h]·scale into the entries of the slot's stage that hold it (see above), in the stage
+// layout the forward kernel copies the spectrum into (stage_index: rows padded to n2 + 1).
 __device__ __forceinline__ void stage_frequency(float2* stage, int h, cf x, float scale, const KArgs& a) {
-  const int pitch = a.n2 + 1;
-  if ((h & (a.n1 - 1)) <= (a.n1 >> 1)) stage[(h & (a.n1 - 1)) * pitch + (h >> a.ln1)] = make_float2(x.x * scale, x.y * scale);
-  const int g = a.N - h;
-  if (g < a.N && (g & (a.n1 - 1)) <= (a.n1 >> 1))
-    stage[(g & (a.n1 - 1)) * pitch + (g >> a.ln1)] = make_float2(x.x * scale, -x.y * scale);
+  const auto put = [&](int g, float im) {  // the entry e = k1·n2 + k2 of g = k1 + n1·k2, if it exists
+    const int k1 = g & (a.n1 - 1);
+    if (k1 <= (a.n1 >> 1)) stage[stage_index(a, k1 * a.n2 + (g >> a.ln1))] = make_float2(x.x * scale, im * scale);
+  };
+  put(h, x.y);
+  if (h > 0) put(a.N - h, -x.y);  // g = N - h < N
 }
 
 template <int LOGM>
