@@ -22,9 +22,9 @@ KERNEL_ENV = "MONARCH_FFTCONV_TC_KERNEL"
 PRECISIONS = ["bf16", "fp16"]
 
 
-@pytest.fixture(params=["sm90", "sm90-2teams"])
+@pytest.fixture(params=["sm90", "sm90-2seq"])
 def sm90(request, monkeypatch):
-    """The kernel with one sequence in flight per CTA (the request "sm90"), and with two. Through
+    """The kernel with one sequence in flight per CTA (the request "sm90"), and with two, a warpgroup each ("sm90-2seq"). Through
     the ops (MONARCH_FFTCONV_BACKEND=portable): calls that fill the GPU would otherwise take the
     fp32 kernel."""
     monkeypatch.setenv(KERNEL_ENV, request.param)

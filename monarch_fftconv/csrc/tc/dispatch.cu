@@ -22,21 +22,21 @@ using LaunchFn = cudaError_t (*)(const ConvForwardParams&, cudaStream_t);
 
 namespace sm90 {
 // Defined in tc/sm90_kernel.cuh; instantiated in tc/sm90_instances.cu.
-template <Precision P, IOType IO, int Teams>
+template <Precision P, IOType IO, int SeqWarpgroups>
 cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream);
 
-template <Precision P, int Teams>
+template <Precision P, int SeqWarpgroups>
 constexpr tc::LaunchFn pick_io(IOType io) {
-  return io == IOType::kFloat32    ? &launch<P, IOType::kFloat32, Teams>
-         : io == IOType::kBFloat16 ? &launch<P, IOType::kBFloat16, Teams>
-                                   : &launch<P, IOType::kFloat16, Teams>;
+  return io == IOType::kFloat32    ? &launch<P, IOType::kFloat32, SeqWarpgroups>
+         : io == IOType::kBFloat16 ? &launch<P, IOType::kBFloat16, SeqWarpgroups>
+                                   : &launch<P, IOType::kFloat16, SeqWarpgroups>;
 }
 
-template <int Teams>
+template <int SeqWarpgroups>
 tc::LaunchFn pick_precision(Precision precision, IOType io) {
   switch (precision) {
-    case Precision::kBF16: return pick_io<Precision::kBF16, Teams>(io);
-    case Precision::kFP16: return pick_io<Precision::kFP16, Teams>(io);
+    case Precision::kBF16: return pick_io<Precision::kBF16, SeqWarpgroups>(io);
+    case Precision::kFP16: return pick_io<Precision::kFP16, SeqWarpgroups>(io);
     default: return nullptr;
   }
 }
@@ -45,13 +45,13 @@ tc::LaunchFn pick_precision(Precision precision, IOType io) {
 // slower than the mma.sync kernel (0.53 against 0.43 ms at the seed shape; docs/performance.md,
 // sessions 9 and 10), so it runs only on request:
 // MONARCH_FFTCONV_TC_KERNEL=sm90, read per call (side-by-side measurements, its tests), with one
-// sequence in flight per CTA; sm90-2teams runs two (measured slower: docs/performance.md, session 10).
+// sequence in flight per CTA (both warpgroups on it); sm90-2seq runs two, a warpgroup each.
 tc::LaunchFn pick(const ConvForwardParams& p) {
   if (p.n1 != 128 || p.n2 != 128) return nullptr;
   const char* requested = std::getenv("MONARCH_FFTCONV_TC_KERNEL");
   if (requested == nullptr) return nullptr;
-  if (std::strcmp(requested, "sm90") == 0) return pick_precision<1>(p.precision, p.io_type);
-  if (std::strcmp(requested, "sm90-2teams") == 0) return pick_precision<2>(p.precision, p.io_type);
+  if (std::strcmp(requested, "sm90") == 0) return pick_precision<2>(p.precision, p.io_type);
+  if (std::strcmp(requested, "sm90-2seq") == 0) return pick_precision<1>(p.precision, p.io_type);
   return nullptr;
 }
 }  // namespace sm90

@@ -1,7 +1,7 @@
 // monarch_fftconv: the Hopper Monarch kernel's GEMMs (tc/sm90_kernel.cuh): issuing wgmma over
 // shared-memory tiles (real and complex products, descriptors made where they are used),
 // the begin/wait fences around them, the proxy fence that makes ordinary shared-memory
-// stores visible to them, and the named barriers of a team and of a warpgroup.
+// stores visible to them, and the named barriers of a sequence slot and of a warpgroup.
 //
 // CUDA + CuTe headers only: never include torch here.
 #pragma once
@@ -19,12 +19,18 @@ using namespace cute;
 // Generic-proxy shared-memory writes become visible to the wgmma (async) proxy.
 __device__ __forceinline__ void fence_smem_for_gmma() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-// Named barriers (0 is __syncthreads): a team's two warpgroups (ids 1, 2), one warpgroup (3..6).
-__device__ __forceinline__ void team_barrier(int team) {
-  asm volatile("bar.sync %0, 256;\n" ::"r"(1 + team) : "memory");
-}
+// Named barriers (0 is __syncthreads): one warpgroup (ids 1, 2), and the warpgroups of one
+// sequence slot: both (id 3) or, where a slot has one warpgroup, that warpgroup's own.
 __device__ __forceinline__ void warpgroup_barrier(int warpgroup) {
-  asm volatile("bar.sync %0, 128;\n" ::"r"(3 + warpgroup) : "memory");
+  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + warpgroup) : "memory");
+}
+template <int SeqWarpgroups>
+__device__ __forceinline__ void slot_barrier(int warpgroup) {
+  if constexpr (SeqWarpgroups == 1) {
+    warpgroup_barrier(warpgroup);
+  } else {
+    asm volatile("bar.sync 3, 256;\n" ::: "memory");
+  }
 }
 
 // acc (+)= A · B over the whole K of the tiles, issued (not waited for): sA (64, K), sB (64, K).

@@ -205,11 +205,13 @@ __device__ __forceinline__ void store_y(const Acc& acc_re, const Coord& coord, i
 
 // ---------------------------------------------------------------------------
 // The kernel: per sequence, the five steps of docs/design.md in order, each GEMM issued
-// asynchronously with the Nyquist row's fp32 work (one warp) under it.
+// asynchronously with the Nyquist row's fp32 work (one warp) under it. A warpgroup runs each
+// step on its column halves in turn (one half, or both where it has a sequence to itself).
 // ---------------------------------------------------------------------------
-template <Precision P, IOType IO, int Teams>
-__global__ void __launch_bounds__(Sm90Cfg<P, IO, Teams>::kThreads, 1) monarch_sm90_kernel(const ConvForwardParams p) {
-  using Cfg = Sm90Cfg<P, IO, Teams>;
+template <Precision P, IOType IO, int SeqWarpgroups>
+__global__ void __launch_bounds__(Sm90Cfg<P, IO, SeqWarpgroups>::kThreads, 1)
+    monarch_sm90_kernel(const ConvForwardParams p) {
+  using Cfg = Sm90Cfg<P, IO, SeqWarpgroups>;
   using Io = typename Cfg::Io;
   using Smem = typename Cfg::Smem;
   using GM = GMMA::Major;
@@ -217,17 +219,18 @@ __global__ void __launch_bounds__(Sm90Cfg<P, IO, Teams>::kThreads, 1) monarch_sm
   using MmaKKNeg = typename Cfg::template Mma<GM::K, GM::K, GMMA::ScaleIn::Neg>;
   using MmaKMN = typename Cfg::template Mma<GM::K, GM::MN>;
   using MmaMNMN = typename Cfg::template Mma<GM::MN, GM::MN>;
+  constexpr int kHalves = Cfg::kHalvesPerWarpgroup;
 
   extern __shared__ uint8_t smem_raw[];
   Smem& sm = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
 
   const int tid = threadIdx.x;
-  const int team = tid / Cfg::kTeamThreads;  // the sequence this thread works on: one per team
   const int warpgroup = tid / Cfg::kWarpgroup;
-  const int wg = warpgroup % 2;        // the warpgroup's column half in its team
-  const int col0 = Cfg::kHalf * wg;
-  typename Cfg::TeamData& data = sm.team[team];
-  typename Cfg::Nyquist& nyq = sm.nyq[team];
+  const int slot = warpgroup / Cfg::kSeqWarpgroups;  // the sequence slot this thread works on
+  const int wg = warpgroup % Cfg::kSeqWarpgroups;    // the warpgroup's place in its slot
+  const int half0 = wg * kHalves;                    // its first column half
+  typename Cfg::SlotData& data = sm.slot[slot];
+  typename Cfg::Nyquist& nyq = sm.nyq[slot];
 
   // Shared-memory tensors.
   Tensor sF1c = make_tensor(make_smem_ptr(sm.f1c), typename Cfg::LayoutSquare{});   // (k1|r, r|k1)
@@ -246,20 +249,20 @@ __global__ void __launch_bounds__(Sm90Cfg<P, IO, Teams>::kThreads, 1) monarch_sm
   // Byte addresses of the planes the epilogues store into: x and p share p's bytes, a and ap a's.
   const uint32_t a_plane = smem_address(data.a[0]), p_plane = smem_address(data.p[0]);
 
-  // This warpgroup's N slices: rows [64 wg, 64 wg + 64) of the N-by-K operands.
+  // Column half h's N slices: rows [64 h, 64 h + 64) of the N-by-K operands.
   using TileHalfRows = typename Cfg::TileHalfRows;
   using TileHalfCols = typename Cfg::TileHalfCols;
-  Tensor sXh = local_tile(sX, TileHalfRows{}, make_coord(wg, 0));        // (64 s, 64 r)
-  Tensor sF2ch = local_tile(sF2c, TileHalfCols{}, make_coord(wg, 0));    // (64 k2|s, 128 s|k2)
-  Tensor sF2sh = local_tile(sF2s, TileHalfCols{}, make_coord(wg, 0));
-  Tensor sAprh = local_tile(sApre, TileHalfRows{}, make_coord(wg, 0));   // (64 s, 64 k1)
-  Tensor sApih = local_tile(sApim, TileHalfRows{}, make_coord(wg, 0));
+  auto x_half = [&](int h) { return local_tile(sX, TileHalfRows{}, make_coord(h, 0)); };      // (64 s, 64 r)
+  auto f2c_half = [&](int h) { return local_tile(sF2c, TileHalfCols{}, make_coord(h, 0)); };  // (64 k2|s, 128)
+  auto f2s_half = [&](int h) { return local_tile(sF2s, TileHalfCols{}, make_coord(h, 0)); };
+  auto apre_half = [&](int h) { return local_tile(sApre, TileHalfRows{}, make_coord(h, 0)); }; // (64 s, 64 k1)
+  auto apim_half = [&](int h) { return local_tile(sApim, TileHalfRows{}, make_coord(h, 0)); };
 
   build_tables<Cfg>(sm, sF1c, sS1, sF2c, sF2s, tid);
   fence_smem_for_gmma();
   __syncthreads();  // the tables
 
-  // Accumulator fragments, (64 rows, 64 columns) of the warpgroup's tile.
+  // Accumulator fragments, (64 rows, 64 columns) of one column half's tile.
   Tensor acc_re = partition_fragment_C(MmaKK{}, typename Cfg::TileAcc{});     // 32 fp32
   Tensor acc_im = partition_fragment_C(MmaKK{}, typename Cfg::TileAcc{});
 
@@ -267,9 +270,9 @@ __global__ void __launch_bounds__(Sm90Cfg<P, IO, Teams>::kThreads, 1) monarch_sm
   const bool u_vec_ok = (reinterpret_cast<uintptr_t>(p.u) % (4 * sizeof(typename Io::T))) == 0 &&
                         p.u_batch_stride % 4 == 0 && p.u_channel_stride % 4 == 0;
 
-  const int64_t seq_step = int64_t(gridDim.x) * Cfg::kTeams;
-  for (int64_t seq = int64_t(blockIdx.x) * Cfg::kTeams + team; seq < sequences; seq += seq_step) {
-    team_barrier(team);  // the team's previous sequence is done with p (x's bytes) and ap (a's)
+  const int64_t seq_step = int64_t(gridDim.x) * Cfg::kSlots;
+  for (int64_t seq = int64_t(blockIdx.x) * Cfg::kSlots + slot; seq < sequences; seq += seq_step) {
+    slot_barrier<SeqWarpgroups>(warpgroup);  // the slot's previous sequence is done with p (x's bytes) and ap (a's)
     // The accumulators' (row, column) coordinates. Derived from an opaque copy of the thread
     // index each sequence: hoisted out of the loop, their addresses would take ~100 registers.
     int lt = threadIdx.x % Cfg::kWarpgroup;
@@ -279,76 +282,91 @@ __global__ void __launch_bounds__(Sm90Cfg<P, IO, Teams>::kThreads, 1) monarch_sm
     const int64_t u_off = b * p.u_batch_stride + c * p.u_channel_stride;
     const float2* filt = reinterpret_cast<const float2*>(p.filter_spectrum) +
                          c * int64_t((Cfg::kNyquistRow + 1) * Cfg::kN2);  // (65, 128)
+    const bool has_next = seq + seq_step < sequences;
 
     // ---- 1. u -> x ----
-    load_u<Cfg>(p, u_off, u_vec_ok, col0, lt, p_plane);
+#pragma unroll 1
+    for (int h = half0; h < half0 + kHalves; ++h) load_u<Cfg>(p, u_off, u_vec_ok, Cfg::kHalf * h, lt, p_plane);
     fence_smem_for_gmma();
-    warpgroup_barrier(warpgroup);  // stage 1 reads this half of x only
+    warpgroup_barrier(warpgroup);  // stage 1 reads this warpgroup's halves of x only
 
     // ---- 2. stage 1: A = F1 · X over r, rows k1 = 0..63; row 0's imaginary = Nyquist row ----
-    gmma_begin(acc_re, acc_im);
-    gemm_issue<MmaKMN>(sF1c, sXh, acc_re, false);
-    gemm_issue<MmaKMN>(sS1, sXh, acc_im, false);
-    warpgroup_commit_batch();
-    if (seq + seq_step < sequences) prefetch_u<Cfg>(p, seq + seq_step, col0, lt);
-    gmma_wait(acc_re, acc_im);
-    twiddle_to_a<Cfg>(acc_re, acc_im, coord, col0, sm, nyq, a_plane);
-    fence_smem_for_gmma();
-    team_barrier(team);  // stage 2 contracts over every s
-
-    // ---- 3. stage 2: B = A · F2 over s, columns k2 of this half ----
-    gmma_begin(acc_re, acc_im);
-    complex_gemm_issue<MmaKK, MmaKKNeg, false>(sAre, sAim, sF2ch, sF2sh, acc_re, acc_im);
-    warpgroup_commit_batch();
-    if (wg == 0 && lt < 32) {  // meanwhile one warp: the Nyquist row's stage 2 and filter, fp32
-      const float2* spectrum = fft128_warp<false>(nyq.b, nyq.fft[0], sm.w128, lt);
-#pragma unroll
-      for (int k2 = lt; k2 < Cfg::kN2; k2 += 32)
-        nyq.p[k2] = cmul(spectrum[k2], __ldg(filt + Cfg::kNyquistRow * Cfg::kN2 + k2));
+#pragma unroll 1
+    for (int h = half0; h < half0 + kHalves; ++h) {
+      gmma_begin(acc_re, acc_im);
+      gemm_issue<MmaKMN>(sF1c, x_half(h), acc_re, false);
+      gemm_issue<MmaKMN>(sS1, x_half(h), acc_im, false);
+      warpgroup_commit_batch();
+      if (has_next) prefetch_u<Cfg>(p, seq + seq_step, Cfg::kHalf * h, lt);
+      gmma_wait(acc_re, acc_im);
+      twiddle_to_a<Cfg>(acc_re, acc_im, coord, Cfg::kHalf * h, sm, nyq, a_plane);
     }
-    gmma_wait(acc_re, acc_im);
-    filter_to_p<Cfg>(acc_re, acc_im, coord, col0, filt, p_plane);
     fence_smem_for_gmma();
-    team_barrier(team);  // inverse 2 contracts over every k2; nyq.p complete
+    slot_barrier<SeqWarpgroups>(warpgroup);  // stage 2 contracts over every s
 
-    // ---- 4. inverse stage 2: A' = P · conj(F2) over k2, columns s of this half ----
-    gmma_begin(acc_re, acc_im);
-    complex_gemm_issue<MmaKK, MmaKKNeg, true>(sPre, sPim, sF2ch, sF2sh, acc_re, acc_im);
-    warpgroup_commit_batch();
-    if (lt < 32) {  // meanwhile one warp per warpgroup: the Nyquist row's inverse 2 and conj
-                    // twiddle, c64[s] = Re(conj(tw64[s]) · IDFT(P64)[s]) for this half's s
-      const float2* signal = fft128_warp<true>(nyq.p, nyq.fft[wg], sm.w128, lt);
+    // ---- 3. stage 2: B = A · F2 over s, columns k2 of each half ----
+#pragma unroll 1
+    for (int h = half0; h < half0 + kHalves; ++h) {
+      gmma_begin(acc_re, acc_im);
+      complex_gemm_issue<MmaKK, MmaKKNeg, false>(sAre, sAim, f2c_half(h), f2s_half(h), acc_re, acc_im);
+      warpgroup_commit_batch();
+      if (h == 0 && lt < 32) {  // meanwhile one warp: the Nyquist row's stage 2 and filter, fp32
+        const float2* spectrum = fft128_warp<false>(nyq.b, nyq.fft[0], sm.w128, lt);
 #pragma unroll
-      for (int s = col0 + lt; s < col0 + Cfg::kHalf; s += 32)
-        nyq.c[s] = cmul_conj(signal[s], twiddle(sm.w128, sm.tw_lo, Cfg::kNyquistRow * s)).x;
+        for (int k2 = lt; k2 < Cfg::kN2; k2 += 32)
+          nyq.p[k2] = cmul(spectrum[k2], __ldg(filt + Cfg::kNyquistRow * Cfg::kN2 + k2));
+      }
+      gmma_wait(acc_re, acc_im);
+      filter_to_p<Cfg>(acc_re, acc_im, coord, Cfg::kHalf * h, filt, p_plane);
     }
-    gmma_wait(acc_re, acc_im);
-    warpgroup_barrier(warpgroup);  // nyq.c of this half
-    twiddle_to_ap<Cfg>(acc_re, acc_im, coord, col0, sm, nyq, a_plane);
     fence_smem_for_gmma();
-    warpgroup_barrier(warpgroup);  // inverse stage 1 reads this half only
+    slot_barrier<SeqWarpgroups>(warpgroup);  // inverse 2 contracts over every k2; nyq.p complete
+
+    // ---- 4. inverse stage 2: A' = P · conj(F2) over k2, columns s of each half ----
+#pragma unroll 1
+    for (int h = half0; h < half0 + kHalves; ++h) {
+      gmma_begin(acc_re, acc_im);
+      complex_gemm_issue<MmaKK, MmaKKNeg, true>(sPre, sPim, f2c_half(h), f2s_half(h), acc_re, acc_im);
+      warpgroup_commit_batch();
+      const bool first = h == half0;
+      if (first && lt < 32) {  // meanwhile one warp per warpgroup: the Nyquist row's inverse 2 and
+                               // conj twiddle, c64[s] = Re(conj(tw64[s]) · IDFT(P64)[s]) for its halves' s
+        const float2* signal = fft128_warp<true>(nyq.p, nyq.fft[wg], sm.w128, lt);
+#pragma unroll
+        for (int s = Cfg::kHalf * half0 + lt; s < Cfg::kHalf * (half0 + kHalves); s += 32)
+          nyq.c[s] = cmul_conj(signal[s], twiddle(sm.w128, sm.tw_lo, Cfg::kNyquistRow * s)).x;
+      }
+      gmma_wait(acc_re, acc_im);
+      if (first) warpgroup_barrier(warpgroup);  // nyq.c of this warpgroup's halves
+      twiddle_to_ap<Cfg>(acc_re, acc_im, coord, Cfg::kHalf * h, sm, nyq, a_plane);
+    }
+    fence_smem_for_gmma();
+    warpgroup_barrier(warpgroup);  // inverse stage 1 reads this warpgroup's halves only
 
     // ---- 5. inverse stage 1: y = cos · Re A' + (-sin | Nyquist) · Im A' over k1 ----
-    gmma_begin(acc_re);
-    gemm_issue<MmaKMN>(sF1c, sAprh, acc_re, false);    // f1c is symmetric: read (r, k1)
-    gemm_issue<MmaMNMN>(sS1T, sApih, acc_re, true);
-    warpgroup_commit_batch();
-    gmma_wait(acc_re);
-    store_y<Cfg>(acc_re, coord, col0, p, seq, c, u_off);
+#pragma unroll 1
+    for (int h = half0; h < half0 + kHalves; ++h) {
+      gmma_begin(acc_re);
+      gemm_issue<MmaKMN>(sF1c, apre_half(h), acc_re, false);    // f1c is symmetric: read (r, k1)
+      gemm_issue<MmaMNMN>(sS1T, apim_half(h), acc_re, true);
+      warpgroup_commit_batch();
+      gmma_wait(acc_re);
+      store_y<Cfg>(acc_re, coord, Cfg::kHalf * h, p, seq, c, u_off);
+    }
   }
 }
 
-// Teams: sequences in flight per CTA. 1 (the request "sm90"): 255 registers a thread. 2
-// ("sm90-2teams"): 128 registers and some spills; measured slower (docs/performance.md, session 10).
-template <Precision P, IOType IO, int Teams>
+// SeqWarpgroups: warpgroups per sequence. 2 (the request "sm90"): one sequence in flight per
+// CTA. 1 ("sm90-2seq"): two, one per warpgroup. Both 256 threads, up to 255 registers a thread.
+template <Precision P, IOType IO, int SeqWarpgroups>
 cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream) {
-  using Cfg = Sm90Cfg<P, IO, Teams>;
-  constexpr auto kernel = &monarch_sm90_kernel<P, IO, Teams>;
+  using Cfg = Sm90Cfg<P, IO, SeqWarpgroups>;
+  constexpr auto kernel = &monarch_sm90_kernel<P, IO, SeqWarpgroups>;
   int ctas_per_sm = 0, sms = 0;
   cudaError_t err = residency<kernel>(Cfg::kThreads, Cfg::kSmemBytes, ctas_per_sm, sms);
   if (err != cudaSuccess) return err;
   const int64_t sequences = p.batch * p.channels;
-  const int64_t needed = (sequences + Cfg::kTeams - 1) / Cfg::kTeams;
+  const int64_t needed = (sequences + Cfg::kSlots - 1) / Cfg::kSlots;
   const int64_t grid = needed < int64_t(ctas_per_sm) * sms ? needed : int64_t(ctas_per_sm) * sms;
   kernel<<<dim3(unsigned(grid)), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream>>>(p);
   return cudaGetLastError();

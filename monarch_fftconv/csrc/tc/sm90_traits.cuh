@@ -37,9 +37,15 @@ template <> struct Operand<Precision::kFP16> {
 // ---------------------------------------------------------------------------
 // The traits: the one home of the tile shapes and the shared-memory layout.
 //
-// A team = two warpgroups working on one (b, c) sequence at a time; a persistent CTA has
-// one team or two (Teams). Warpgroup h of a team owns the column half [64h, 64h + 64) of every stage's N dimension, so every
-// GEMM is one m64 n64 tile per warpgroup: rows k1 = 0..63 of the Hermitian half (row 64,
+// A persistent CTA of two warpgroups. Each (b, c) sequence in flight has its own slot of data
+// buffers and is worked on by SeqWarpgroups of them:
+//   2 (the request "sm90"): both warpgroups on one sequence; warpgroup h owns the column half
+//     [64h, 64h + 64) of every stage's N dimension, and the stages that contract over both
+//     halves meet at a 256-thread barrier.
+//   1 ("sm90-2seq"): two sequences in flight, one warpgroup each, which runs the two column
+//     halves one after the other. No barrier spans the warpgroups, so one's GEMMs run under
+//     the other's epilogues.
+// Either way every GEMM is one m64 n64 tile: rows k1 = 0..63 of the Hermitian half (row 64,
 // the Nyquist row, rides in row 0's imaginary slot through the stage-1 and inverse
 // stage-1 GEMMs, and takes SIMT fp32 in between; see below).
 //
@@ -50,6 +56,7 @@ template <> struct Operand<Precision::kFP16> {
 //                             Nyquist row's stage 1 lands in A's imaginary row 0);
 //                             inverse stage 1 reads the same bytes MN-major, i.e. transposed
 //   f2c, f2s (128, 128) K-major  cos / -sin(2 pi s k2 / 128): stages 2 and inverse 2 (B)
+//   per sequence slot:
 //   x    (128 s, 64 r)   MN-major  u, rounded: stage 1's B
 //   a    2 x (64 k1, 128 s)  K-major  stage 1's output (re, im), twiddled: stage 2's A
 //   p    2 x (64 k1, 128 k2) K-major  stage 2's output times the filter: inverse 2's A
@@ -58,23 +65,25 @@ template <> struct Operand<Precision::kFP16> {
 //   fp32: w128[j] = exp(-2 pi i j / 128), tw_lo[j] = exp(-2 pi i j / 16384), j < 128;
 //         the Nyquist row's vectors (nyq_b, nyq_p, nyq_c).
 // ---------------------------------------------------------------------------
-template <Precision P_, IOType IO_, int Teams>
+template <Precision P_, IOType IO_, int SeqWarpgroups>
 struct Sm90Cfg {
   // The split and the tiles, as CuTe integers for the layouts and tiles, and as ints.
   using N1 = _128;    // stage-1 DFT: rows r (time) / k1 (frequency) of the 128 x 128 grid
   using N2 = _128;    // stage-2 DFT: columns s (time) / k2 (frequency)
   using Rows = _64;   // m64: the Hermitian rows k1 = 0..63 (row 64 rides in row 0's imaginary
                       // slot), and the rows r < 64 that hold u (L <= N / 2)
-  using Half = _64;   // the columns s or k2 of one warpgroup: N2 / 2
+  using Half = _64;   // a column half: the columns s or k2 of one m64 n64 tile, N2 / 2
   static constexpr int kN1 = N1::value, kN2 = N2::value, kN = kN1 * kN2;
   static constexpr int kRows = Rows::value, kHalf = Half::value;
   static constexpr int kNyquistRow = kN1 / 2;  // k1 = 64
   static constexpr int kWarpgroup = 128;       // threads: four warps, the unit of wgmma
-  // Sequences in flight per CTA, one team of two warpgroups each: while one team runs its
-  // epilogues, the other's GEMMs keep the tensor cores busy.
-  static constexpr int kTeams = Teams;
-  static constexpr int kTeamThreads = 2 * kWarpgroup;
-  static constexpr int kThreads = kTeamThreads * kTeams;
+  static constexpr int kWarpgroups = 2;
+  static constexpr int kThreads = kWarpgroup * kWarpgroups;
+  // Warpgroups per sequence, sequences in flight per CTA, column halves per warpgroup.
+  static constexpr int kSeqWarpgroups = SeqWarpgroups;
+  static constexpr int kSlots = kWarpgroups / kSeqWarpgroups;
+  static constexpr int kHalvesPerWarpgroup = 2 / kSeqWarpgroups;
+  static_assert(kSeqWarpgroups == 1 || kSeqWarpgroups == 2, "a sequence takes one warpgroup or both");
   // The tables and the kernel's index arithmetic are written for this split: the twiddle
   // W_N^e = W_128^(e / 128) · W_N^(e % 128) takes N = 128 · 128, and the Nyquist row's FFT is
   // 128-point (fft128_warp).
@@ -95,10 +104,11 @@ struct Sm90Cfg {
   using TileHalfRows = Shape<Half, Rows>;
   using TileHalfCols = Shape<Half, N2>;
 
-  // One team's buffers. Two aliases keep two teams within shared memory: `ap` shares `a`'s
-  // bytes (a is dead once stage 2 has run in both warpgroups) and `x` the first 16 KB of `p`
-  // (x is dead after stage 1); a team barrier at the top of each sequence orders them.
-  struct alignas(1024) TeamData {
+  // One sequence slot's buffers. Two aliases keep two slots within shared memory: `ap` shares
+  // `a`'s bytes (a is dead once stage 2 has run on both halves) and `x` the first 16 KB of `p`
+  // (x is dead after stage 1); a barrier of the slot's warpgroups at the top of each sequence
+  // orders them.
+  struct alignas(1024) SlotData {
     T a[2][kRows * kN2];       // a: (k1, s) K-major, then ap: (s, k1) MN-major
     T p[2][kRows * kN2];       // x: (s, r) MN-major in p[0], then p: (k1, k2) K-major
   };
@@ -107,17 +117,17 @@ struct Sm90Cfg {
     float2 b[kN2];             // the Nyquist row after stage 1 and its twiddle, by s
     float2 p[kN2];             // ... after stage 2 and the filter, by k2
     float c[kN2];              // ... after inverse 2 and the conj twiddle, real part, by s
-    float2 fft[2][2][kN2];     // per warpgroup: the ping-pong buffers of its 128-point FFTs
+    float2 fft[kSeqWarpgroups][2][kN2];  // per warpgroup: the ping-pong buffers of its 128-point FFTs
   };
   struct alignas(1024) Smem {
     T f1c[kRows * kRows];
     T s1[kRows * kRows];
     T f2c[kN2 * kN2];
     T f2s[kN2 * kN2];
-    TeamData team[kTeams];
+    SlotData slot[kSlots];
     float2 w128[kN2];
     float2 tw_lo[kN2];
-    Nyquist nyq[kTeams];
+    Nyquist nyq[kSlots];
   };
   static constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // + alignment slack
 
