@@ -58,37 +58,54 @@ __device__ __forceinline__ void build_tables(typename Cfg::Smem& sm, TSquare& sF
   }
 }
 
-// u -> x: this warpgroup's 64 columns s, all 64 rows r, rounded; zero past L.
+// u -> x, one column half: this thread's share (8 rows r, 4 consecutive s each), rounded; zero
+// past L. Loaded into registers under one GEMM (the next sequence's, under inverse stage 1),
+// stored into x after it, so that the loads' latency hides under the epilogue between.
 template <class Cfg>
-__device__ __forceinline__ void load_u(const ConvForwardParams& p, int64_t u_off, bool u_vec_ok, int col0, int lt,
-                                       uint32_t x_plane) {
-  using Io = typename Cfg::Io;
-  using T = typename Cfg::T;
-  constexpr int kThreadsPerRow = Cfg::kHalf / 4;                     // 16, 4 consecutive s each
-  constexpr int kRowsPerStep = Cfg::kWarpgroup / kThreadsPerRow;     // 8
-  const typename Cfg::LayoutColsMN cols_mn{};
-  const int64_t L = p.seq_len;
-  const int s0 = col0 + 4 * (lt % kThreadsPerRow);
+struct UHalf {
+  static constexpr int kThreadsPerRow = Cfg::kHalf / 4;                  // 16, 4 consecutive s each
+  static constexpr int kRowsPerStep = Cfg::kWarpgroup / kThreadsPerRow;  // 8
+  static constexpr int kSteps = Cfg::kRows / kRowsPerStep;               // 8
+  float v[kSteps][4];
+
+  __device__ __forceinline__ void load(const ConvForwardParams& p, int64_t u_off, bool u_vec_ok, int col0, int lt) {
+    using Io = typename Cfg::Io;
+    const int64_t L = p.seq_len;
+    const int s0 = col0 + 4 * (lt % kThreadsPerRow);
 #pragma unroll
-  for (int i = 0; i < Cfg::kRows / kRowsPerStep; ++i) {
-    const int r = lt / kThreadsPerRow + kRowsPerStep * i;
-    const int64_t t0 = int64_t(r) * Cfg::kN2 + s0;
-    float v[4];
-    if (u_vec_ok && t0 + 3 < L) {
-      if constexpr (sizeof(typename Io::T) == 4) {
-        const float4 q = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p.u) + u_off + t0));
-        v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+    for (int i = 0; i < kSteps; ++i) {
+      const int64_t t0 = int64_t(lt / kThreadsPerRow + kRowsPerStep * i) * Cfg::kN2 + s0;
+      if (u_vec_ok && t0 + 3 < L) {
+        if constexpr (sizeof(typename Io::T) == 4) {
+          const float4 q = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p.u) + u_off + t0));
+          v[i][0] = q.x; v[i][1] = q.y; v[i][2] = q.z; v[i][3] = q.w;
+        } else {
+          const float2 lo = Io::load2(p.u, u_off + t0), hi = Io::load2(p.u, u_off + t0 + 2);
+          v[i][0] = lo.x; v[i][1] = lo.y; v[i][2] = hi.x; v[i][3] = hi.y;
+        }
       } else {
-        const float2 lo = Io::load2(p.u, u_off + t0), hi = Io::load2(p.u, u_off + t0 + 2);
-        v[0] = lo.x; v[1] = lo.y; v[2] = hi.x; v[3] = hi.y;
-      }
-    } else {
 #pragma unroll
-      for (int q = 0; q < 4; ++q) v[q] = t0 + q < L ? Io::load(p.u, u_off + t0 + q) : 0.0f;
+        for (int q = 0; q < 4; ++q) v[i][q] = t0 + q < L ? Io::load(p.u, u_off + t0 + q) : 0.0f;
+      }
     }
-    // 4 consecutive s: one 8-byte chunk
-    st_shared(x_plane + 2 * swizzled_offset(cols_mn, s0, r), make_uint2(pack2<T>(v[0], v[1]), pack2<T>(v[2], v[3])));
   }
+
+  __device__ __forceinline__ void store(int col0, int lt, uint32_t x_plane) const {
+    using T = typename Cfg::T;
+    const typename Cfg::LayoutColsMN cols_mn{};
+    const int s0 = col0 + 4 * (lt % kThreadsPerRow);
+#pragma unroll
+    for (int i = 0; i < kSteps; ++i) {  // 4 consecutive s: one 8-byte chunk
+      const int r = lt / kThreadsPerRow + kRowsPerStep * i;
+      st_shared(x_plane + 2 * swizzled_offset(cols_mn, s0, r),
+                make_uint2(pack2<T>(v[i][0], v[i][1]), pack2<T>(v[i][2], v[i][3])));
+    }
+  }
+};
+
+// The (b, c) offset of sequence `seq` in u.
+__device__ __forceinline__ int64_t u_offset(const ConvForwardParams& p, int64_t seq) {
+  return (seq / p.channels) * p.u_batch_stride + (seq % p.channels) * p.u_channel_stride;
 }
 
 // Asks L2 for sequence `next`'s u, this warpgroup's half: one 128-byte line per thread.
@@ -96,9 +113,7 @@ template <class Cfg>
 __device__ __forceinline__ void prefetch_u(const ConvForwardParams& p, int64_t next, int col0, int lt) {
   const int64_t t = int64_t(lt / 2) * Cfg::kN2 + col0 + (lt & 1) * (Cfg::kHalf / 2);  // 64 rows x this half
   if (t < p.seq_len) {
-    const auto* line = static_cast<const typename Cfg::Io::T*>(p.u) + (next / p.channels) * p.u_batch_stride +
-                       (next % p.channels) * p.u_channel_stride + t;
-    prefetch_l2(line);
+    prefetch_l2(static_cast<const typename Cfg::Io::T*>(p.u) + u_offset(p, next) + t);
   }
 }
 
@@ -130,10 +145,24 @@ __device__ __forceinline__ void twiddle_to_a(const Acc& acc_re, const Acc& acc_i
   });
 }
 
-// After stage 2: the filter product in fp32, round, store P (k1, k2).
-template <class Cfg, class Coord, class Acc>
+// After stage 2: the filter product in fp32, round, store P (k1, k2). The first kEarly of the
+// thread's filter pairs come loaded (FilterEarly, issued under the GEMM); the rest load here.
+template <int kEarly>
+struct FilterEarly {
+  float4 kf[kEarly];
+  template <class Cfg, class Coord>
+  __device__ __forceinline__ void load(const Coord& coord, int col0, const float2* filt) {
+#pragma unroll
+    for (int j = 0; j < kEarly; ++j) {
+      const int k1 = get<0>(coord(2 * j)), k2 = col0 + get<1>(coord(2 * j));
+      kf[j] = __ldg(reinterpret_cast<const float4*>(filt + k1 * Cfg::kN2 + k2));
+    }
+  }
+};
+
+template <class Cfg, int kEarly, class Coord, class Acc>
 __device__ __forceinline__ void filter_to_p(const Acc& acc_re, const Acc& acc_im, const Coord& coord, int col0,
-                                            const float2* filt, uint32_t p_plane) {
+                                            const float2* filt, const FilterEarly<kEarly>& early, uint32_t p_plane) {
   using T = typename Cfg::T;
   constexpr uint32_t kPlaneBytes = Cfg::kPlaneBytes;
   constexpr int kAcc = decltype(size(acc_re))::value;
@@ -141,7 +170,7 @@ __device__ __forceinline__ void filter_to_p(const Acc& acc_re, const Acc& acc_im
 #pragma unroll
   for (int i = 0; i < kAcc; i += 2) {
     const int k1 = get<0>(coord(i)), k2 = col0 + get<1>(coord(i));
-    const float4 kf = __ldg(reinterpret_cast<const float4*>(filt + k1 * Cfg::kN2 + k2));
+    const float4 kf = i / 2 < kEarly ? early.kf[i / 2] : __ldg(reinterpret_cast<const float4*>(filt + k1 * Cfg::kN2 + k2));
     const float2 z0 = cmul(make_float2(acc_re(i), acc_im(i)), make_float2(kf.x, kf.y));
     const float2 z1 = cmul(make_float2(acc_re(i + 1), acc_im(i + 1)), make_float2(kf.z, kf.w));
     const uint32_t at = p_plane + 2 * swizzled_offset(rows_k, k1, k2);
@@ -271,24 +300,31 @@ __global__ void __launch_bounds__(Sm90Cfg<P, IO, SeqWarpgroups>::kThreads, 1)
                         p.u_batch_stride % 4 == 0 && p.u_channel_stride % 4 == 0;
 
   const int64_t seq_step = int64_t(gridDim.x) * Cfg::kSlots;
-  for (int64_t seq = int64_t(blockIdx.x) * Cfg::kSlots + slot; seq < sequences; seq += seq_step) {
-    slot_barrier<SeqWarpgroups>(warpgroup);  // the slot's previous sequence is done with p (x's bytes) and ap (a's)
+  const int64_t first_seq = int64_t(blockIdx.x) * Cfg::kSlots + slot;
+  // ---- 1. u -> x: the slot's first sequence here; every later one under the last GEMM before it ----
+  if (first_seq < sequences) {
+    const int lt = threadIdx.x % Cfg::kWarpgroup;
+#pragma unroll 1
+    for (int h = half0; h < half0 + kHalves; ++h) {
+      UHalf<Cfg> u_half;
+      u_half.load(p, u_offset(p, first_seq), u_vec_ok, Cfg::kHalf * h, lt);
+      u_half.store(Cfg::kHalf * h, lt, p_plane);
+    }
+    fence_smem_for_gmma();
+  }
+  for (int64_t seq = first_seq; seq < sequences; seq += seq_step) {
+    // x is in place; the slot's previous sequence is done with ap (a's bytes)
+    slot_barrier<SeqWarpgroups>(warpgroup);
     // The accumulators' (row, column) coordinates. Derived from an opaque copy of the thread
     // index each sequence: hoisted out of the loop, their addresses would take ~100 registers.
     int lt = threadIdx.x % Cfg::kWarpgroup;
     asm volatile("" : "+r"(lt));
     Tensor coord = MmaKK{}.get_slice(lt).partition_C(make_identity_tensor(typename Cfg::TileAcc{}));  // (m, n)
-    const int64_t b = seq / p.channels, c = seq % p.channels;
-    const int64_t u_off = b * p.u_batch_stride + c * p.u_channel_stride;
+    const int64_t c = seq % p.channels;
+    const int64_t u_off = u_offset(p, seq);
     const float2* filt = reinterpret_cast<const float2*>(p.filter_spectrum) +
                          c * int64_t((Cfg::kNyquistRow + 1) * Cfg::kN2);  // (65, 128)
     const bool has_next = seq + seq_step < sequences;
-
-    // ---- 1. u -> x ----
-#pragma unroll 1
-    for (int h = half0; h < half0 + kHalves; ++h) load_u<Cfg>(p, u_off, u_vec_ok, Cfg::kHalf * h, lt, p_plane);
-    fence_smem_for_gmma();
-    warpgroup_barrier(warpgroup);  // stage 1 reads this warpgroup's halves of x only
 
     // ---- 2. stage 1: A = F1 · X over r, rows k1 = 0..63; row 0's imaginary = Nyquist row ----
 #pragma unroll 1
@@ -310,14 +346,18 @@ __global__ void __launch_bounds__(Sm90Cfg<P, IO, SeqWarpgroups>::kThreads, 1)
       gmma_begin(acc_re, acc_im);
       complex_gemm_issue<MmaKK, MmaKKNeg, false>(sAre, sAim, f2c_half(h), f2s_half(h), acc_re, acc_im);
       warpgroup_commit_batch();
-      if (h == 0 && lt < 32) {  // meanwhile one warp: the Nyquist row's stage 2 and filter, fp32
-        const float2* spectrum = fft128_warp<false>(nyq.b, nyq.fft[0], sm.w128, lt);
+      FilterEarly<Cfg::kEarlyFilterPairs> filter_early;  // L2 latency under the GEMM
+      filter_early.template load<Cfg>(coord, Cfg::kHalf * h, filt);
+      if (h == 0 && lt / 32 == Cfg::kNyquistForwardWarp) {  // meanwhile one warp: the Nyquist row's
+                                                             // stage 2 and filter, fp32
+        const int lane = lt % 32;
+        const float2* spectrum = fft128_warp<false>(nyq.b, nyq.fft[0], sm.w128, lane);
 #pragma unroll
-        for (int k2 = lt; k2 < Cfg::kN2; k2 += 32)
+        for (int k2 = lane; k2 < Cfg::kN2; k2 += 32)
           nyq.p[k2] = cmul(spectrum[k2], __ldg(filt + Cfg::kNyquistRow * Cfg::kN2 + k2));
       }
       gmma_wait(acc_re, acc_im);
-      filter_to_p<Cfg>(acc_re, acc_im, coord, Cfg::kHalf * h, filt, p_plane);
+      filter_to_p<Cfg>(acc_re, acc_im, coord, Cfg::kHalf * h, filt, filter_early, p_plane);
     }
     fence_smem_for_gmma();
     slot_barrier<SeqWarpgroups>(warpgroup);  // inverse 2 contracts over every k2; nyq.p complete
@@ -329,11 +369,12 @@ __global__ void __launch_bounds__(Sm90Cfg<P, IO, SeqWarpgroups>::kThreads, 1)
       complex_gemm_issue<MmaKK, MmaKKNeg, true>(sPre, sPim, f2c_half(h), f2s_half(h), acc_re, acc_im);
       warpgroup_commit_batch();
       const bool first = h == half0;
-      if (first && lt < 32) {  // meanwhile one warp per warpgroup: the Nyquist row's inverse 2 and
-                               // conj twiddle, c64[s] = Re(conj(tw64[s]) · IDFT(P64)[s]) for its halves' s
-        const float2* signal = fft128_warp<true>(nyq.p, nyq.fft[wg], sm.w128, lt);
+      if (first && lt / 32 == Cfg::kNyquistInverseWarp) {  // meanwhile one warp per warpgroup: the
+        // Nyquist row's inverse 2 and conj twiddle, c64[s] = Re(conj(tw64[s]) · IDFT(P64)[s]) for its halves' s
+        const int lane = lt % 32;
+        const float2* signal = fft128_warp<true>(nyq.p, nyq.fft[wg], sm.w128, lane);
 #pragma unroll
-        for (int s = Cfg::kHalf * half0 + lt; s < Cfg::kHalf * (half0 + kHalves); s += 32)
+        for (int s = Cfg::kHalf * half0 + lane; s < Cfg::kHalf * (half0 + kHalves); s += 32)
           nyq.c[s] = cmul_conj(signal[s], twiddle(sm.w128, sm.tw_lo, Cfg::kNyquistRow * s)).x;
       }
       gmma_wait(acc_re, acc_im);
@@ -341,18 +382,26 @@ __global__ void __launch_bounds__(Sm90Cfg<P, IO, SeqWarpgroups>::kThreads, 1)
       twiddle_to_ap<Cfg>(acc_re, acc_im, coord, Cfg::kHalf * h, sm, nyq, a_plane);
     }
     fence_smem_for_gmma();
-    warpgroup_barrier(warpgroup);  // inverse stage 1 reads this warpgroup's halves only
+    // Inverse stage 1 reads this warpgroup's halves of ap; the next sequence's x goes into p's
+    // bytes, which inverse 2 has finished reading in every warpgroup of the slot.
+    slot_barrier<SeqWarpgroups>(warpgroup);
 
-    // ---- 5. inverse stage 1: y = cos · Re A' + (-sin | Nyquist) · Im A' over k1 ----
+    // ---- 5. inverse stage 1: y = cos · Re A' + (-sin | Nyquist) · Im A' over k1; and the
+    //         next sequence's u -> x (step 1), its loads under this GEMM and the y stores ----
+    const int64_t next_u_off = has_next ? u_offset(p, seq + seq_step) : 0;
 #pragma unroll 1
     for (int h = half0; h < half0 + kHalves; ++h) {
       gmma_begin(acc_re);
       gemm_issue<MmaKMN>(sF1c, apre_half(h), acc_re, false);    // f1c is symmetric: read (r, k1)
       gemm_issue<MmaMNMN>(sS1T, apim_half(h), acc_re, true);
       warpgroup_commit_batch();
+      UHalf<Cfg> u_next;
+      if (has_next) u_next.load(p, next_u_off, u_vec_ok, Cfg::kHalf * h, lt);
       gmma_wait(acc_re);
       store_y<Cfg>(acc_re, coord, Cfg::kHalf * h, p, seq, c, u_off);
+      if (has_next) u_next.store(Cfg::kHalf * h, lt, p_plane);
     }
+    fence_smem_for_gmma();  // x, for the next sequence's stage 1 (after the barrier at the top)
   }
 }
 

@@ -84,6 +84,14 @@ struct Sm90Cfg {
   static constexpr int kSlots = kWarpgroups / kSeqWarpgroups;
   static constexpr int kHalvesPerWarpgroup = 2 / kSeqWarpgroups;
   static_assert(kSeqWarpgroups == 1 || kSeqWarpgroups == 2, "a sequence takes one warpgroup or both");
+  // Filter pairs (float4) of stage 2's epilogue loaded before its GEMM is waited for: as many
+  // as the registers allow beside the two accumulators (of 16 a thread).
+  static constexpr int kEarlyFilterPairs = kSeqWarpgroups == 1 ? 16 : 4;
+  // The warps (of a warpgroup) that run the Nyquist row's fp32 FFTs under the GEMMs: not warp 0,
+  // whose lanes 0-3 hold row 0 and diverge on its Nyquist slot in two epilogues, and not the
+  // same warp twice, so that no warp of the warpgroup carries more than one extra job.
+  static constexpr int kNyquistForwardWarp = 1;
+  static constexpr int kNyquistInverseWarp = 2;
   // The tables and the kernel's index arithmetic are written for this split: the twiddle
   // W_N^e = W_128^(e / 128) · W_N^(e % 128) takes N = 128 · 128, and the Nyquist row's FFT is
   // 128-point (fft128_warp).
