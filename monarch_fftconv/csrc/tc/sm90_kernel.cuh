@@ -117,18 +117,6 @@ __device__ __forceinline__ void prefetch_u(const ConvForwardParams& p, int64_t n
   }
 }
 
-// Asks L2 for this sequence's filter spectrum, rows k1 < 64 of one column half: 256 lines of
-// 128 bytes, two a thread. Issued under stage 1, so that stage 2's epilogue finds them in L2
-// (the spectra of all channels are 17 MB, streamed past by u and y).
-template <class Cfg>
-__device__ __forceinline__ void prefetch_filter(const float2* filt, int col0, int lt) {
-  constexpr int kLinesPerRow = Cfg::kHalf * int(sizeof(float2)) / 128;  // 4
-  constexpr int kLines = Cfg::kRows * kLinesPerRow;                      // 256
-#pragma unroll
-  for (int line = lt; line < kLines; line += Cfg::kWarpgroup)
-    prefetch_l2(filt + (line / kLinesPerRow) * Cfg::kN2 + col0 + (line % kLinesPerRow) * (128 / sizeof(float2)));
-}
-
 // After stage 1: twiddle exp(-2 pi i k1 s / N), round, store A (k1, s). Row 0: A[0] is real
 // (its twiddle is 1); its imaginary slot holds the Nyquist row, twiddled into nyq.b in fp32.
 template <class Cfg, class Coord, class Acc>
@@ -346,7 +334,6 @@ __global__ void __launch_bounds__(Sm90Cfg<P, IO, SeqWarpgroups>::kThreads, 1)
       gemm_issue<MmaKMN>(sS1, x_half(h), acc_im, false);
       warpgroup_commit_batch();
       if (has_next) prefetch_u<Cfg>(p, seq + seq_step, Cfg::kHalf * h, lt);
-      prefetch_filter<Cfg>(filt, Cfg::kHalf * h, lt);
       gmma_wait(acc_re, acc_im);
       twiddle_to_a<Cfg>(acc_re, acc_im, coord, Cfg::kHalf * h, sm, nyq, a_plane);
     }
