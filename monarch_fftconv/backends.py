@@ -168,21 +168,22 @@ class Pending(Backend):
 # Where the tensor-core kernels measured slower than the fp32 kernel (docs/performance.md), the call
 # takes the fp32 kernel: faster, and more accurate than asked. MONARCH_FFTCONV_BACKEND=portable still
 # reaches the tensor-core kernels (the ops run the precision given).
-# - tf32: 2-3x slower at every N.
-# - bf16, fp16: slower on every call that fills the GPU with the fp32 kernel (e.g. 0.43 against
-#   0.34 ms at 16x256x8192); faster on smaller calls, where the fp32 kernel leaves SMs idle
-#   (3x5x1000: 0.024 against 0.061 ms).
+# - bf16, fp16: slower on every call that fills the GPU with the fp32 kernel (e.g. 0.40 against
+#   0.32 ms at 16x256x8192); faster on smaller calls, where the fp32 kernel leaves SMs idle
+#   (3x5x1000: 0.023 against 0.063 ms).
+# - tf32: its kernel takes ~2.3x bf16's time per sequence, so it wins only on calls far from a
+#   full wave, where both kernels are bound by one sequence's latency (session 13's scan).
 # The fp32 kernel holds 32768 points of N per SM whatever N (two CTAs of 256 threads, 32 complex
 # values a thread: Plan in csrc/fp32/radix_plan.cuh), so a call fills the GPU once B·C·N reaches SMs × 32768.
 FP32_KERNEL_POINTS_PER_SM = 32768
-SIZE_DEPENDENT_PRECISIONS = ("bf16", "fp16")  # the precisions whose choice depends on B·C
-_TF32_REASON = ("the tf32 tensor-core kernel measured 2-3x slower than the fp32 kernel at every N (and slower "
-                "than cuFFT at N=16384): the fp32 kernel serves tf32, faster and more accurate than asked")
+# The share of one fp32-kernel wave from which a precision's call takes the fp32 kernel.
+TENSOR_CORE_WAVE_SHARE = {"bf16": 1.0, "fp16": 1.0, "tf32": 0.25}
+SIZE_DEPENDENT_PRECISIONS = tuple(TENSOR_CORE_WAVE_SHARE)  # the precisions whose choice depends on B·C
 
 
-def fills_fp32_kernel(device: torch.device, plan: MonarchPlan, sequences: int) -> bool:
-    """Whether B·C = `sequences` sequences of `plan` fill the GPU once with the fp32 kernel."""
-    return sequences * plan.fft_size >= _multiprocessors(device) * FP32_KERNEL_POINTS_PER_SM
+def fills_fp32_kernel(device: torch.device, plan: MonarchPlan, sequences: int, share: float = 1.0) -> bool:
+    """Whether B·C = `sequences` sequences of `plan` fill `share` of the GPU once with the fp32 kernel."""
+    return sequences * plan.fft_size >= share * _multiprocessors(device) * FP32_KERNEL_POINTS_PER_SM
 
 
 _MULTIPROCESSORS: dict[torch.device, int] = {}
@@ -197,11 +198,12 @@ def _multiprocessors(device: torch.device) -> int:
 
 
 def fp32_kernel_is_faster(precision: str, fills: bool) -> str | None:
-    """Why the fp32 kernel serves a `precision` call (`fills`: fills_fp32_kernel), or None."""
-    if precision == "tf32":
-        return _TF32_REASON
+    """Why the fp32 kernel serves a `precision` call (`fills`: fills_fp32_kernel at the
+    precision's TENSOR_CORE_WAVE_SHARE), or None."""
     if precision in SIZE_DEPENDENT_PRECISIONS and fills:
-        return (f"this call fills the GPU with the fp32 kernel, which then measured faster than the {precision} "
+        share = TENSOR_CORE_WAVE_SHARE[precision]
+        portion = "the GPU" if share == 1.0 else f"{share:g} of the GPU"
+        return (f"this call fills {portion} with the fp32 kernel, which then measured faster than the {precision} "
                 f"tensor-core kernel: it serves {precision}, more accurate than asked")
     return None
 
@@ -239,7 +241,7 @@ def select_backend(
     build=False (explain) the CUDA extension is never built; the answer may then be `Pending`."""
     requested = requested_backend()
     fills = (precision in SIZE_DEPENDENT_PRECISIONS and device.type == "cuda"
-             and fills_fp32_kernel(device, plan, sequences))
+             and fills_fp32_kernel(device, plan, sequences, TENSOR_CORE_WAVE_SHARE[precision]))
     key = (device, dtype, precision, plan, fills, requested, os.environ.get(TC_KERNEL_ENV))
     if (decided := _decisions.get(key)) is not None:
         return decided

@@ -3,6 +3,7 @@ nvcc compile check of every kernel unit (CI has nvcc but no GPU), and the packag
 
 import concurrent.futures
 import importlib.util
+import math
 import os
 import re
 import shutil
@@ -145,15 +146,24 @@ def test_gpu_calls_a_kernel_covers_take_it(hopper_kernels, precision, name):
         assert hopper_kernels.select_backend(torch.device("cuda", 0), torch.float32, precision, plan_for(length)) is backend
 
 
-def test_tf32_takes_the_fp32_kernel_which_measured_faster(hopper_kernels):
-    """tf32's tensor-core kernel lost to the fp32 kernel at every N: tf32 calls run the fp32
-    kernel (asked for as fp32, so the binding picks it), and say why."""
-    for length in (129, 1000, 8192):
-        backend = hopper_kernels.select_backend(torch.device("cuda", 0), torch.float32, "tf32", plan_for(length))
-        assert backend.name == "cuda-fp32" and backend.runs_as == "fp32"
-        assert "slower than the fp32 kernel" in backend.reason
-    bf16 = hopper_kernels.select_backend(torch.device("cuda", 0), torch.float32, "bf16", plan_for(8192))
-    assert bf16.runs_as is None
+@pytest.mark.parametrize("length", [129, 1000, 3000, 8192])
+def test_tf32_takes_the_tensor_cores_only_far_from_a_full_wave(hopper_kernels, length):
+    """tf32's tensor-core kernel costs ~2.3x bf16's per sequence: tf32 calls take it below a
+    quarter of the fp32 kernel's wave (TENSOR_CORE_WAVE_SHARE) and the fp32 kernel from there
+    (asked for as fp32, so the binding picks it), saying why."""
+    cuda = torch.device("cuda", 0)
+    plan = plan_for(length)
+    share = hopper_kernels.TENSOR_CORE_WAVE_SHARE["tf32"]
+    assert 0 < share < hopper_kernels.TENSOR_CORE_WAVE_SHARE["bf16"]
+    wave = H200_SMS * hopper_kernels.FP32_KERNEL_POINTS_PER_SM // plan.fft_size  # sequences
+    threshold = math.ceil(share * wave)
+    filled = hopper_kernels.select_backend(cuda, torch.float32, "tf32", plan, threshold)
+    assert filled.name == "cuda-fp32" and filled.runs_as == "fp32"
+    assert "measured faster than the tf32 tensor-core kernel" in filled.reason
+    small = hopper_kernels.select_backend(cuda, torch.float32, "tf32", plan, threshold - 1)
+    assert small.name == "cuda-tensor-core" and small.runs_as is None
+    # between tf32's threshold and a full wave, bf16 still takes the tensor cores
+    assert hopper_kernels.select_backend(cuda, torch.float32, "bf16", plan, threshold).name == "cuda-tensor-core"
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
