@@ -171,13 +171,16 @@ class Pending(Backend):
 # - bf16, fp16: slower on every call that fills the GPU with the fp32 kernel (e.g. 0.40 against
 #   0.32 ms at 16x256x8192); faster on smaller calls, where the fp32 kernel leaves SMs idle
 #   (3x5x1000: 0.023 against 0.063 ms).
-# - tf32: its kernel takes ~2.3x bf16's time per sequence, so it wins only on calls far from a
-#   full wave, where both kernels are bound by one sequence's latency (session 13's scan).
+# - tf32: its kernel takes ~2.3x bf16's time per sequence. At N <= 4096 it beat the fp32 kernel on
+#   every call up to half a wave measured (3x5x1000: 0.026 against 0.060 ms; 2x256x2048: 0.051
+#   against 0.062); at N = 16384 it lost even on one sequence a channel (1x7x8191: 0.091 against
+#   0.058). N = 8192 was not measured, so it stays on the fp32 kernel (session 13's scan).
 # The fp32 kernel holds 32768 points of N per SM whatever N (two CTAs of 256 threads, 32 complex
 # values a thread: Plan in csrc/fp32/radix_plan.cuh), so a call fills the GPU once B·C·N reaches SMs × 32768.
 FP32_KERNEL_POINTS_PER_SM = 32768
 # The share of one fp32-kernel wave from which a precision's call takes the fp32 kernel.
-TENSOR_CORE_WAVE_SHARE = {"bf16": 1.0, "fp16": 1.0, "tf32": 0.25}
+TENSOR_CORE_WAVE_SHARE = {"bf16": 1.0, "fp16": 1.0, "tf32": 0.5}
+TF32_TENSOR_CORE_MAX_FFT = 4096  # the largest N at which tf32's tensor-core kernel measured faster
 SIZE_DEPENDENT_PRECISIONS = tuple(TENSOR_CORE_WAVE_SHARE)  # the precisions whose choice depends on B·C
 
 
@@ -197,9 +200,12 @@ def _multiprocessors(device: torch.device) -> int:
     return count
 
 
-def fp32_kernel_is_faster(precision: str, fills: bool) -> str | None:
-    """Why the fp32 kernel serves a `precision` call (`fills`: fills_fp32_kernel at the
-    precision's TENSOR_CORE_WAVE_SHARE), or None."""
+def fp32_kernel_is_faster(precision: str, fills: bool, fft_size: int = 0) -> str | None:
+    """Why the fp32 kernel serves a `precision` call of FFT size `fft_size` (`fills`:
+    fills_fp32_kernel at the precision's TENSOR_CORE_WAVE_SHARE), or None."""
+    if precision == "tf32" and fft_size > TF32_TENSOR_CORE_MAX_FFT:
+        return (f"at N={fft_size} the tf32 tensor-core kernel measured slower than the fp32 kernel at every "
+                f"size: the fp32 kernel serves tf32, faster and more accurate than asked")
     if precision in SIZE_DEPENDENT_PRECISIONS and fills:
         share = TENSOR_CORE_WAVE_SHARE[precision]
         portion = "the GPU" if share == 1.0 else f"{share:g} of the GPU"
@@ -301,7 +307,7 @@ def _decide(
         return FusedFP32("cuda-fp32", f"fused fp32 radix FFT conv, N={plan.fft_size}",
                          f"no tensor-core kernel at N={plan.fft_size}: the fp32-accurate fused kernel serves "
                          f"{precision}, more accurate than asked")
-    if (why := fp32_kernel_is_faster(precision, fills)) is not None:
+    if (why := fp32_kernel_is_faster(precision, fills, plan.fft_size)) is not None:
         return FusedFP32("cuda-fp32", f"fused fp32 radix FFT conv, N={plan.fft_size}", why, runs_as="fp32")
     return tensor_core_backend(plan, precision)
 

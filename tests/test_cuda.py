@@ -34,10 +34,11 @@ def cuda_kernels_registered():
 
 
 def expected_backend(precision: str, length: int) -> str:
-    """For the small calls (a few sequences) these tests make: fp32 takes the radix kernel; bf16,
-    fp16 and tf32 the tensor cores up to N = 16384, and the radix kernel at N = 32768, where no
-    tensor-core kernel runs."""
-    radix = precision == "fp32" or plan_for(length).fft_size > 16384
+    """For the small calls (a few sequences) these tests make: fp32 takes the radix kernel; bf16
+    and fp16 the tensor cores up to N = 16384, tf32 up to N = 4096 (backends.TF32_TENSOR_CORE_MAX_FFT),
+    and the radix kernel past those, where no tensor-core kernel runs or it measured slower."""
+    n = plan_for(length).fft_size
+    radix = precision == "fp32" or n > 16384 or (precision == "tf32" and n > mf.backends.TF32_TENSOR_CORE_MAX_FFT)
     return "cuda-fp32" if radix else "cuda-tensor-core"
 
 
@@ -70,7 +71,7 @@ def test_kernel_every_size(length, precision, gen):
 
 @pytest.mark.parametrize("length", KERNEL_LENGTHS[:-1])
 def test_tf32_tensor_core_kernel_through_the_ops(length, portable_engine, gen):
-    """tf32 calls that fill a quarter of the GPU take the fp32 kernel by default; the ops
+    """tf32 calls past N = 4096 or half of the GPU take the fp32 kernel by default; the ops
     (MONARCH_FFTCONV_BACKEND=portable) run the tf32 tensor-core kernel at every size, within its
     budget and its emulation."""
     u, k = randn(gen, 3, 5, length, device=DEVICE), randn(gen, 5, length, device=DEVICE)

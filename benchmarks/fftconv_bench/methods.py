@@ -298,8 +298,8 @@ def _describe_tensor_core(precision: str) -> Describe:
     and flops the row then carries."""
     def describe(u: Tensor, k: Tensor) -> Dict[str, Any]:
         info = _explain(precision)(u, k)
-        if info.get("reason") == mf.backends.fp32_kernel_is_faster(precision, True):
-            plan = plan_for(u.shape[-1])
+        plan = plan_for(u.shape[-1])
+        if info.get("reason") == mf.backends.fp32_kernel_is_faster(precision, True, plan.fft_size):
             kernel = mf.backends.tensor_core_backend(plan, precision)
             channels = u.shape[-2]
             batch = u.numel() // (channels * u.shape[-1])
