@@ -11,7 +11,8 @@ remembers the decision; `explain()` and the call share it.
                        where no tensor-core kernel runs, for every precision
 ``cuda-tensor-core``   the fused Monarch kernel on tensor cores (Hopper, N = 256 .. 16384), bf16 and
                        fp16 on calls too small to fill the GPU with the fp32 kernel (on larger ones the
-                       fp32 kernel measured faster: `fp32_kernel_is_faster`; tf32 takes it always)
+                       fp32 kernel measured faster: `fp32_kernel_is_faster`); tf32 at N <= 4096 on calls
+                       below half that size
 ``cuda-four-step``     long sequences (Hopper, N = 65536 .. 2^23, L <= 4M): the four-step kernels, an outer
                        DFT down the columns, the fused inner FFT conv along the rows and the outer
                        inverse, in fp32 for every precision
