@@ -3,6 +3,8 @@
 Public API:
 - `fftconv(u, k, *, D=None, precision=None)`: the differentiable convolution;
 - `FFTConv(channels, seq_len, *, precision=None)`: the nn.Module;
+- `inference_cache(model)`: context manager; the `FFTConv` layers of `model` compute each
+  filter spectrum once for the block (serving), from their filters as they are on entry;
 - `precision(name)`: context manager overriding the precision of calls inside it;
 - `explain(u, k, *, D=None, precision=None)`: which backend a call would take, and why;
 - `PRECISIONS`: the precision names.
@@ -12,8 +14,8 @@ no CUDA initialisation, no build, no RNG or global-flag changes.
 """
 
 from .functional import explain, fftconv
-from .nn import FFTConv
+from .nn import FFTConv, inference_cache
 from .policy import PRECISIONS, precision
 
-__all__ = ["FFTConv", "PRECISIONS", "explain", "fftconv", "precision"]
+__all__ = ["FFTConv", "PRECISIONS", "explain", "fftconv", "inference_cache", "precision"]
 __version__ = "0.1.0"

@@ -86,10 +86,11 @@ def conv(
     names: ArgNames = FUNCTION_NAMES,
 ) -> Tensor:
     """The one call path, for `fftconv` and `FFTConv`: check, resolve the precision, pick
-    the backend, run it. `cached_spectrum(backend, k, precision)` (the module's cache)
-    supplies k's spectrum when autograd is not recording. A compiled graph computes the
-    spectrum in the graph instead: the cache's identity and storage checks are host-side
-    state that torch.compile cannot trace, and the graph then follows every filter update."""
+    the backend, run it. `cached_spectrum(backend, k, precision)` (a module inside an
+    `inference_cache()` block) supplies k's spectrum when autograd is not recording. A
+    compiled graph computes the spectrum in the graph instead: the cache's checks are
+    host-side state that torch.compile cannot trace, and the graph then follows every filter
+    update."""
     check_inputs(u, k, D, names)
     shape = u.shape
     if u.numel() == 0:

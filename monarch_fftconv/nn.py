@@ -1,8 +1,10 @@
-"""`FFTConv`: a drop-in nn.Module for the long convolution of SSM layers."""
+"""`FFTConv`: a drop-in nn.Module for the long convolution of SSM layers, and
+`inference_cache`: the explicit, scoped filter-spectrum cache for serving."""
 
 from __future__ import annotations
 
-import weakref
+import contextlib
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor, nn
@@ -27,10 +29,9 @@ class FFTConv(nn.Module):
     Same parameter (`filter`, shape (channels, seq_len), randn init) as the plain torch.fft
     model it replaces, so its state_dict loads as is. Inputs may be shorter than seq_len.
 
-    Calls take the same path as `fftconv`. Without autograd (inference), the filter
-    spectrum is cached and recomputed whenever the parameter changes: its `_version`
-    (in-place updates such as optimizer steps), identity, storage, device or dtype, the
-    input length, the precision or the backend.
+    Every call computes the filter spectrum from the parameter as it is at that call, so no
+    write to the filter, by any route, can leave a call with an old one. For serving, where
+    the filter is fixed, `inference_cache(model)` computes each spectrum once for a block.
     """
 
     def __init__(self, channels: int, seq_len: int, *, precision: str | None = None, device=None, dtype=None):
@@ -40,9 +41,7 @@ class FFTConv(nn.Module):
         self.channels, self.seq_len = channels, seq_len
         self.precision = precision
         self.filter = nn.Parameter(torch.randn(channels, seq_len, device=device, dtype=dtype))
-        self._spectrum_key: tuple | None = None
-        self._spectrum_source: weakref.ref | None = None
-        self._spectrum: Tensor | None = None
+        self._frozen: _FrozenFilter | None = None  # set inside an inference_cache() block only
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (B, C, L), (C, L) or (..., C, L) with L <= seq_len; returns y of x's shape and
@@ -51,19 +50,97 @@ class FFTConv(nn.Module):
         if length > self.seq_len:
             raise ValueError(f"input length {length} exceeds the module's seq_len {self.seq_len}")
         filt = self.filter if length == self.seq_len else self.filter[:, :length]
-        return functional.conv(x, filt, None, None, self.precision, self._cached_spectrum, _MODULE_NAMES)
-
-    def _cached_spectrum(self, backend: Backend, filt: Tensor, precision: str) -> Tensor:
-        p = self.filter
-        # The weak reference tells a replaced parameter apart even if its id() is reused;
-        # _version counts in-place updates (optimizer steps); data_ptr catches `.data =`.
-        key = (p._version, p.data_ptr(), p.device, p.dtype, filt.shape[-1], precision, backend)
-        if self._spectrum_source is None or self._spectrum_source() is not p or key != self._spectrum_key:
-            with torch.no_grad():
-                self._spectrum = backend.filter_spectrum(filt.detach(), filt.shape[-1], precision)
-            self._spectrum_key, self._spectrum_source = key, weakref.ref(p)
-        assert self._spectrum is not None
-        return self._spectrum
+        # A compiled graph computes the spectrum itself and never reads the cache state: a guard
+        # on it would recompile the graph at every inference_cache() block.
+        cached = None if torch.compiler.is_compiling() or self._frozen is None else self._frozen.spectrum
+        return functional.conv(x, filt, None, None, self.precision, cached, _MODULE_NAMES)
 
     def extra_repr(self) -> str:
         return f"channels={self.channels}, seq_len={self.seq_len}, precision={self.precision!r}"
+
+
+class _FrozenFilter:
+    """A layer's filter as it was when its inference_cache() block began, and the spectra
+    computed from that copy (one per input length, precision and backend).
+
+    The spectra derive from the private copy, never from the live parameter, so they cannot
+    disagree with each other. Whether the live parameter still equals the copy is checked
+    twice: on every call by the cheap host-side facts (identity, storage, version, dtype),
+    and at the block's end by the contents, bit for bit: `p.data.add_()`, `p.data.copy_()`,
+    `vector_to_parameters` and `.data`-level optimisers change no version counter."""
+
+    def __init__(self, layer: FFTConv) -> None:
+        self.layer = layer
+        self.param = layer.filter
+        self.facts = _host_facts(self.param)
+        self.snapshot = self.param.detach().clone()
+        self.spectra: dict[tuple, Tensor] = {}
+
+    def spectrum(self, backend: Backend, filt: Tensor, precision: str) -> Tensor:
+        if self.layer.filter is not self.param or _host_facts(self.param) != self.facts:
+            raise RuntimeError(
+                "FFTConv.filter changed inside an inference_cache() block, whose calls use the filter as it "
+                "was when the block began: leave the block before changing the filter, and enter it again")
+        length = filt.shape[-1]
+        key = (length, precision, backend)
+        if (spectrum := self.spectra.get(key)) is None:
+            with torch.no_grad():
+                spectrum = self.spectra[key] = backend.filter_spectrum(self.snapshot[:, :length], length, precision)
+        return spectrum
+
+    def check_unchanged(self) -> None:
+        live = self.layer.filter
+        same = (live is self.param and _host_facts(live) == self.facts
+                and torch.equal(_bits(live.detach()), _bits(self.snapshot)))
+        if not same:
+            raise RuntimeError(
+                "FFTConv.filter was written inside an inference_cache() block (e.g. through `.data`), whose "
+                "calls use the filter as it was when the block began: calls made after the write did not see "
+                "it. Change the filter outside the block.")
+
+
+def _host_facts(p: Tensor) -> tuple:
+    version = None if p.is_inference() else p._version  # inference tensors keep no version counter
+    return version, p.data_ptr(), p.device, p.dtype, tuple(p.shape), tuple(p.stride())
+
+
+def _bits(t: Tensor) -> Tensor:
+    """t's bits as integers: equal exactly when every bit is (NaN and -0.0 included)."""
+    return t.view({8: torch.int64, 4: torch.int32, 2: torch.int16}[t.element_size()])
+
+
+@contextlib.contextmanager
+def inference_cache(model: nn.Module) -> Iterator[None]:
+    """Inside the block, each `FFTConv` in `model` computes its filter spectrum once per input
+    length, precision and backend, from its filter as it is on entry, instead of on every call.
+
+        with torch.no_grad(), monarch_fftconv.inference_cache(model):
+            for batch in loader:
+                out = model(batch)
+
+    The contract: the filters do not change inside the block. A change that the parameter's
+    metadata shows (an optimizer step, `with torch.no_grad(): p.add_(...)`, `load_state_dict`,
+    a new Parameter, `.to()`) raises RuntimeError at the next call; a write that bypasses it
+    (`p.data.copy_(...)`, `vector_to_parameters`) raises RuntimeError when the block ends, by a
+    bitwise comparison with the copy taken on entry. Never a silent result from an old filter.
+    Calls that record a gradient for the filter and compiled graphs compute the spectrum as
+    usual. Costs one copy of each filter, and one comparison (a device sync) on exit.
+    Blocks nest: an inner block on a layer already cached keeps the outer block's copy.
+    """
+    entered = []
+    try:
+        for layer in model.modules():
+            if isinstance(layer, FFTConv) and layer._frozen is None:
+                layer._frozen = _FrozenFilter(layer)
+                entered.append(layer)
+        yield
+    except BaseException:
+        for layer in entered:
+            layer._frozen = None
+        raise
+    frozen = [layer._frozen for layer in entered]
+    for layer in entered:
+        layer._frozen = None
+    for state in frozen:
+        assert state is not None
+        state.check_unchanged()

@@ -112,12 +112,21 @@ def _row_dft_flops(factors: tuple[int, ...]) -> int:
     return sum(8 * size * f for f in factors) + 6 * size * (len(factors) - 1)
 
 
-@functools.lru_cache(maxsize=None)
+_PLANS: dict[int, MonarchPlan] = {}
+
+
 def plan_for(seq_len: int) -> MonarchPlan:
+    """The plan of a length: memoised by eager calls. Not an lru_cache, which Dynamo traces
+    through with a warning on every compile; a traced call builds the plan (a constant)."""
+    if (plan := _PLANS.get(seq_len)) is not None:
+        return plan
     if seq_len < 1:
         raise ValueError(f"sequence length must be >= 1, got {seq_len}")
     fft_size = max(MIN_FFT_SIZE, 2 * next_pow2(seq_len))
-    return MonarchPlan(seq_len, fft_size, factorize(fft_size))
+    plan = MonarchPlan(seq_len, fft_size, factorize(fft_size))
+    if not torch.compiler.is_compiling():
+        _PLANS[seq_len] = plan
+    return plan
 
 
 @functools.lru_cache(maxsize=None)

@@ -276,15 +276,20 @@ def test_conv_forward_op_refuses_inputs_that_need_gradients(gen):
     assert rel_l2(y, reference(u, k)) <= BUDGETS["fp32"]
 
 
-def test_module_inference_cache_on_gpu(gen):
+def test_module_sees_filter_writes_and_caches_on_request_on_gpu(gen):
+    """At the fused kernels' largest Monarch size: a write through `.data` (no version bump) is
+    seen by the next call; inside inference_cache() the cached spectrum gives the same result."""
     conv = mf.FFTConv(16, 8192).to(DEVICE)
     x = randn(gen, 2, 16, 8192, device=DEVICE)
     with torch.no_grad():
         first = conv(x)
-        conv.filter.add_(1.0)
+        conv.filter.data.add_(1.0)
         second = conv(x)
+        with mf.inference_cache(conv):
+            cached = [conv(x) for _ in range(2)]
     assert rel_l2(first, reference(x, conv.filter - 1.0)) <= BUDGETS["fp32"]
     assert rel_l2(second, reference(x, conv.filter)) <= BUDGETS["fp32"]
+    assert all(rel_l2(y, reference(x, conv.filter)) <= BUDGETS["fp32"] for y in cached)
 
 
 @pytest.mark.parametrize("backend", ["auto", "portable"])

@@ -1,4 +1,5 @@
-"""The nn.Module: drop-in for the plain torch.fft model, shorter inputs, the spectrum cache."""
+"""The nn.Module: drop-in for the plain torch.fft model, shorter inputs, the precision attribute,
+compile and autocast (filter writes and `inference_cache`: test_filter_writes.py)."""
 
 import pytest
 import torch
@@ -56,13 +57,13 @@ def test_shorter_inputs(gen):
         conv(randn(gen, 2, 3, 1001))
 
 
-def test_inference_cache_follows_the_parameter(gen):
+def test_calls_follow_the_parameter(gen):
     conv = mf.FFTConv(3, 512)
     x = randn(gen, 2, 3, 512)
     opt = torch.optim.SGD(conv.parameters(), lr=0.1)
     with torch.no_grad():
         before = conv(x)
-        assert torch.equal(conv(x), before)  # cached, same result
+        assert torch.equal(conv(x), before)  # deterministic
     loss = conv(x).square().mean()
     loss.backward()
     opt.step()  # in-place update: bumps filter._version
@@ -97,15 +98,17 @@ def test_module_precision_attribute(portable_engine, gen):
 @pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
 def test_compiled_inference_follows_filter_updates(mode, engine, monkeypatch, gen):
     """torch.compile(fullgraph=True) under no_grad / inference_mode: every call works, also
-    after eager calls have filled the cache, and an in-place filter update is seen."""
+    inside an inference_cache() block (the graph computes the spectrum), and an in-place filter
+    update is seen."""
     monkeypatch.setenv("MONARCH_FFTCONV_BACKEND", engine)
     layer = mf.FFTConv(3, 300)
     compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
     x = randn(gen, 2, 3, 300)
     with mode():
-        layer(x)  # the eager cache is filled first
-        for _ in range(3):
-            assert rel_l2(compiled(x), reference(x, layer.filter)) <= BUDGETS["fp32"]
+        with mf.inference_cache(layer):
+            layer(x)
+            for _ in range(3):
+                assert rel_l2(compiled(x), reference(x, layer.filter)) <= BUDGETS["fp32"]
         with torch.no_grad():
             layer.filter.mul_(-2.0)
         assert rel_l2(compiled(x), reference(x, layer.filter)) <= BUDGETS["fp32"]

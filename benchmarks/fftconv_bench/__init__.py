@@ -9,8 +9,9 @@ Methods, side by side in one run (all take float32 u (B,C,L) and k (C,L), return
   compile-reference  torch.compile of `reference` (--compile); compile time is not timed.
   monarch[<p>]       monarch_fftconv.fftconv(u, k, precision=p) for each p in
                      monarch_fftconv.PRECISIONS, labelled with the backend explain() reports.
-  monarch-module     monarch_fftconv.FFTConv (package-default precision), which caches the filter
-                     spectrum under no_grad: the like-for-like rival of cufft-tuned.
+  monarch-module     monarch_fftconv.FFTConv (package-default precision) inside an
+                     inference_cache() block, which computes the filter spectrum once: the
+                     like-for-like rival of cufft-tuned.
 With --backward every method is a training step, timed two ways: `<method>` takes the grads with
 torch.autograd.grad(y, (u, k), g); `<method>.backward` calls y.backward(g), accumulating into the
 .grad of leaf tensors that keep their grads across reps, as an optimizer loop does.
