@@ -10,7 +10,7 @@ from helpers import BUDGETS, randn, reference, rel_l2
 
 
 def test_public_api_is_small():
-    assert set(mf.__all__) == {"FFTConv", "PRECISIONS", "explain", "fftconv", "precision"}
+    assert set(mf.__all__) == {"FFTConv", "PRECISIONS", "explain", "fftconv", "inference_cache", "precision"}
     assert mf.PRECISIONS == ("fp32", "tf32", "bf16", "fp16")
 
 
