@@ -114,7 +114,7 @@ def unavailable_reason() -> str | None:
     if CUDA_HOME is None or shutil.which("nvcc", path=str(Path(CUDA_HOME) / "bin")) is None:
         return "nvcc not found (set CUDA_HOME), and no prebuilt extension is installed"
     if not cutlass_include_dirs():
-        return "CUTLASS headers not found: pip install nvidia-cutlass, or set CUTLASS_PATH"
+        return "CUTLASS headers not found: pip install --no-deps nvidia-cutlass (the headers alone), or set CUTLASS_PATH"
     return None
 
 

@@ -70,6 +70,11 @@ class Backend:
         """Real flops of one forward call as this backend's algorithm does it (FMA = 2)."""
         raise NotImplementedError
 
+    def arithmetic(self, precision: str, dtype: torch.dtype) -> str | None:
+        """What the call computes in, which the precision flag bounds but need not name (a
+        float64 input under "fp32" computes in fp64; a bf16 call on the fp32 kernel in fp32)."""
+        return "fp32"
+
     def stages(self, plan: MonarchPlan, batch: int, channels: int, itemsize: int) -> list[dict] | None:
         """The launches of one forward call in order, each {"stage", "reads", "writes"} with the
         HBM bytes it moves at least (itemsize: u's element size); None when not known."""
@@ -90,6 +95,10 @@ class _MonarchOps(Backend):
 
 
 class Portable(_MonarchOps):
+    def arithmetic(self, precision, dtype):
+        accumulate = "fp64" if dtype == torch.float64 else "fp32"
+        return accumulate if precision == "fp32" else f"{precision} operands emulated, {accumulate} accumulation"
+
     def flops(self, plan, batch, channels):
         per_sequence = plan.flops_per_sequence()
         return per_sequence * batch * channels + per_sequence // 2 * channels
@@ -111,6 +120,9 @@ class FusedFP32(_MonarchOps):
 
 
 class FusedTensorCore(_MonarchOps):
+    def arithmetic(self, precision, dtype):
+        return f"{precision} tensor-core operands, fp32 accumulation"
+
     def flops(self, plan, batch, channels):
         # MMA flops as issued (padded tiles, conjugate columns), plus the filter's cuFFT
         mma = plan.tensor_core_flops_per_sequence() * batch * channels
@@ -121,6 +133,9 @@ class FusedTensorCore(_MonarchOps):
 
 
 class TorchFFT(Backend):
+    def arithmetic(self, precision, dtype):
+        return "fp64" if dtype == torch.float64 else "fp32"
+
     def fftconv(self, u, k, skip, precision):
         plan = plan_for(u.shape[-1])
         return torch_fft.conv(u, torch_fft.filter_spectrum(k, plan), skip, plan)
@@ -163,6 +178,9 @@ class Pending(Backend):
     """explain() before the CUDA extension is loaded: it never builds, so it can't know yet."""
 
     def flops(self, plan, batch, channels):
+        return None
+
+    def arithmetic(self, precision, dtype):
         return None
 
 
@@ -247,9 +265,10 @@ def select_backend(
     """The one place that decides where a call runs; `sequences` is the call's B·C. With
     build=False (explain) the CUDA extension is never built; the answer may then be `Pending`."""
     requested = requested_backend()
-    fills = (precision in SIZE_DEPENDENT_PRECISIONS and device.type == "cuda"
+    on_gpu = device.type == "cuda"
+    fills = (on_gpu and precision in SIZE_DEPENDENT_PRECISIONS
              and fills_fp32_kernel(device, plan, sequences, TENSOR_CORE_WAVE_SHARE[precision]))
-    key = (device, dtype, precision, plan, fills, requested, os.environ.get(TC_KERNEL_ENV))
+    key = (device, dtype, precision, plan, fills, requested, on_gpu and os.environ.get(TC_KERNEL_ENV))
     if (decided := _decisions.get(key)) is not None:
         return decided
     backend = _decide(device, dtype, precision, plan, fills, build, requested)
@@ -277,8 +296,10 @@ def _decide(
     fft_dtype = "fp64" if dtype == torch.float64 else "fp32"
     if device.type != "cuda":
         return TorchFFT("torch.fft", f"torch.fft rfft/irfft in {fft_dtype} on {device.type}, N={plan.fft_size}",
-                        f"on {device.type} torch.fft is faster than the Monarch engine at every precision, and at "
-                        f"least as accurate ({BACKEND_ENV}=portable runs the engine)")
+                        f"no kernel of this package runs on {device.type}: torch.fft, the same calls as the plain "
+                        f"model, at least as accurate as any precision asks ({BACKEND_ENV}=portable runs the "
+                        f"PyTorch Monarch engine, the kernels' executable spec; it emulates operand rounding, and "
+                        f"measured faster only on very long single sequences, e.g. 1x1x2^20)")
     fallback = f"cuFFT rfft/irfft in {fft_dtype}, N={plan.fft_size}"
     coverage = _extension.coverage(build)
     if coverage is None:

@@ -125,7 +125,9 @@ def explain(u: Tensor, k: Tensor, *, D: Tensor | None = None, precision: str | N
     Never builds the CUDA extension: before the first CUDA call has loaded it, the backend
     is "pending".
 
-    Keys: backend, kernel, reason, precision, precision_source, fft_size, factors, flops
+    Keys: backend, kernel, reason, precision (the flag: "fp32" means fp32-accurate or better),
+    precision_source, arithmetic (what the kernel computes in: "fp64" for float64 input on
+    torch.fft, "fp32" when the fp32 kernel serves a bf16 call; None when pending), fft_size, factors, flops
     (real flops of one forward call as the chosen algorithm does it; None when pending),
     stages (the CUDA launches of one forward call in order, each {"stage", "reads", "writes"}
     with the HBM bytes it moves at least; None for torch.fft and when pending)."""
@@ -141,6 +143,7 @@ def explain(u: Tensor, k: Tensor, *, D: Tensor | None = None, precision: str | N
         "reason": backend.reason,
         "precision": chosen,
         "precision_source": source,
+        "arithmetic": backend.arithmetic(chosen, u.dtype),
         "fft_size": plan.fft_size,
         "factors": plan.factors,
         "flops": backend.flops(plan, batch, channels),

@@ -38,6 +38,9 @@ class _ThreadOverrides(threading.local):
 _overrides = _ThreadOverrides()
 
 _DEFAULT_FOR_DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+# (precision, source) of the default per input dtype, built once: resolve() runs on every call.
+_DEFAULTS = {dtype: (_DEFAULT_FOR_DTYPE.get(dtype, "fp32"), f"the default for {str(dtype).removeprefix('torch.')} input")
+             for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
 
 
 def check_precision(name: object, source: str = "precision") -> str:
@@ -67,4 +70,4 @@ def resolve(call_arg: str | None, dtype: torch.dtype, module_attr: str | None = 
         return check_precision(module_attr, "FFTConv.precision"), "the module's precision attribute"
     if env := os.environ.get(ENV_VAR):
         return check_precision(env, ENV_VAR), f"the {ENV_VAR} environment variable"
-    return _DEFAULT_FOR_DTYPE.get(dtype, "fp32"), f"the default for {str(dtype).removeprefix('torch.')} input"
+    return _DEFAULTS[dtype]

@@ -103,9 +103,24 @@ def test_explain_says_where_and_why(monkeypatch):
         mf.explain(u, k, precision="nope")
 
 
+def test_explain_names_the_arithmetic_beside_the_flag(monkeypatch):
+    """float64 input under the default "fp32" flag computes in fp64 on torch.fft: explain()
+    says both, and the portable engine names its emulated operands."""
+    from monarch_fftconv.backends import BACKEND_ENV
+
+    monkeypatch.delenv(policy.ENV_VAR, raising=False)
+    u, k = torch.randn(2, 3, 500, dtype=torch.float64), torch.randn(3, 500, dtype=torch.float64)
+    info = mf.explain(u, k)
+    assert (info["precision"], info["arithmetic"]) == ("fp32", "fp64") and "fp64" in info["kernel"]
+    assert mf.explain(u.float(), k.float(), precision="bf16")["arithmetic"] == "fp32"
+    monkeypatch.setenv(BACKEND_ENV, "portable")
+    assert mf.explain(u.float(), k, precision="bf16")["arithmetic"] == "bf16 operands emulated, fp32 accumulation"
+    assert mf.explain(u, k)["arithmetic"] == "fp64"
+
+
 def test_cpu_calls_take_torch_fft_and_the_engine_on_request(monkeypatch, gen):
-    """CPU calls run torch.fft (never slower than the code they replace), whatever the
-    precision: it is at least as accurate. MONARCH_FFTCONV_BACKEND=portable runs the
+    """CPU calls run torch.fft (the same calls as the plain model), whatever the precision:
+    it is at least as accurate. MONARCH_FFTCONV_BACKEND=portable runs the
     emulating engine instead, read at call time."""
     from monarch_fftconv.backends import BACKEND_ENV
 
