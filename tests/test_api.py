@@ -114,7 +114,7 @@ def test_explain_names_the_arithmetic_beside_the_flag(monkeypatch):
     assert (info["precision"], info["arithmetic"]) == ("fp32", "fp64") and "fp64" in info["kernel"]
     assert mf.explain(u.float(), k.float(), precision="bf16")["arithmetic"] == "fp32"
     monkeypatch.setenv(BACKEND_ENV, "portable")
-    assert mf.explain(u.float(), k, precision="bf16")["arithmetic"] == "bf16 operands emulated, fp32 accumulation"
+    assert mf.explain(u.float(), k.float(), precision="bf16")["arithmetic"] == "bf16 operands emulated, fp32 accumulation"
     assert mf.explain(u, k)["arithmetic"] == "fp64"
 
 
