@@ -104,7 +104,7 @@ def test_explain_says_where_and_why(monkeypatch):
 
 
 def test_cpu_calls_take_torch_fft_and_the_engine_on_request(monkeypatch, gen):
-    """CPU calls run torch.fft (never slower than the code they replace), whatever the
+    """CPU calls run torch.fft (the plain model's FFTs: tests/test_docs.py), whatever the
     precision: it is at least as accurate. MONARCH_FFTCONV_BACKEND=portable runs the
     emulating engine instead, read at call time."""
     from monarch_fftconv.backends import BACKEND_ENV
