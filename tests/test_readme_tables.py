@@ -208,3 +208,17 @@ def test_refuses_json_of_two_runs(tables, run_dir, tmp_path, capsys):
     readme = readme_like(tmp_path / "README.md")
     assert tables.main([str(mixed), "--files", str(readme)]) == 2
     assert "not one run" in capsys.readouterr().err and "an earlier run" in readme.read_text()
+
+
+@pytest.mark.parametrize("name", ["README.md", "docs/performance.md"])
+def test_the_repositorys_files_take_the_tables(tables, run_dir, tmp_path, name):
+    """README.md and docs/performance.md hold one marker pair, and a run's tables replace only
+    what lies between them (in a copy: the committed files keep their GPU figures)."""
+    original = (REPO / name).read_text()
+    copy = tmp_path / Path(name).name
+    copy.write_text(original)
+    assert tables.main([str(run_dir), "--files", str(copy)]) == 0
+    begin, end = "<!-- tables:begin -->", "<!-- tables:end -->"
+    written = copy.read_text()
+    assert written.split(begin)[0] == original.split(begin)[0] and written.split(end)[1] == original.split(end)[1]
+    assert parsed_tables(written) and tables.main([str(run_dir), "--files", str(copy), "--check"]) == 0
