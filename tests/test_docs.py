@@ -161,6 +161,27 @@ def test_any_n_outside_statement_gives_the_whole_covered_range():
     assert re.search(rf"N outside {SIZE}\s*\.\.\s*{SIZE}", "N outside 256..16384 take cuFFT")  # the pattern finds it
 
 
+PERFORMANCE = (REPO / "docs" / "performance.md").read_text()
+
+
+def test_readme_performance_sources_are_sections_of_the_log():
+    """The README's tables name the perf-log sections their rows come from: each must exist."""
+    block = README[README.index("<!-- tables:begin -->"): README.index("<!-- tables:end -->")]
+    cited = set(re.findall(r'"(Session \d+)"', block))
+    headings = set(re.findall(r"^## (Session \d+)\b", PERFORMANCE, re.MULTILINE))
+    assert cited and cited <= headings
+
+
+def test_every_log_entry_heading_carries_its_date_and_sources():
+    """docs/performance.md's session headings: 'recorded YYYY-MM-DD' (or 'date not recorded'),
+    and the sources measured (a digest, a git commit or tree, or 'not recorded')."""
+    entries = re.findall(r"^#{2,4} Session \d+.*$", PERFORMANCE, re.MULTILINE)
+    assert len(entries) >= 11
+    for heading in entries:
+        assert re.search(r"recorded \d{4}-\d{2}-\d{2}|date not recorded", heading), heading
+        assert re.search(r"digest [0-9a-f]{12}|digest not recorded|git [0-9a-f]{7}|tree [0-9a-f]{7}", heading), heading
+
+
 def test_readme_layout_names_every_doc_and_module():
     layout = section(README, "## Layout")
     docs = sorted(p.name + ("/" if p.is_dir() else "") for p in (REPO / "docs").iterdir())
