@@ -4,19 +4,37 @@
 #
 #   bash benchmarks/run_gpu.sh                 # build, GPU tests, benchmarks
 #   SHAPES=16x256x8192 bash benchmarks/run_gpu.sh
-#   SKIP_TESTS=1 bash benchmarks/run_gpu.sh    # no tests (SKIP_FUZZ=1: no fuzz, SKIP_BWD=1: no fwd+bwd run)
+#   SKIP_TESTS=1 bash benchmarks/run_gpu.sh    # no tests (SKIP_FUZZ=1: no fuzz, SKIP_BWD=1: no fwd+bwd run, nor the long one)
 #   TEST_ARGS=tests/test_cuda.py BENCH_ARGS="--no-plots" bash benchmarks/run_gpu.sh
 #   BWD_SHAPES=16x256x8192,16x256x1024 bash benchmarks/run_gpu.sh   # fwd+bwd shapes (default: seed)
 #   INSTALL_CHECK=1 bash benchmarks/run_gpu.sh  # also a wheel install and the AOT build, in fresh venvs
 #   EXAMPLE=1 bash benchmarks/run_gpu.sh        # also examples/train_hyena.py (EXAMPLE_ARGS)
+#   SKIP_LONG=1 bash benchmarks/run_gpu.sh      # no long-sequence run (--preset long, forward)
 # Results: $OUT/{gpu.txt,build.log,tests.log,fuzz.log,host.log,bench_fwd.log,bench_bwd.log,
-#                install.log,bench.tgz,hyena/}
+#                bench_long.log,install.log,bench.tgz,hyena/}, and $OUT/bench_json/{fwd,bwd,long}.json:
+# each benchmark's results.json, kept only when that benchmark finished. They are the input of
+# benchmarks/readme_tables.py, which writes README.md's and docs/performance.md's tables from
+# them; the last lines printed give the command.
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"
+
+JSON_DIR="$OUT/bench_json"
+rm -rf "$JSON_DIR" && mkdir -p "$JSON_DIR"   # this run's JSON only
+BENCH_DIRS=()                                 # the /tmp output directories of this run's benchmarks
+# keep_json NAME DIR STATUS: DIR/results.json into $JSON_DIR/NAME.json if the benchmark exited 0
+keep_json() {
+  [ -d "$2" ] && BENCH_DIRS+=("$(basename "$2")")
+  if [ "$3" -eq 0 ] && [ -f "$2/results.json" ]; then
+    cp "$2/results.json" "$JSON_DIR/$1.json"
+  else
+    echo "(the $1 benchmark exited with status $3: its JSON is not kept for the tables)"
+  fi
+}
 
 echo "== benchmark: forward, reference lengths and the Hyena shape"
 SHAPES=${SHAPES:-16x256x8192,16x256x1024,16x256x2048,16x256x4096,16x256x16384,64x768x8192}
 timeout 200 python3 benchmarks/bench_cufft.py --shapes "$SHAPES" --out /tmp/bench_fwd ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_fwd.log"
+keep_json fwd /tmp/bench_fwd "${PIPESTATUS[0]}"
 tar czf "$OUT/bench.tgz" -C /tmp bench_fwd
 
 if [ -z "${SKIP_TESTS:-}" ]; then
@@ -42,7 +60,22 @@ if [ -n "${INSTALL_CHECK:-}" ]; then
   timeout 400 bash benchmarks/check_install.sh 2>&1 | tee "$OUT/install.log"
 fi
 
-[ -n "${SKIP_BWD:-}" ] && exit 0
-echo "== benchmark: forward + backward"
-timeout 200 python3 benchmarks/bench_cufft.py --shapes "${BWD_SHAPES:-16x256x8192}" --backward --energy --out /tmp/bench_bwd ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_bwd.log"
-tar czf "$OUT/bench.tgz" -C /tmp bench_fwd bench_bwd
+if [ -z "${SKIP_BWD:-}" ]; then
+  echo "== benchmark: forward + backward"
+  timeout 200 python3 benchmarks/bench_cufft.py --shapes "${BWD_SHAPES:-16x256x8192}" --backward --energy --out /tmp/bench_bwd ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_bwd.log"
+  keep_json bwd /tmp/bench_bwd "${PIPESTATUS[0]}"
+fi
+
+if [ -z "${SKIP_BWD:-}" ] && [ -z "${SKIP_LONG:-}" ]; then
+  echo "== benchmark: long sequences, forward (--preset long: L = 16384 .. 4M)"
+  timeout 300 python3 benchmarks/bench_cufft.py --preset long --out /tmp/bench_long ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_long.log"
+  keep_json long /tmp/bench_long "${PIPESTATUS[0]}"
+fi
+[ "${#BENCH_DIRS[@]}" -gt 0 ] && tar czf "$OUT/bench.tgz" -C /tmp "${BENCH_DIRS[@]}"
+
+echo "== tables: this run's JSON is in $JSON_DIR ($(ls "$JSON_DIR" | tr '\n' ' '))"
+echo "Where this repository's files are (for a copied-back \$OUT, its local path), regenerate"
+echo "README.md's and docs/performance.md's tables from it, then check them:"
+echo "  python3 benchmarks/readme_tables.py $JSON_DIR"
+echo "  python3 benchmarks/readme_tables.py $JSON_DIR --check"
+

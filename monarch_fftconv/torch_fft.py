@@ -1,7 +1,7 @@
 """The torch.fft (cuFFT on GPUs) path, in plain differentiable ATen ops.
 
-It serves calls that no Monarch kernel covers (other GPUs, float64, N > 16384) in fp32 (or
-float64) whatever the precision asked for: faster than emulating the operand rounding, and
+It serves CPU tensors and the GPU calls that no kernel covers (other GPUs, float64, N < 256 or
+N > 2^23) in fp32 (or float64) whatever the precision asked for: faster than emulating the operand rounding, and
 at least as accurate. Its spectra are in rfft order, (C, N/2 + 1) complex; autograd and
 torch.compile see ordinary ATen ops.
 """

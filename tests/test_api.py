@@ -119,8 +119,8 @@ def test_explain_names_the_arithmetic_beside_the_flag(monkeypatch):
 
 
 def test_cpu_calls_take_torch_fft_and_the_engine_on_request(monkeypatch, gen):
-    """CPU calls run torch.fft (the same calls as the plain model), whatever the precision:
-    it is at least as accurate. MONARCH_FFTCONV_BACKEND=portable runs the
+    """CPU calls run torch.fft (the plain model's FFTs: tests/test_docs.py), whatever the
+    precision: it is at least as accurate. MONARCH_FFTCONV_BACKEND=portable runs the
     emulating engine instead, read at call time."""
     from monarch_fftconv.backends import BACKEND_ENV
 

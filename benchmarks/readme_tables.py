@@ -1,0 +1,325 @@
+#!/usr/bin/env python
+"""The performance tables of README.md and docs/performance.md, written from one run's JSON.
+
+    python benchmarks/readme_tables.py                          # gpu_out/bench_json/*.json
+    python benchmarks/readme_tables.py gpu_out/bench_json       # a directory of results.json files
+    python benchmarks/readme_tables.py a/results.json b/results.json --check
+
+Reads the results.json files that `bench_cufft.py` writes (benchmarks/fftconv_bench/outputs.py:
+the run's metadata and one row per shape x pass x method) and writes one markdown table per
+question, with the run's date, device, sources and commands above them:
+- forward, L <= 8192 (N <= 16384, where every kernel family runs);
+- training step (forward + backward by torch.autograd.grad), every shape;
+- long sequences, forward, L > 8192 (N >= 32768: the fp32 radix and four-step kernels);
+- peers: methods neither of this package nor the reference (cufft-tuned, compile-reference),
+  beside `monarch[fp32]`, when the run has them.
+`benchmarks/run_gpu.sh` runs the forward, training-step and long-sequence benchmarks and
+copies their JSON into $OUT/bench_json/, the default here. The files given must be one run's:
+the same sources digest and device (the script refuses a mix).
+
+The tables replace what lies between the markers `<!-- tables:begin -->` and
+`<!-- tables:end -->` in each file (README.md and docs/performance.md by default); a file
+without exactly one pair is an error. `--check` writes nothing and exits 1 when a file differs
+from what the JSON gives.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parent
+for _path in (HERE, REPO_ROOT):   # fftconv_bench, and monarch_fftconv from the checkout
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from fftconv_bench.cli import build_parser  # noqa: E402
+from monarch_fftconv.planner import plan_for  # noqa: E402
+
+BEGIN = "<!-- tables:begin -->"
+END = "<!-- tables:end -->"
+DEFAULT_RUN = REPO_ROOT / "gpu_out" / "bench_json"
+DEFAULT_FILES = (REPO_ROOT / "README.md", REPO_ROOT / "docs" / "performance.md")
+# From this N on no tensor-core kernel runs (the fp32 radix kernel at 32768, then four-step).
+LONG_FROM_FFT_SIZE = 32768
+PACKAGE_FAMILY = "monarch"
+REFERENCE_FAMILY = "reference"
+TRAINING_STEP = "autograd.grad"   # the training-step variant the tables show
+PEER_BASELINE = "monarch[fp32]"    # what a user's default call runs, beside each peer
+NONE = "—"
+
+
+class TablesError(Exception):
+    """A file or a run that the tables cannot be written from (the message says why)."""
+
+
+@dataclass
+class RunFile:
+    path: Path
+    meta: Dict[str, Any]
+    rows: List[Dict[str, Any]]
+
+
+# ------------------------------------------------------------------------------------ reading
+
+def json_files(sources: Sequence[Path]) -> List[Path]:
+    """Each source is a results.json or a directory: its *.json, else its */results.json."""
+    files: List[Path] = []
+    for source in sources:
+        if source.is_dir():
+            found = sorted(source.glob("*.json")) or sorted(source.glob("*/results.json"))
+            if not found:
+                raise TablesError(f"{source}: no *.json or */results.json in this directory")
+            files.extend(found)
+        elif source.is_file():
+            files.append(source)
+        else:
+            raise TablesError(f"{source}: no such file or directory")
+    return files
+
+
+def load_run(sources: Sequence[Path]) -> List[RunFile]:
+    """The benchmark JSON files of one run, checked to be one run's."""
+    run = []
+    for path in json_files(sources):
+        data = json.loads(path.read_text())
+        if data.get("benchmark") != "bench_cufft" or not isinstance(data.get("results"), list):
+            raise TablesError(f"{path}: not a bench_cufft.py results.json")
+        meta = {k: v for k, v in data.items() if k != "results"}
+        run.append(RunFile(path, meta, data["results"]))
+    run.sort(key=lambda f: str(f.meta.get("timestamp_utc", "")))   # in the order they ran
+    for key in ("source_digest", "device", "gpu_name"):
+        values = {str(f.meta.get(key)) for f in run}
+        if len(values) > 1:
+            raise TablesError(f"not one run: the files differ in {key} ({', '.join(sorted(values))}): "
+                              + ", ".join(str(f.path) for f in run))
+    seen = set()
+    for f in run:
+        for row in f.rows:
+            key = (row["shape"], row["pass"], row["method"])
+            if key in seen:
+                raise TablesError(f"{f.path}: {key} measured twice in this run")
+            seen.add(key)
+    return run
+
+
+def command(args: Dict[str, Any]) -> str:
+    """The bench_cufft.py command line that ran, from the JSON's parsed arguments."""
+    words = ["python", "benchmarks/bench_cufft.py"]
+    for action in build_parser()._actions:
+        if not action.option_strings or action.dest not in args:
+            continue
+        value = args[action.dest]
+        if value == action.default or value is None:
+            continue
+        option = action.option_strings[-1]
+        if isinstance(value, bool):
+            words.append(option)
+        elif action.dest == "shapes":
+            words += [option, ",".join("x".join(map(str, shape)) for shape in value)]
+        else:
+            words += [option, str(value) if " " not in str(value) else f"'{value}'"]
+    return " ".join(words)
+
+
+# ------------------------------------------------------------------------------------ cells
+
+def ms(value: Optional[float]) -> str:
+    return NONE if value is None else f"{value:.4g}"
+
+
+def ratio(value: Optional[float]) -> str:
+    return NONE if value is None else f"{value:.2f}x"
+
+
+def error(value: Optional[float]) -> str:
+    return NONE if value is None else f"{value:.1e}"
+
+
+def shape(row: Dict[str, Any]) -> str:
+    return f"{row['B']}×{row['C']}×{row['L']}"
+
+
+def speedups(row: Dict[str, Any]) -> str:
+    if row.get("validity") == "INVALID":
+        return "INVALID (under the memory floor)"
+    return f"{ratio(row.get('speedup_vs_reference'))} / {ratio(row.get('latency_speedup_vs_reference'))}"
+
+
+def timing_cells(row: Dict[str, Any]) -> List[str]:
+    """b2b ms, latency ms, speedups: or the error, when the method failed."""
+    if row.get("status") != "ok":
+        return [f"error: {str(row.get('error') or '')[:80]}", NONE, NONE]
+    return [ms(row.get("median_ms")), ms(row.get("latency_median_ms")), speedups(row)]
+
+
+def fft_size(row: Dict[str, Any]) -> int:
+    return row.get("fft_size") or plan_for(row["L"]).fft_size
+
+
+def table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> List[str]:
+    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+    return lines + ["| " + " | ".join(cells) + " |" for cells in rows]
+
+
+# ------------------------------------------------------------------------------------ questions
+
+def ours_or_reference(row: Dict[str, Any]) -> bool:
+    return row.get("family") in (PACKAGE_FAMILY, REFERENCE_FAMILY)
+
+
+def forward_rows(rows):
+    return [r for r in rows if r["pass"] == "fwd" and ours_or_reference(r) and fft_size(r) < LONG_FROM_FFT_SIZE]
+
+
+def training_rows(rows):
+    return [r for r in rows if r["pass"] == "fwd+bwd" and ours_or_reference(r) and r.get("train_step") == TRAINING_STEP]
+
+
+def long_rows(rows):
+    return [r for r in rows if r["pass"] == "fwd" and ours_or_reference(r) and fft_size(r) >= LONG_FROM_FFT_SIZE]
+
+
+def peer_rows(rows):
+    return [r for r in rows if not ours_or_reference(r) and r.get("train_step") in (None, TRAINING_STEP)]
+
+
+def forward_table(rows) -> List[str]:
+    columns = ["B×C×L", "method", "backend", "b2b ms", "latency ms", "vs reference, b2b / latency",
+               "rel. L2 error", "allclose"]
+    return table(columns, [[shape(r), f"`{r['method']}`", r.get("backend") or NONE, *timing_cells(r),
+                            error(r.get("rel_err")), "yes" if r.get("allclose") else "no"] for r in rows])
+
+
+def training_table(rows) -> List[str]:
+    columns = ["B×C×L", "method", "backend", "b2b ms", "latency ms", "vs reference, b2b / latency",
+               "rel. L2 error y / du / dk"]
+    return table(columns, [[shape(r), f"`{r['method']}`", r.get("backend") or NONE, *timing_cells(r),
+                            " / ".join(error(r.get(k)) for k in ("rel_err", "grad_u_rel_err", "grad_k_rel_err"))]
+                           for r in rows])
+
+
+def long_table(rows) -> List[str]:
+    columns = ["B×C×L", "N", "method", "backend", "b2b ms", "latency ms", "vs reference, b2b / latency",
+               "rel. L2 error"]
+    return table(columns, [[shape(r), str(fft_size(r)), f"`{r['method']}`", r.get("backend") or NONE,
+                            *timing_cells(r), error(r.get("rel_err"))] for r in rows])
+
+
+def peers_table(peers, rows) -> List[str]:
+    def baseline(peer):
+        return next((r for r in rows if r["shape"] == peer["shape"] and r["pass"] == peer["pass"]
+                     and r["method"] == PEER_BASELINE and r.get("status") == "ok"), None)
+
+    cells = []
+    for peer in peers:
+        ours = baseline(peer)
+        faster = (peer["median_ms"] / ours["median_ms"]
+                  if ours is not None and peer.get("status") == "ok" else None)
+        cells.append([shape(peer), peer["pass"], f"`{peer['method']}`", peer.get("backend") or NONE,
+                      timing_cells(peer)[0], ratio(peer.get("speedup_vs_reference")),
+                      ms(ours["median_ms"]) if ours else NONE, ratio(faster)])
+    columns = ["B×C×L", "pass", "method", "backend", "b2b ms", "vs reference, b2b",
+               f"`{PEER_BASELINE}` b2b ms", f"`{PEER_BASELINE}` vs this, b2b"]
+    return table(columns, cells)
+
+
+QUESTIONS: List[tuple] = [
+    # (heading, rows of the question, table)
+    (f"Forward, L ≤ {LONG_FROM_FFT_SIZE // 4} (N ≤ {LONG_FROM_FFT_SIZE // 2})", forward_rows, forward_table),
+    ("Training step: forward + backward (gradients for u and k by `torch.autograd.grad`)", training_rows,
+     training_table),
+    (f"Long sequences, forward: L > {LONG_FROM_FFT_SIZE // 4} (N ≥ {LONG_FROM_FFT_SIZE})", long_rows, long_table),
+]
+
+
+# ------------------------------------------------------------------------------------ the block
+
+def device_line(meta: Dict[str, Any]) -> str:
+    if meta.get("device") == "cuda":
+        return (f"{meta.get('gpu_name')} ({meta.get('gpu_sm_count')} SMs, {meta.get('gpu_memory_gib')} GiB, "
+                f"sm_{meta.get('gpu_capability')}), torch {meta.get('torch_version')}, CUDA {meta.get('cuda_version')}")
+    return f"CPU ({meta.get('cpu')}, {meta.get('threads')} threads), torch {meta.get('torch_version')}"
+
+
+def render(run: List[RunFile]) -> str:
+    """The block that goes between the markers, markers included."""
+    first = run[0].meta
+    rows = [row for f in run for row in f.rows]
+    dates = sorted({str(f.meta.get("timestamp_utc", ""))[:10] or "date not recorded" for f in run})
+    device = "GPU" if first.get("device") == "cuda" else "CPU"
+    out = [BEGIN,
+           "<!-- Written by benchmarks/readme_tables.py from one run's JSON: rerun it, do not edit here. -->",
+           f"### Benchmark tables: one run, {' – '.join(dates)}, {first.get('gpu_name') or 'CPU'}", ""]
+    if device == "CPU":
+        out += [f"**{first.get('note') or 'CPU figures, not GPU ones.'}**", ""]
+    out += [f"Device: {device_line(first)}. Sources digest {first.get('source_digest')}, "
+            f"git {first.get('git_commit') or 'not recorded'}. The run's commands (one JSON each):", ""]
+    for f in run:
+        out.append(f"- `{command(f.meta.get('args', {}))}` ({f.meta.get('pass')}, {f.meta.get('reps')} reps, "
+                   f"{f.meta.get('timestamp_utc') or 'time not recorded'})")
+    out += ["",
+            "Medians of the reps, in ms: b2b, calls enqueued back to back; latency, one call at a time "
+            "with the device idle before it. vs reference: the `reference` row's median over this row's, "
+            "same shape and pass. Errors: relative L2 against float64 torch.fft on the same inputs; "
+            "allclose(atol=1e-2, rtol=1e-2). `reference` is the plain torch.fft model, `monarch[p]` "
+            "`fftconv(u, k, precision=p)`, `monarch-module` `FFTConv` with its cached filter spectrum, "
+            "`monarch-tc[p]` the tensor-core kernel itself through the op; the backend column says what ran."]
+    for heading, select, make in QUESTIONS:
+        selected = select(rows)
+        out += ["", f"#### {heading}", ""]
+        out += make(selected) if selected else ["Not measured in this run."]
+    peers = peer_rows(rows)
+    out += ["", "#### Peers: other implementations beside the reference", ""]
+    out += peers_table(peers, rows) if peers else ["None in this run."]
+    out.append(END)
+    return "\n".join(out)
+
+
+def replace_block(text: str, block: str, name: str) -> str:
+    """`text` with the markers' span replaced by `block` (which holds the markers)."""
+    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+        raise TablesError(f"{name}: needs exactly one {BEGIN} ... {END} pair, in that order")
+    return text[: text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", nargs="*", type=Path, default=[DEFAULT_RUN],
+                        help=f"results.json files or directories of one run (default: {DEFAULT_RUN})")
+    parser.add_argument("--files", nargs="+", type=Path, default=list(DEFAULT_FILES),
+                        help="the markdown files whose marked block is replaced (default: README.md "
+                             "docs/performance.md)")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 if a file differs from what the JSON gives")
+    args = parser.parse_args(argv)
+    try:
+        block = render(load_run(args.run))
+        updated = {path: replace_block(path.read_text(), block, str(path)) for path in args.files}
+    except (TablesError, OSError, ValueError, KeyError) as e:
+        print(f"readme_tables.py: {e}", file=sys.stderr)
+        return 2
+    differ = [path for path, text in updated.items() if text != path.read_text()]
+    if args.check:
+        for path in differ:
+            diff = difflib.unified_diff(path.read_text().splitlines(), updated[path].splitlines(),
+                                        str(path), "from the JSON", lineterm="", n=0)
+            print("\n".join(list(diff)[:40]))
+        print(f"{len(differ)} of {len(updated)} files differ from the run's tables" if differ
+              else "the tables match the run")
+        return 1 if differ else 0
+    for path in differ:
+        path.write_text(updated[path])
+    print(f"tables written into {len(differ)} of {len(updated)} files"
+          + (f" ({', '.join(map(str, differ))})" if differ else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
