@@ -98,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-profile", action="store_true", help="skip kernel-launch counting")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads for this run (default: 1 on CPU, where a core busy "
-                        "with another process stalls every parallel region; unchanged on GPU)")
+                        "with another process stalls every parallel region, and with --quick; "
+                        "unchanged on GPU)")
     p.add_argument("--seed", type=int, default=0, help="input RNG seed (default: 0)")
     p.add_argument("--out", default="bench_out", help="output directory (default: bench_out)")
     return p
@@ -151,7 +152,9 @@ def resolve_config(args: argparse.Namespace) -> Dict[str, Any]:
         warmup_seconds = GPU_WARMUP_SECONDS if device == "cuda" else CPU_WARMUP_SECONDS
     # One thread on the host: with torch's default (every core) a core that another process
     # holds stalls each parallel region by a scheduler slice, here 0.15 ms calls took 24-48 ms.
-    threads = args.threads if args.threads is not None else (1 if device == "cpu" else None)
+    # (--quick, the tests' smoke run, takes one on a GPU machine too.)
+    threads = args.threads if args.threads is not None else (
+        1 if device == "cpu" or args.quick else None)
     return {"device": device, "shapes": [tuple(s) for s in shapes], "reps": reps, "warmup": warmup,
             "warmup_seconds": warmup_seconds, "max_spread": args.max_spread, "threads": threads,
             "quick": bool(args.quick)}
