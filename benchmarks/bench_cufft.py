@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark monarch_fftconv against cuFFT (torch.fft): the command-line entry point.
+"""Benchmark monarch_fftconv against torch.fft (cuFFT on a GPU): the command-line entry point.
 
     python benchmarks/bench_cufft.py                       # reference workload 16x256x8192, fp32 I/O
     python benchmarks/bench_cufft.py --backward            # forward+backward (grads w.r.t. u and k)

@@ -148,6 +148,8 @@ def shape(row: Dict[str, Any]) -> str:
 def speedups(row: Dict[str, Any]) -> str:
     if row.get("validity") == "INVALID":
         return "INVALID (under the memory floor)"
+    if row.get("validity") == "NOISY":  # the benchmark gives an untrusted timing no speedup
+        return f"NOISY ({row.get('noisy_because') or 'spread'})"
     return f"{ratio(row.get('speedup_vs_reference'))} / {ratio(row.get('latency_speedup_vs_reference'))}"
 
 

@@ -191,7 +191,8 @@ def seeded_generator(device: str, seed: int) -> torch.Generator:
 # ---------------------------------------------------------------- training
 
 class Progress:
-    """A tqdm bar when tqdm is importable, else a counter printed to stderr."""
+    """A tqdm bar when tqdm is importable, else a counter printed to stderr: every step up to
+    20 steps, every total/20 beyond."""
 
     def __init__(self, total: int, label: str):
         self.total, self.label, self.done = total, label, 0
@@ -202,14 +203,15 @@ class Progress:
             self.bar = None
         self.every = max(1, total // 20)
 
-    def update(self, loss: float, accuracy: float) -> None:
+    def update(self, **figures: str) -> None:
+        """One step done; `figures` (name: formatted value, e.g. loss="2.310") beside the count."""
         self.done += 1
         if self.bar is not None:
             self.bar.update(1)
-            self.bar.set_postfix(loss=f"{loss:.3f}", acc=f"{accuracy:.2f}", refresh=False)
+            self.bar.set_postfix(figures, refresh=False)
         elif self.done % self.every == 0 or self.done == self.total:
-            print(f"{self.label}: step {self.done}/{self.total} loss {loss:.4f} acc {accuracy:.3f}",
-                  file=sys.stderr)
+            shown = "".join(f" {name} {value}" for name, value in figures.items())
+            print(f"{self.label}: step {self.done}/{self.total}{shown}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -276,7 +278,7 @@ def train(impl: str, config: dict) -> dict:
         step_seconds.append(time.perf_counter() - start)
         losses.append(loss.item())
         accuracies.append(accuracy.item())
-        progress.update(losses[-1], accuracies[-1])
+        progress.update(loss=f"{losses[-1]:.4f}", acc=f"{accuracies[-1]:.3f}")
     progress.close()
     final_loss, final_accuracy = evaluate(model, config)
     return {"loss": losses, "accuracy": accuracies, "final_loss": final_loss,

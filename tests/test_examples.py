@@ -1,14 +1,16 @@
-"""CPU tests of examples/train_hyena.py: a tiny training run through `main`, and its task."""
+"""CPU tests of examples/train_hyena.py (a tiny training run through `main`, and its task) and of
+examples/train_ddp.py's settings (its distributed runs: tests/test_distributed.py)."""
 import importlib.util
 import json
 import math
 import os
+import sys
 
 import pytest
 import torch
 
-_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                       "examples", "train_hyena.py")
+_EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+_SCRIPT = os.path.join(_EXAMPLES, "train_hyena.py")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # One key-value pair, so that a tiny model learns in seconds; the value still lies 62 tokens
 # back, past a blank stretch, so only the long convolution can bring it to the last position.
@@ -82,3 +84,40 @@ def test_bad_arguments_are_refused(train_hyena):
         train_hyena.main(["--device", "cpu", "--impls", "torch.fft,fp64"])
     with pytest.raises(SystemExit):
         train_hyena.main(["--device", "cpu", "--seq-len", "8", "--pairs", "4"])
+
+
+@pytest.fixture(scope="module")
+def train_ddp():
+    spec = importlib.util.spec_from_file_location("train_ddp", os.path.join(_EXAMPLES, "train_ddp.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ddp_sizes_default_to_the_device(train_ddp):
+    """Small on a CPU (the GPU sizes took ~20 s a step there), the larger ones on a GPU; sizes
+    given on the command line stand on either."""
+    config = train_ddp.configure(train_ddp.parse_args([]), "cpu")
+    assert {name: config[name] for name in train_ddp.CPU_DEFAULTS} == train_ddp.CPU_DEFAULTS
+    config = train_ddp.configure(train_ddp.parse_args([]), "cuda:1")
+    assert {name: config[name] for name in train_ddp.GPU_DEFAULTS} == train_ddp.GPU_DEFAULTS
+    cpu, gpu = train_ddp.CPU_DEFAULTS, train_ddp.GPU_DEFAULTS
+    assert cpu["batch"] * cpu["seq_len"] * cpu["width"] ** 2 * 100 < gpu["batch"] * gpu["seq_len"] * gpu["width"] ** 2
+    config = train_ddp.configure(train_ddp.parse_args(["--seq-len", "128", "--steps", "0"]), "cpu")
+    assert config["seq_len"] == 128 and config["steps"] == 0 and config["device"] == "cpu"
+
+
+def test_ddp_check_states_its_tolerance_and_why(train_ddp):
+    for mode in train_ddp.MODES:
+        line = train_ddp.check_line(mode, 8.6e-6, 1e-5)
+        assert "8.60e-06" in line and "tolerance 1e-05" in line
+        assert "fp32 sums in another order" in line and train_ddp.SUMMATION_ORDER[mode] in line
+
+
+def test_progress_prints_each_step_without_tqdm(train_hyena, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "tqdm", None)   # `from tqdm import tqdm` raises ImportError
+    progress = train_hyena.Progress(3, "ddp")
+    for step in range(3):
+        progress.update(ms=f"{step}.0")
+    progress.close()
+    assert capsys.readouterr().err.splitlines() == [f"ddp: step {i + 1}/3 ms {i}.0" for i in range(3)]

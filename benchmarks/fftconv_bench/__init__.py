@@ -1,23 +1,30 @@
-"""fftconv_bench: monarch_fftconv against cuFFT (torch.fft), honest, complete, pictured.
+"""fftconv_bench: monarch_fftconv against torch.fft (cuFFT on a GPU, MKL or pocketfft on the
+host), honest, complete, pictured.
 
 Methods, side by side in one run (all take float32 u (B,C,L) and k (C,L), return float32 y):
   reference          torch.fft exactly as commonly written: F.pad to 2L, rfft of u AND of k every
                      call, irfft, slice [..., :L].
   cufft-tuned        rfft(u, n=2L) with the filter spectrum rfft(k, n=2L) computed once outside
                      the timed call (forward). With --backward the filter spectrum must be
-                     recomputed every call (it needs a gradient), so it is.
+                     recomputed every call (it needs a gradient), so it is. Named for the library
+                     torch.fft runs: mkl-tuned or pocketfft-tuned on a CPU.
   compile-reference  torch.compile of `reference` (--compile); compile time is not timed.
   monarch[<p>]       monarch_fftconv.fftconv(u, k, precision=p) for each p in
                      monarch_fftconv.PRECISIONS, labelled with the backend explain() reports.
   monarch-module     monarch_fftconv.FFTConv (package-default precision) inside an
                      inference_cache() block, which computes the filter spectrum once: the
                      like-for-like rival of cufft-tuned.
+Rows that run the same code (entry point, backend and kernel: on a CPU every monarch[<p>]
+runs the same torch.fft code) are marked `same_computation_as` the first, get no speedup of
+their own in the table, and are drawn once in the plots.
 With --backward every method is a training step, timed two ways: `<method>` takes the grads with
 torch.autograd.grad(y, (u, k), g); `<method>.backward` calls y.backward(g), accumulating into the
 .grad of leaf tensors that keep their grads across reps, as an optimizer loop does.
 
 Timing: two figures per method, each the median and IQR of --reps reps (default 50) after a
-warm-up, each rep the whole call as a user makes it (Python dispatch and launches included).
+warm-up that lasts until the times settle (at least --warmup calls, then until two windows of
+calls agree to 10%), each rep the whole call as a user makes it (Python dispatch and launches
+included).
 Back-to-back (throughput): calls enqueued one after another, a CUDA event pair around each.
 Per-call latency: one call at a time on an idle GPU (synchronized before each), host overhead
 on the critical path; at small sizes it can far exceed the back-to-back time (see timing.py).
@@ -29,7 +36,9 @@ the results say plainly that they are CPU figures.
 Validity, measured in the same run: relative L2 error of every method against float64 torch.fft
 on the same inputs, allclose(atol=1e-2, rtol=1e-2), and for monarch methods the error budget of
 their precision (monarch_fftconv.policy.ERROR_BUDGETS); the device copy bandwidth, and from it
-each shape's memory floor; a time under the floor is printed INVALID and gets no speedup.
+each shape's memory floor; a time under the floor is printed INVALID and gets no speedup. A row
+whose IQR exceeds --max-spread (0.25) of its median on either clock is NOISY: untrusted in the
+table, the JSON and the plots, and it gets no speedup either.
 
 Modules: cli (arguments, run configuration, main), methods (what is timed), timing (the clocks),
 probes (peak memory, kernel launches, energy), guard (error check and memory floor), runner (one

@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 import fftconv_bench
+from fftconv_bench.timing import CPU_WARMUP_SECONDS, GPU_WARMUP_SECONDS, MAX_SPREAD
 
 Shape = Tuple[int, int, int]
 
@@ -57,7 +58,8 @@ def _shapes_type(spec: str) -> List[Shape]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="bench_cufft.py",
-        description="Benchmark monarch_fftconv against cuFFT (torch.fft) causal convolution.",
+        description="Benchmark monarch_fftconv against torch.fft (cuFFT on a GPU) causal "
+                    "convolution.",
         epilog=fftconv_bench.__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_mutually_exclusive_group()
@@ -76,7 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"timed reps (default {GPU_DEFAULT_REPS} on GPU, "
                         f"{CPU_DEFAULT_REPS} on CPU)")
     p.add_argument("--warmup", type=int, default=None,
-                   help=f"warm-up calls (default {DEFAULT_WARMUP}; quick {QUICK_WARMUP})")
+                   help=f"warm-up calls at least (default {DEFAULT_WARMUP}; quick {QUICK_WARMUP})")
+    p.add_argument("--warmup-seconds", type=float, default=None,
+                   help=f"warm-up time per method at least (default {GPU_WARMUP_SECONDS:g} s on GPU, "
+                        f"{CPU_WARMUP_SECONDS:g} s on CPU, 0 with --quick); the warm-up then goes "
+                        f"on until two windows of calls agree")
+    p.add_argument("--max-spread", type=float, default=MAX_SPREAD,
+                   help="IQR / median above which a row is marked NOISY and gets no speedup "
+                        "(default %(default)s)")
     p.add_argument("--flush-l2", action="store_true",
                    help="write a 256 MB buffer between reps (outside the timed region) "
                         "in addition to rotating input buffers")
@@ -88,7 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--no-profile", action="store_true", help="skip kernel-launch counting")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads for this run (default: unchanged; --quick: 1)")
+                   help="torch CPU threads for this run (default: 1 on CPU, where a core busy "
+                        "with another process stalls every parallel region, and with --quick; "
+                        "unchanged on GPU)")
     p.add_argument("--seed", type=int, default=0, help="input RNG seed (default: 0)")
     p.add_argument("--out", default="bench_out", help="output directory (default: bench_out)")
     return p
@@ -99,8 +110,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.reps is not None and args.reps < 1:
         parser.error("--reps must be >= 1")
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be >= 1")
     if args.warmup is not None and args.warmup < 0:
         parser.error("--warmup must be >= 0")
+    if args.warmup_seconds is not None and args.warmup_seconds < 0:
+        parser.error("--warmup-seconds must be >= 0")
+    if not args.max_spread > 0:
+        parser.error("--max-spread must be > 0")
     return args
 
 
@@ -127,7 +144,19 @@ def resolve_config(args: argparse.Namespace) -> Dict[str, Any]:
         reps = GPU_DEFAULT_REPS if device == "cuda" else CPU_DEFAULT_REPS
     warmup = args.warmup if args.warmup is not None else (
         QUICK_WARMUP if args.quick else DEFAULT_WARMUP)
+    if args.warmup_seconds is not None:
+        warmup_seconds = args.warmup_seconds
+    elif args.quick:
+        warmup_seconds = 0.0
+    else:
+        warmup_seconds = GPU_WARMUP_SECONDS if device == "cuda" else CPU_WARMUP_SECONDS
+    # One thread on the host: with torch's default (every core) a core that another process
+    # holds stalls each parallel region by a scheduler slice, here 0.15 ms calls took 24-48 ms.
+    # (--quick, the tests' smoke run, takes one on a GPU machine too.)
+    threads = args.threads if args.threads is not None else (
+        1 if device == "cpu" or args.quick else None)
     return {"device": device, "shapes": [tuple(s) for s in shapes], "reps": reps, "warmup": warmup,
+            "warmup_seconds": warmup_seconds, "max_spread": args.max_spread, "threads": threads,
             "quick": bool(args.quick)}
 
 
@@ -144,11 +173,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     from fftconv_bench import runner   # imports monarch_fftconv: after argument errors are shown
 
     args = parse_args(argv)
-    threads = args.threads if args.threads is not None else (1 if args.quick else None)
+    cfg = resolve_config(args)
     threads_before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
+    if cfg["threads"] is not None:
+        torch.set_num_threads(cfg["threads"])
     try:
-        return runner.run(args, resolve_config(args))
+        return runner.run(args, cfg)
     finally:
         torch.set_num_threads(threads_before)

@@ -4,7 +4,11 @@ Accuracy: relative L2 error of a method's outputs (y, and with --backward the gr
 torch.fft in float64 on the same inputs, allclose(atol=1e-2, rtol=1e-2), and for monarch methods
 the error budget of the precision the call ran at (monarch_fftconv.policy.ERROR_BUDGETS).
 Time: the memory floor, compulsory bytes / measured copy bandwidth; a time under it is a
-measurement or correctness bug, so the row is INVALID and gets no speedup.
+measurement or correctness bug, so the row is INVALID and gets no speedup. And the spread: a row
+whose inter-quartile range exceeds MAX_SPREAD of its median, on either clock (on the host, where
+both clocks time the same loop, also one whose two medians are that far apart), is NOISY: its
+median could move by that much on a rerun, so it gets no speedup either. So is a host row whose
+threads were several while other processes held the cores they needed.
 """
 from __future__ import annotations
 
@@ -14,8 +18,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from fftconv_bench.methods import ERROR_BUDGETS, reference_conv
+from fftconv_bench.timing import MAX_SPREAD
 
 ATOL = RTOL = 1e-2
+# Cores that other processes may keep busy beyond those the run leaves free (daemons).
+OTHER_LOAD_MARGIN = 0.25
+# Verdicts of a row's timings, worst first; speedups are claimed for TRUSTED ones only.
+VERDICTS = ("INVALID", "NOISY", "OK", "UNCHECKED")
+TRUSTED = ("OK", "UNCHECKED")
 Outputs64 = Tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]
 
 
@@ -42,12 +52,30 @@ def validate_time(time_s: Optional[float], floor_s: Optional[float]) -> str:
     return "OK"
 
 
+def validate_spread(relative_spread: Optional[float], max_spread: float = MAX_SPREAD) -> str:
+    """'NOISY' if the spread exceeds `max_spread`, 'OK' otherwise, 'UNCHECKED' without one."""
+    if relative_spread is None:
+        return "UNCHECKED"
+    return "OK" if relative_spread <= max_spread else "NOISY"
+
+
+def validate_other_load(other_cores: Optional[float], threads: int, cores: int) -> str:
+    """'NOISY' if the run has several threads and other processes kept busy more of the host's
+    cores than those threads left free (plus OTHER_LOAD_MARGIN for daemons): every parallel
+    region then waits a scheduler slice for a core (0.15 ms calls took 24-48 ms here). One
+    thread has no region to wait at, and its median survives the odd preemption: 'OK'.
+    'UNCHECKED' without a figure."""
+    if other_cores is None:
+        return "UNCHECKED"
+    if threads <= 1:
+        return "OK"
+    return "OK" if other_cores <= max(0, cores - threads) + OTHER_LOAD_MARGIN else "NOISY"
+
+
 def worst_validity(*verdicts: str) -> str:
-    """INVALID over OK over UNCHECKED: one verdict for several timings of one row."""
-    for verdict in ("INVALID", "OK"):
-        if verdict in verdicts:
-            return verdict
-    return "UNCHECKED"
+    """The first of VERDICTS among them (INVALID, then NOISY, then OK): one verdict for
+    several checks of one row."""
+    return next((v for v in VERDICTS if v in verdicts), "UNCHECKED")
 
 
 def measure_error(out: torch.Tensor, ref: torch.Tensor, *, atol: float = ATOL,
@@ -116,15 +144,33 @@ def is_accurate(row: Dict[str, Any]) -> bool:
 def assign_speedups(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """speedup_vs_reference (back-to-back) and latency_speedup_vs_reference on every row of one
     shape: reference median / row median, against the reference row of the same training step,
-    only where both are valid timings (error and INVALID rows, or an invalid reference: None)."""
-    def valid(r):
-        return r is not None and r["status"] == "ok" and r.get("validity") != "INVALID"
+    only where both timings are trusted (error, INVALID and NOISY rows, or such a reference:
+    None)."""
+    def trusted(r):
+        return r is not None and r["status"] == "ok" and r.get("validity") in TRUSTED
 
     for r in rows:
         reference = next((ref for ref in rows if ref.get("family") == "reference"
                           and ref.get("train_step") == r.get("train_step")), None)
-        ok = valid(r) and valid(reference)
+        ok = trusted(r) and trusted(reference)
         for field, median in (("speedup_vs_reference", "median_ms"),
                               ("latency_speedup_vs_reference", "latency_median_ms")):
             r[field] = reference[median] / r[median] if ok else None
     return list(rows)
+
+
+def mark_same_computations(rows: Sequence[Dict[str, Any]]) -> None:
+    """same_computation_as on every row of one shape that runs what an earlier row runs: the
+    same entry point (precision aside), training step, backend and kernel. On the CPU every
+    monarch precision runs the same torch.fft code, as on the GPU a precision that its policy
+    sends to the fp32 kernel runs that kernel: their times differ by noise alone."""
+    first: Dict[tuple, str] = {}
+    for r in rows:
+        r["same_computation_as"] = None
+        if r["status"] != "ok" or not r.get("kernel"):
+            continue
+        key = (r.get("entry"), r.get("train_step"), r.get("backend"), r.get("kernel"))
+        if key in first:
+            r["same_computation_as"] = first[key]
+        else:
+            first[key] = r["method"]

@@ -8,7 +8,9 @@ the filter spectrum) is not timed. A training step comes two ways, one method ea
                      calls, so each call also adds into the existing .grad (gradient
                      accumulation, as an optimizer loop without zero_grad between micro-batches).
 Also the nominal flop count of the torch.fft methods; monarch methods take theirs from
-monarch_fftconv.explain().
+monarch_fftconv.explain(). Rows are named for what runs on the device: torch.fft is cuFFT on a
+GPU, MKL or pocketfft on the host (fft_library), so the tuned torch.fft method is `cufft-tuned`
+on a GPU and e.g. `mkl-tuned` on a CPU.
 """
 from __future__ import annotations
 
@@ -52,8 +54,9 @@ Flops = Callable[[int, int, int, bool, Dict[str, Any]], Optional[float]]
 class Method:
     """One row of a shape's table: a convolution, forward only or as one kind of training step."""
     name: str                   # unique short id (CLI --methods, JSON, CSV)
-    family: str                 # reference | cufft | compile | monarch
+    family: str                 # reference | cufft, mkl or pocketfft (tuned) | compile | monarch
     precision: Optional[str]    # requested precision (None: package default / not applicable)
+    entry: str                  # what the call goes through, its precision aside
     build: Build                # forward calls return y; training steps (y, grad_u, grad_k)
     describe: Describe
     flops: Flops
@@ -73,6 +76,7 @@ class Convolution:
     name: str
     family: str
     precision: Optional[str]
+    entry: str                  # methods with the same entry, backend and kernel run the same code
     bind: Callable[[Tensor, Tensor, bool], Bound]   # (u, k, training) -> Bound
     describe: Describe
     flops: Flops
@@ -94,7 +98,7 @@ def per_call_filter_fft_conv(u: Tensor, k: Tensor) -> Tensor:
     return torch.fft.irfft(torch.fft.rfft(u, n=n) * torch.fft.rfft(k, n=n), n=n)[..., :u.shape[-1]]
 
 
-def cufft_flops(B: int, C: int, L: int, *, filter_fft: bool, backward: bool) -> float:
+def torch_fft_flops(B: int, C: int, L: int, *, filter_fft: bool, backward: bool) -> float:
     """Nominal flops of the torch.fft convolution with FFT size N = 2L.
 
     forward:  per row (B·C rows): rfft(u) + irfft = 2 real FFTs, plus 6 flops per complex
@@ -131,7 +135,7 @@ def bind_function(fn: Callable[[Tensor, Tensor], Tensor]) -> Callable[..., Bound
     return bind
 
 
-def _bind_cufft_tuned(u: Tensor, k: Tensor, training: bool) -> Bound:
+def _bind_tuned(u: Tensor, k: Tensor, training: bool) -> Bound:
     if training:   # the filter spectrum needs a gradient, so it is computed per call
         return bind_function(per_call_filter_fft_conv)(u, k, True)
     L = u.shape[-1]
@@ -240,43 +244,53 @@ def as_method(conv: Convolution, train_step: Optional[str] = None) -> Method:
         if grad_y is None or make_step is None:
             return conv.bind(u, k, False).forward
         return make_step(conv.bind(u, k, True), grad_y)
-    return Method(conv.name + suffix, conv.family, conv.precision, build, conv.describe,
-                  conv.flops, train_step)
+    return Method(conv.name + suffix, conv.family, conv.precision, conv.entry, build,
+                  conv.describe, conv.flops, train_step)
 
 
 def _nominal(backend: str, kernel: str) -> Describe:
     return lambda u, k: {"backend": backend, "kernel": kernel, "precision": "fp32"}
 
 
-def _cufft_flops(filter_fft_forward: bool) -> Flops:
+def _torch_fft_flops(filter_fft_forward: bool) -> Flops:
     # A per-call filter FFT in training either way: its gradient is needed.
-    return lambda B, C, L, bwd, info: cufft_flops(B, C, L, filter_fft=filter_fft_forward or bwd,
+    return lambda B, C, L, bwd, info: torch_fft_flops(B, C, L, filter_fft=filter_fft_forward or bwd,
                                                   backward=bwd)
 
 
-def convolutions(*, compile: bool = False) -> List[Convolution]:
-    """Every way of computing y that the run compares, in table order."""
+def fft_library(device: str) -> str:
+    """What torch.fft runs on `device`: cuFFT on a GPU; on the host MKL where torch was built
+    with it (x86 wheels), pocketfft otherwise."""
+    if device == "cuda":
+        return "cuFFT"
+    return "MKL" if torch.backends.mkl.is_available() else "pocketfft"
+
+
+def convolutions(device: str, *, compile: bool = False) -> List[Convolution]:
+    """Every way of computing y that the run compares on `device`, in table order."""
+    library = fft_library(device)
+    tuned = library.lower()
     convs = [
-        Convolution("reference", "reference", None, bind_function(reference_conv),
-                    _nominal("torch.fft", "cuFFT/pocketfft rfft+irfft, padded"),
-                    _cufft_flops(True)),
-        Convolution("cufft-tuned", "cufft", None, _bind_cufft_tuned,
-                    _nominal("torch.fft", "rfft(n=2L) + cached filter spectrum"),
-                    _cufft_flops(False)),
+        Convolution("reference", "reference", None, "reference_conv", bind_function(reference_conv),
+                    _nominal("torch.fft", f"{library} rfft+irfft, padded"), _torch_fft_flops(True)),
+        Convolution(f"{tuned}-tuned", tuned, None, "tuned torch.fft", _bind_tuned,
+                    _nominal("torch.fft", f"{library} rfft(n=2L) + cached filter spectrum"),
+                    _torch_fft_flops(False)),
     ]
     if compile:
-        convs.append(Convolution("compile-reference", "compile", None, _bind_compiled_reference(),
+        convs.append(Convolution("compile-reference", "compile", None, "torch.compile(reference_conv)",
+                                 _bind_compiled_reference(),
                                  _nominal("torch.compile", "inductor(reference)"),
-                                 _cufft_flops(True)))
+                                 _torch_fft_flops(True)))
     for p in PRECISIONS:
         fftconv_p = (lambda p: lambda u, k: mf.fftconv(u, k, precision=p))(p)
-        convs.append(Convolution(f"monarch[{p}]", "monarch", p, bind_function(fftconv_p),
-                                 _explain(p), _monarch_flops))
-    convs.append(Convolution("monarch-module", "monarch", None, _bind_module, _explain(None),
-                             _monarch_flops))
+        convs.append(Convolution(f"monarch[{p}]", "monarch", p, "monarch_fftconv.fftconv",
+                                 bind_function(fftconv_p), _explain(p), _monarch_flops))
+    convs.append(Convolution("monarch-module", "monarch", None, "monarch_fftconv.FFTConv",
+                             _bind_module, _explain(None), _monarch_flops))
     for p in TENSOR_CORE_PRECISIONS:
-        convs.append(Convolution(f"monarch-tc[{p}]", "monarch", p, _bind_tensor_core(p),
-                                 _describe_tensor_core(p), _monarch_flops))
+        convs.append(Convolution(f"monarch-tc[{p}]", "monarch", p, "monarch_fftconv.ops.fftconv_op",
+                                 _bind_tensor_core(p), _describe_tensor_core(p), _monarch_flops))
     return convs
 
 
@@ -317,12 +331,12 @@ def _describe_tensor_core(precision: str) -> Describe:
     return describe
 
 
-def make_methods(*, compile: bool = False, backward: bool = False,
+def make_methods(device: str, *, compile: bool = False, backward: bool = False,
                  only: Optional[Sequence[str]] = None) -> List[Method]:
-    """All methods of the run, in table order (--methods `only` keeps that order): forward
-    only, or with `backward` each convolution's training step by autograd.grad, then all by
-    y.backward with accumulation."""
-    convs = convolutions(compile=compile)
+    """All methods of a run on `device`, in table order (--methods `only` keeps that order):
+    forward only, or with `backward` each convolution's training step by autograd.grad, then
+    all by y.backward with accumulation."""
+    convs = convolutions(device, compile=compile)
     if backward:
         methods = [as_method(c, step) for step in TRAIN_STEPS for c in convs]
     else:

@@ -26,12 +26,14 @@ CPU_NOTE = ("CPU FIGURES, NOT GPU ONES: no CUDA device was used, so this run tim
             "monarch_fftconv's CPU path (the backend column says which) against torch.fft on the "
             "host (time.perf_counter medians). These numbers say nothing about GPU performance.")
 
-CSV_FIELDS = ["shape", "B", "C", "L", "pass", "device", "method", "family", "train_step",
-              "backend", "kernel", "requested_precision", "precision", "status",
+CSV_FIELDS = ["shape", "B", "C", "L", "pass", "device", "method", "family", "entry", "train_step",
+              "backend", "kernel", "same_computation_as", "requested_precision", "precision",
+              "status", "warmup_calls", "warmup_s", "warmup_settled",
               "median_ms", "q1_ms", "q3_ms", "iqr_ms", "min_ms", "max_ms",
               "latency_median_ms", "latency_q1_ms", "latency_q3_ms", "latency_iqr_ms",
               "latency_min_ms", "latency_max_ms", "reps", "n_buffers", "l2_flush",
-              "cache_resident_inputs", "floor_ms", "validity", "speedup_vs_reference",
+              "cache_resident_inputs", "floor_ms", "spread", "other_cores", "validity",
+              "noisy_because", "speedup_vs_reference",
               "latency_speedup_vs_reference", "min_bytes", "gbps", "flops", "tflops",
               "rel_err", "max_abs_err", "allclose", "error_budget", "within_error_budget",
               "grad_u_rel_err", "grad_u_allclose", "grad_k_rel_err", "grad_k_allclose",
@@ -75,17 +77,32 @@ def _gpu_environment() -> Dict[str, Any]:
                 timer="cuda-events (one pair per rep)")
 
 
+def cpu_name() -> str:
+    """The host CPU's model (Linux: /proc/cpuinfo), else what platform can tell."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def environment(device: str) -> Dict[str, Any]:
-    """Software, machine and source versions of this run."""
+    """Software, machine and source versions of this run (a CUDA version only when the run
+    used CUDA: a CUDA build of torch on a CPU run says nothing about the figures)."""
     env = {"device": device, "torch_version": torch.__version__,
-           "cuda_version": torch.version.cuda, "python": platform.python_version(),
+           "cuda_version": torch.version.cuda if device == "cuda" else None,
+           "python": platform.python_version(),
            "platform": platform.platform(), "hostname": platform.node(),
            "timestamp_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     if device == "cuda":
         env.update(_gpu_environment())
     else:
-        env.update(gpu_name=None, cpu=platform.processor() or platform.machine(),
-                   threads=torch.get_num_threads(), timer="time.perf_counter", note=CPU_NOTE)
+        env.update(gpu_name=None, cpu=cpu_name(),
+                   threads=torch.get_num_threads(), cores=len(os.sched_getaffinity(0)),
+                   timer="time.perf_counter", note=CPU_NOTE)
     env["git_commit"] = _git_commit()
     env["source_digest"] = source_digest()
     return env

@@ -1,5 +1,10 @@
 """PNG plots of a run's rows (matplotlib, Agg backend): time vs L, speedup over the reference,
-error per method and precision."""
+error per method and precision.
+
+Each computation is drawn once: a row that runs the same code as an earlier row of its shape
+(same_computation_as; on the CPU every monarch precision runs the same torch.fft code) is left
+out, and the earlier row's label names it. NOISY rows are drawn hollow in the time plot and
+have no speedup to draw; each figure says which were left out."""
 from __future__ import annotations
 
 import math
@@ -18,12 +23,47 @@ def _title(meta: Dict[str, Any], what: str, pass_name: str) -> str:
     if meta.get("device") == "cuda":
         where = f"{meta.get('gpu_name')}, torch {meta.get('torch_version')}, CUDA {meta.get('cuda_version')}"
     else:
-        where = "CPU FIGURES, NOT GPU (the package's CPU path vs torch.fft on the host)"
+        where = (f"CPU FIGURES, NOT GPU: {meta.get('cpu')}, torch {meta.get('torch_version')}, "
+                 f"torch.fft = {meta.get('fft_library')}")
     return f"{what} [{pass_name}]\n{where}"
 
 
 def _ok(r: Dict[str, Any]) -> bool:
     return r.get("status") == "ok" and r.get("median_ms") is not None
+
+
+def _repeat(r: Dict[str, Any]) -> bool:
+    """Whether the row runs the same code as an earlier row of its shape."""
+    return bool(r.get("same_computation_as"))
+
+
+def _drawn(r: Dict[str, Any]) -> bool:
+    return _ok(r) and not _repeat(r)
+
+
+def _has_speedup(r: Dict[str, Any]) -> bool:
+    """Drawn and trusted: INVALID, NOISY and error rows have no speedup."""
+    return _drawn(r) and r.get("speedup_vs_reference") is not None
+
+
+def _noisy(r: Dict[str, Any]) -> bool:
+    return r.get("validity") == "NOISY"
+
+
+def _footnote(fig, rows: Sequence[Dict[str, Any]], meta: Dict[str, Any]) -> float:
+    """Under the figure, what it leaves out or marks, and why; returns the height (a fraction
+    of the figure's) the notes take."""
+    notes = []
+    repeats = _unique_in_order(r["method"] for r in rows if _ok(r) and _repeat(r))
+    if repeats:
+        notes.append(f"not drawn, as they run the same code as a drawn row: {', '.join(repeats)}")
+    noisy = _unique_in_order(r["method"] for r in rows if _drawn(r) and _noisy(r))
+    if noisy:
+        notes.append(f"NOISY (spread > {meta.get('max_spread', float('nan')):.0%} of the median, or "
+                     f"cores taken by other processes; hollow, no speedup): {', '.join(noisy)}")
+    if notes:
+        fig.text(0.01, 0.005, "\n".join(notes), fontsize=7, va="bottom", ha="left")
+    return 0.035 * len(notes)
 
 
 def _unique_in_order(values) -> list:
@@ -39,9 +79,12 @@ def _method_order(rows):
 
 
 def _label(rows, method):
+    """The method, the methods whose rows repeat its computation, and its backends."""
     backends = sorted({str(r.get("backend")) for r in rows if r["method"] == method
                        and r.get("backend") and r.get("status") == "ok"})
-    return f"{method} ({', '.join(backends)})" if backends else method
+    repeats = _unique_in_order(r["method"] for r in rows if r.get("same_computation_as") == method)
+    label = method + (f" = {' = '.join(repeats)}" if repeats else "")
+    return f"{label} ({', '.join(backends)})" if backends else label
 
 
 def _panels(rows: Sequence[Dict[str, Any]]):
@@ -78,12 +121,16 @@ def plot_time_vs_L(out_dir, rows, meta) -> List[str]:
     paths = []
     for pass_name, fig, panels in _panels(rows):
         for ax, B, C, grp in panels:
-            for m, style, pts in _series(grp, _ok):
+            for m, style, pts in _series(grp, _drawn):
                 ys = [r["median_ms"] for r in pts]
                 below = [max(0.0, r["median_ms"] - r["q1_ms"]) for r in pts]
                 above = [max(0.0, r["q3_ms"] - r["median_ms"]) for r in pts]
                 ax.errorbar([r["L"] for r in pts], ys, yerr=[below, above], marker="o", ms=4,
                             capsize=2, label=_label(grp, m), **style)
+                noisy = [r for r in pts if _noisy(r)]
+                if noisy:   # hollow over the filled marker: untrusted
+                    ax.scatter([r["L"] for r in noisy], [r["median_ms"] for r in noisy], s=60,
+                               facecolors="white", edgecolors=style["color"], zorder=4)
                 bad = [r for r in pts if r.get("validity") == "INVALID"]
                 if bad:
                     ax.scatter([r["L"] for r in bad], [r["median_ms"] for r in bad], marker="x",
@@ -95,7 +142,8 @@ def plot_time_vs_L(out_dir, rows, meta) -> List[str]:
                         label="memory floor (copy bandwidth)")
             ax.set_yscale("log")
             _finish_axes(ax, B, C, "median time per call [ms] (IQR bars)")
-        paths.append(_save(fig, meta, "Time vs sequence length", out_dir, "time_vs_L", pass_name))
+        paths.append(_save(fig, meta, "Time vs sequence length", out_dir, "time_vs_L", pass_name,
+                           [r for _, _, _, grp in panels for r in grp]))
     return paths
 
 
@@ -106,35 +154,40 @@ def _finish_axes(ax, B: int, C: int, ylabel: str) -> None:
     ax.set_ylabel(ylabel)
     ax.set_title(f"B={B}, C={C}", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    else:   # e.g. every row NOISY: no speedup to draw
+        ax.text(0.5, 0.5, "no trusted rows to draw", transform=ax.transAxes, ha="center")
 
 
-def _write_png(fig, out_dir: str, stem: str, pass_name: str) -> str:
-    fig.tight_layout()
+def _write_png(fig, out_dir: str, stem: str, pass_name: str, rows: Sequence[Dict[str, Any]],
+               meta: Dict[str, Any]) -> str:
+    fig.tight_layout(rect=(0, _footnote(fig, rows, meta), 1, 1))
     path = os.path.join(out_dir, f"{stem}_{pass_name.replace('+', '_')}.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
-def _save(fig, meta, title: str, out_dir: str, stem: str, pass_name: str) -> str:
+def _save(fig, meta, title: str, out_dir: str, stem: str, pass_name: str,
+          rows: Sequence[Dict[str, Any]]) -> str:
     fig.suptitle(_title(meta, title, pass_name), fontsize=10)
-    return _write_png(fig, out_dir, stem, pass_name)
+    return _write_png(fig, out_dir, stem, pass_name, rows, meta)
 
 
 def plot_speedup(out_dir, rows, meta) -> List[str]:
     paths = []
     for pass_name, fig, panels in _panels(rows):
         for ax, B, C, grp in panels:
-            # Only valid timings carry a speedup (INVALID / error rows have None).
-            for m, style, pts in _series(grp, lambda r: r.get("speedup_vs_reference") is not None):
+            for m, style, pts in _series(grp, _has_speedup):
                 ax.plot([r["L"] for r in pts], [r["speedup_vs_reference"] for r in pts],
                         marker="o", ms=4, label=_label(grp, m), **style)
             ax.axhline(1.0, color="k", lw=1, ls="--")
             ax.set_yscale("log", base=2)
             ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
             _finish_axes(ax, B, C, "speedup over reference (x, higher is better)")
-        paths.append(_save(fig, meta, "Speedup over the torch.fft reference", out_dir, "speedup", pass_name))
+        paths.append(_save(fig, meta, "Speedup over the torch.fft reference", out_dir, "speedup", pass_name,
+                           [r for _, _, _, grp in panels for r in grp]))
     return paths
 
 
@@ -150,14 +203,14 @@ def plot_error(out_dir, rows, meta) -> List[str]:
     for r in rows:
         by_pass[r["pass"]].append(r)
     for pass_name, grp in by_pass.items():
-        methods = _method_order(grp)
+        methods = _method_order([r for r in grp if not _repeat(r)])
         shapes = _unique_in_order(r["shape"] for r in grp)
         fig, ax = plt.subplots(figsize=(min(14.0, max(7.0, 1.2 * len(methods) + 2)), 5))
         width = 0.8 / max(1, len(shapes))
         smallest_bar = 1e-17
         for j, shape in enumerate(shapes):
-            errs = [_finite_error(next((r for r in grp if r["method"] == m and r["shape"] == shape),
-                                       None)) for m in methods]
+            errs = [_finite_error(next((r for r in grp if r["method"] == m and r["shape"] == shape
+                                        and not _repeat(r)), None)) for m in methods]
             xs = [i + (j - (len(shapes) - 1) / 2) * width for i in range(len(methods))]
             ax.bar(xs, [max(e, smallest_bar) if e == e else 0 for e in errs], width, label=shape)
         ax.set_xticks(range(len(methods)))
@@ -168,7 +221,7 @@ def plot_error(out_dir, rows, meta) -> List[str]:
         ax.grid(True, axis="y", which="both", alpha=0.3)
         ax.legend(fontsize=7, title="shape (BxCxL)", title_fontsize=7)
         ax.set_title(_title(meta, "Error per method / precision", pass_name), fontsize=10)
-        paths.append(_write_png(fig, out_dir, "error", pass_name))
+        paths.append(_write_png(fig, out_dir, "error", pass_name, grp, meta))
     return paths
 
 

@@ -30,18 +30,26 @@ def format_value(value: Any, spec: str = ".3g", none: str = "-") -> str:
 
 
 def header_lines(env: Dict[str, Any], device: str) -> List[str]:
-    """The lines naming what ran where, printed before the first shape."""
-    lines = [RULE, f"monarch_fftconv vs cuFFT benchmark (sources {env['source_digest']}, "
-                   f"git {env.get('git_commit') or '?'})"]
+    """The lines naming what ran where, printed before the first shape: the GPU and CUDA, or
+    the CPU (no CUDA version: none was used)."""
+    lines = [RULE, f"monarch_fftconv vs torch.fft ({env['fft_library']}) benchmark "
+                   f"(sources {env['source_digest']}, git {env.get('git_commit') or '?'})"]
     if device == "cuda":
         lines.append(f"GPU: {env['gpu_name']} ({env['gpu_memory_gib']} GiB, "
                      f"sm_{env['gpu_capability']}, L2 {env['l2_cache_bytes'] / 2**20:.0f} MiB) | "
                      f"torch {env['torch_version']} | CUDA {env['cuda_version']}")
     else:
-        lines.append(f"DEVICE: CPU ({env['cpu']}, {env['threads']} threads) | "
-                     f"torch {env['torch_version']} | CUDA {env['cuda_version']}")
+        lines.append(f"DEVICE: CPU, {env['cpu']} ({env['threads']} torch thread(s) of "
+                     f"{env['cores']} cores) | torch {env['torch_version']}")
         lines.append("*** " + CPU_NOTE + " ***")
     return lines
+
+
+def check_legend(max_spread: float) -> str:
+    """What the check column's verdicts mean, the noise threshold stated."""
+    return (f"  check: OK; NOISY, an IQR above {max_spread:.0%} of the median on either clock, or "
+            f"on CPU the two clocks' medians that far apart or other processes holding cores "
+            f"this run needed (untrusted: no speedup); INVALID, under the memory floor")
 
 
 def _accuracy_cells(row: Dict[str, Any]) -> List[str]:
@@ -63,6 +71,10 @@ def _accuracy_cells(row: Dict[str, Any]) -> List[str]:
 def _speedup_cell(row: Dict[str, Any]) -> str:
     if row.get("validity") == "INVALID":
         return "INVALID"
+    if row.get("same_computation_as"):
+        return "=" + row["same_computation_as"]
+    if row.get("validity") == "NOISY":
+        return "NOISY"
     speedup = row.get("speedup_vs_reference")
     if not speedup:
         return "-"
@@ -92,8 +104,9 @@ def _aligned(columns: Sequence[str], cells: Sequence[Sequence[str]]) -> List[str
     return [line(columns), line(["-" * w for w in widths])] + [line(t) for t in cells]
 
 
-def format_table(rows: Sequence[Dict[str, Any]]) -> str:
-    """Plain-text table for one shape/pass, with its footnotes."""
+def format_table(rows: Sequence[Dict[str, Any]], max_spread: float) -> str:
+    """Plain-text table for one shape/pass, with its footnotes; `max_spread` is the run's
+    noise threshold (IQR / median)."""
     if not rows:
         return ""
     r0 = rows[0]
@@ -102,13 +115,24 @@ def format_table(rows: Sequence[Dict[str, Any]]) -> str:
             f"{' (inputs cache-resident: --quick)' if r0.get('cache_resident_inputs') else ''}  "
             f"memory floor={format_value(r0['floor_ms'], '.4f')} ms")
     cells = [table_cells(r) for r in rows]
-    out = [head] + _aligned(TABLE_COLUMNS, cells) + [TIMING_LEGEND]
+    out = [head] + _aligned(TABLE_COLUMNS, cells) + [TIMING_LEGEND, check_legend(max_spread)]
     if any(c[TABLE_COLUMNS.index("speedup")].endswith("*") for c in cells):
         out.append(f"  * fails allclose(atol={ATOL:.0e}, rtol={RTOL:.0e}) vs float64: the speedup "
                    "is not at equal accuracy")
     if any(r.get("validity") == "INVALID" for r in rows):
         out.append("  INVALID: median time under the memory floor (compulsory bytes / measured "
                    "copy bandwidth): a measurement or correctness bug, not a speedup")
+    noisy = [f"{r['method']} ({r['noisy_because']})" for r in rows if r.get("validity") == "NOISY"]
+    if noisy:
+        out.append(f"  NOISY: {', '.join(noisy)}: more --reps, fewer --threads or a quieter "
+                   "machine may settle them")
+    if any(r.get("same_computation_as") for r in rows):
+        out.append("  =X: runs the same code as row X (entry point, backend and kernel): its time "
+                   "differs from X's by noise alone, so no speedup of its own; plotted once")
+    unsettled = [r["method"] for r in rows if r.get("warmup_settled") is False]
+    if unsettled:
+        out.append(f"  warm-up still unsettled at its time limit: {', '.join(unsettled)} (their "
+                   "medians may hold first-call costs)")
     out.extend(f"  ! {r['method']}: {r['error']}" for r in rows if r["status"] != "ok")
     return "\n".join(out)
 

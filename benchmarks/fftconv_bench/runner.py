@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -12,13 +13,14 @@ import torch
 
 from fftconv_bench import guard
 from fftconv_bench.cli import method_names
-from fftconv_bench.methods import Method, make_methods, mf
+from fftconv_bench.methods import Method, fft_library, make_methods, mf
 from fftconv_bench.outputs import CPU_NOTE, RowLog, environment, plot, write_outputs
 from fftconv_bench.probes import EnergyMeter, count_kernel_launches, peak_extra_memory
 from fftconv_bench.report import Progress, RULE, format_table, header_lines
-from fftconv_bench.timing import (buffer_plan, cache_bytes, copy_bandwidth, flush_bytes,
-                                  milliseconds, summarize, time_back_to_back,
-                                  time_per_call_latency, warm_up)
+from fftconv_bench.timing import (SETTLE_TOLERANCE, WARMUP_MAX_SECONDS, WARMUP_WINDOW,
+                                  OtherLoad, buffer_plan, cache_bytes, copy_bandwidth, flush_bytes,
+                                  milliseconds, relative_gap, spread, summarize,
+                                  time_back_to_back, time_per_call_latency, warm_up)
 
 Tensor = torch.Tensor
 InputSet = Tuple[Tensor, Tensor, Optional[Tensor]]   # (u, k, grad_y or None)
@@ -29,7 +31,8 @@ class Settings:
     """What every shape of the run shares."""
     device: str
     reps: int
-    warmup: int
+    warmup: int                       # calls, at least
+    warmup_seconds: float             # per method, at least
     quick: bool
     backward: bool
     copy_bw: float                    # bytes/s, measured
@@ -37,6 +40,7 @@ class Settings:
     profile: bool                     # count kernel launches
     flush_l2: bool
     seed: int
+    max_spread: float                 # IQR / median above which a row is NOISY
 
     @property
     def pass_name(self) -> str:
@@ -104,20 +108,46 @@ def _describe_into(row: Dict[str, Any], m: Method, u: Tensor, k: Tensor) -> Dict
 
 def _time_into(row: Dict[str, Any], calls: Sequence[Callable[[], Any]], inputs: ShapeInputs,
                settings: Settings) -> float:
-    """Times the calls back to back and one at a time; fills the timing fields (back-to-back:
-    median_ms..., per-call latency: latency_median_ms...), validity (INVALID if either median
-    is under the floor) and GB/s (back-to-back); returns the back-to-back median (s)."""
-    warm_up(calls, settings.warmup, settings.device)
+    """Warms the calls up until their times settle, then times them back to back and one at a
+    time; fills the warm-up and timing fields (back-to-back: median_ms..., per-call latency:
+    latency_median_ms...), the noise fields (_noise_into), validity (INVALID if either median
+    is under the floor, else NOISY if the timing is noise) and GB/s (back-to-back); returns
+    the back-to-back median (s)."""
+    other_load = OtherLoad() if settings.device != "cuda" else None
+    warmed = warm_up(calls, settings.warmup, settings.device, min_seconds=settings.warmup_seconds,
+                     flush=inputs.flush)
+    row.update(warmup_calls=warmed["calls"], warmup_s=warmed["seconds"],
+               warmup_settled=warmed["settled"])
     clock = dict(reps=settings.reps, device=settings.device, flush=inputs.flush)
     back_to_back = summarize(time_back_to_back(calls, **clock))
     latency = summarize(time_per_call_latency(calls, **clock))
     row.update(milliseconds(back_to_back))
     row.update(milliseconds(latency, prefix="latency_"))
     median_s = back_to_back["median_s"]
+    noise = _noise_into(row, back_to_back, latency, other_load, settings)
     row["validity"] = guard.worst_validity(guard.validate_time(median_s, inputs.floor_s),
-                                           guard.validate_time(latency["median_s"], inputs.floor_s))
+                                           guard.validate_time(latency["median_s"], inputs.floor_s),
+                                           *noise)
     row["gbps"] = inputs.min_bytes / median_s / 1e9
     return median_s
+
+
+def _noise_into(row: Dict[str, Any], back_to_back: Dict[str, float], latency: Dict[str, float],
+                other_load: Optional[OtherLoad], settings: Settings) -> List[str]:
+    """Fills spread (IQR / median, the worse clock's; on the host also the gap between the
+    clocks' medians, which time the same loop there), other_cores (host: the cores other
+    processes kept busy since the warm-up began) and noisy_because; returns the verdicts."""
+    row["spread"] = max(spread(back_to_back), spread(latency))
+    if settings.device != "cuda":
+        row["spread"] = max(row["spread"], relative_gap(back_to_back["median_s"], latency["median_s"]))
+    verdicts = {f"spread {row['spread']:.2f}": guard.validate_spread(row["spread"], settings.max_spread)}
+    row["other_cores"] = other_load.other_cores() if other_load else None
+    if row["other_cores"] is not None:
+        threads, cores = torch.get_num_threads(), len(os.sched_getaffinity(0))
+        why = f"other processes kept {row['other_cores']:.1f} of {cores} cores busy, {threads} threads here"
+        verdicts[why] = guard.validate_other_load(row["other_cores"], threads, cores)
+    row["noisy_because"] = "; ".join(why for why, v in verdicts.items() if v == "NOISY") or None
+    return list(verdicts.values())
 
 
 def _probe_into(row: Dict[str, Any], calls: Sequence[Callable[[], Any]], median_s: float,
@@ -139,8 +169,8 @@ def _probe_into(row: Dict[str, Any], calls: Sequence[Callable[[], Any]], median_
 
 def measure_method(m: Method, inputs: ShapeInputs, settings: Settings) -> Dict[str, Any]:
     """One row: description, error vs float64, timings, floor check, flops, probes."""
-    row = dict(inputs.common, method=m.name, family=m.family, train_step=m.train_step,
-               requested_precision=m.precision, status="ok", error=None)
+    row = dict(inputs.common, method=m.name, family=m.family, entry=m.entry,
+               train_step=m.train_step, requested_precision=m.precision, status="ok", error=None)
     u0, k0, _ = inputs.input_sets[0]
     try:
         _describe_into(row, m, u0, k0)
@@ -165,13 +195,15 @@ def measure_method(m: Method, inputs: ShapeInputs, settings: Settings) -> Dict[s
 def run_shape(shape: Tuple[int, int, int], methods: Sequence[Method], settings: Settings,
               progress: Progress, log: RowLog) -> List[Dict[str, Any]]:
     """Every method on one shape; each row logged as soon as it is done (the reference comes
-    first, so a logged row already carries its speedup)."""
+    first, so a logged row already carries its speedup; the rows a row's computation is
+    compared with come before it)."""
     inputs = prepare_shape(shape, settings)
     rows: List[Dict[str, Any]] = []
     for m in methods:
         progress.start(f"{inputs.common['shape']} {settings.pass_name} {m.name}")
         rows.append(measure_method(m, inputs, settings))
         guard.assign_speedups(rows)
+        guard.mark_same_computations(rows)
         log.add(rows[-1])
         progress.finish(rows[-1])
     del inputs
@@ -192,15 +224,28 @@ def _meta(args: argparse.Namespace, cfg: Dict[str, Any], env: Dict[str, Any], se
     return {
         "benchmark": "bench_cufft", **env, "args": dict(vars(args)),
         "shapes": [list(shape) for shape in cfg["shapes"]], "reps": cfg["reps"],
-        "warmup": cfg["warmup"], "pass": settings.pass_name,
+        "warmup": cfg["warmup"], "warmup_seconds": cfg["warmup_seconds"],
+        "max_spread": settings.max_spread, "pass": settings.pass_name,
         "copy_bandwidth_gbps": settings.copy_bw / 1e9, "copy_bytes": copy_bytes,
         "timing": {
+            "warm_up": f"per method, at least `warmup` calls and `warmup_seconds`, then windows "
+                       f"of {WARMUP_WINDOW} calls until two in a row have medians within "
+                       f"{SETTLE_TOLERANCE:.0%} (warmup_settled), for at most "
+                       f"{WARMUP_MAX_SECONDS:g} s; warmup_calls, warmup_s per row",
             "back_to_back": "median_ms, q1_ms, ...: reps calls enqueued back to back, one event "
                             "pair around each (throughput; host overhead overlapped)",
             "latency": "latency_median_ms, ...: one call at a time, device synchronized before "
                        "it, timed until its work is done (host overhead included)",
             "speedups": "speedup_vs_reference (back-to-back) and latency_speedup_vs_reference, "
-                        "against the reference method with the same train_step"},
+                        "against the reference method with the same train_step; None where "
+                        "either row is INVALID or NOISY",
+            "noise": f"spread = IQR / median, the worse of the two clocks (on the host also "
+                     f"the relative gap between their medians: they time the same loop there); "
+                     f"above max_spread ({settings.max_spread:g}) the row is NOISY: untrusted, "
+                     f"no speedup",
+            "same_computation_as": "the earlier row of the shape that runs the same code (same "
+                                   "entry point, train_step, backend and kernel): the two times "
+                                   "differ by noise alone; the plots draw such rows once"},
         "train_steps": {"autograd.grad": "<method>: torch.autograd.grad(y, (u, k), g)",
                         "backward+accumulate": "<method>.backward: y.backward(g), grads "
                                                "accumulated into .grad across reps"},
@@ -211,12 +256,13 @@ def _meta(args: argparse.Namespace, cfg: Dict[str, Any], env: Dict[str, Any], se
         "gbps_definition": "compulsory bytes (min_bytes: u + k read, y written; with --backward "
                            "also grad_y read, grad_u and grad_k written) / median time",
         "flops_convention": (
-            "cuFFT methods: 2.5*N*log2(N) per real FFT of N=2L points + 6 per complex multiply; "
+            "torch.fft methods: 2.5*N*log2(N) per real FFT of N=2L points + 6 per complex multiply; "
             "monarch methods: explain()['flops'] (one forward call incl. the filter transform, "
             "so slightly high for the cached monarch-module; fwd+bwd only if explain gives "
             "'flops_backward')"),
         "inputs": "u ~ N(0,1) (B,C,L) float32; k ~ N(0,1)/sqrt(L) (C,L) float32",
         "n_invalid": sum(r.get("validity") == "INVALID" for r in rows),
+        "n_noisy": sum(r.get("validity") == "NOISY" for r in rows),
         "n_errors": sum(r["status"] != "ok" for r in rows)}
 
 
@@ -225,6 +271,7 @@ def _start(args: argparse.Namespace, cfg: Dict[str, Any]) -> Tuple[Dict[str, Any
     device = cfg["device"]
     env = environment(device)
     env["monarch_fftconv_version"] = getattr(mf, "__version__", None)
+    env["fft_library"] = fft_library(device)   # what torch.fft runs here
     print("\n".join(header_lines(env, device)))
     if device == "cuda" and cfg["reps"] < 30 and not args.quick:
         print(f"warning: --reps {cfg['reps']} < 30: medians/IQRs will be noisy")
@@ -232,13 +279,17 @@ def _start(args: argparse.Namespace, cfg: Dict[str, Any]) -> Tuple[Dict[str, Any
     copy_bw = copy_bandwidth(device, copy_bytes)
     print(f"copy bandwidth (measured, {copy_bytes >> 20} MiB {device} copy, read+write): "
           f"{copy_bw / 1e9:.0f} GB/s; memory floor = compulsory bytes / that")
+    print(f"warm-up per method: at least {cfg['warmup']} calls and {cfg['warmup_seconds']:g} s, "
+          f"then until two windows of {WARMUP_WINDOW} calls agree to {SETTLE_TOLERANCE:.0%}")
     energy = EnergyMeter(device) if args.energy else None
     if energy is not None:
         print(energy.note)
     print(RULE, flush=True)
-    settings = Settings(device=device, reps=cfg["reps"], warmup=cfg["warmup"], quick=args.quick,
+    settings = Settings(device=device, reps=cfg["reps"], warmup=cfg["warmup"],
+                        warmup_seconds=cfg["warmup_seconds"], quick=args.quick,
                         backward=args.backward, copy_bw=copy_bw, energy=energy,
-                        profile=not args.no_profile, flush_l2=args.flush_l2, seed=args.seed)
+                        profile=not args.no_profile, flush_l2=args.flush_l2, seed=args.seed,
+                        max_spread=cfg["max_spread"])
     return env, settings, copy_bytes
 
 
@@ -252,7 +303,8 @@ def _finish(args: argparse.Namespace, meta: Dict[str, Any],
             plots = plot(args.out, rows, meta)
         except Exception as e:  # noqa: BLE001
             print(f"warning: plotting failed: {type(e).__name__}: {e}")
-    print(f"{len(rows)} rows ({meta['n_errors']} errors, {meta['n_invalid']} INVALID) -> "
+    print(f"{len(rows)} rows ({meta['n_errors']} errors, {meta['n_invalid']} INVALID, "
+          f"{meta['n_noisy']} NOISY) -> "
           f"{paths['json']}, {paths['csv']}" + (f", {len(plots)} plots" if plots else ""))
     if meta["device"] == "cpu":
         print("reminder: " + CPU_NOTE)
@@ -262,7 +314,7 @@ def _finish(args: argparse.Namespace, meta: Dict[str, Any],
 def run(args: argparse.Namespace, cfg: Dict[str, Any]) -> Dict[str, Any]:
     """The whole run for parsed args and their resolved config: {meta, rows, paths, plots}."""
     torch.manual_seed(args.seed)
-    methods = make_methods(compile=args.compile, backward=args.backward,
+    methods = make_methods(cfg["device"], compile=args.compile, backward=args.backward,
                            only=method_names(args.methods))
     env, settings, copy_bytes = _start(args, cfg)
     log = RowLog(args.out)
@@ -273,7 +325,7 @@ def run(args: argparse.Namespace, cfg: Dict[str, Any]) -> Dict[str, Any]:
         for shape in cfg["shapes"]:
             shape_rows = run_shape(shape, methods, settings, progress, log)
             rows.extend(shape_rows)
-            progress.write("\n" + format_table(shape_rows) + "\n")
+            progress.write("\n" + format_table(shape_rows, settings.max_spread) + "\n")
     except KeyboardInterrupt:
         print(f"\ninterrupted: the {len(log.rows)} finished rows are in {log.jsonl_path} and "
               f"{log.csv_path}", flush=True)
