@@ -1,5 +1,6 @@
-"""`FFTConv`: a drop-in nn.Module for the long convolution of SSM layers, and
-`inference_cache`: the explicit, scoped filter-spectrum cache for serving."""
+"""`FFTConv`: a drop-in nn.Module for the long convolution of SSM layers,
+`inference_cache`: the explicit, scoped filter-spectrum cache for serving, and
+`HyenaOperator` (hyena.py): the Hyena operator on `fftconv`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from torch import Tensor, nn
 
 from . import functional, policy
 from .backends import Backend
+from .hyena import HyenaOperator
 
+__all__ = ["FFTConv", "HyenaOperator", "inference_cache"]
 
 _MODULE_NAMES = functional.ArgNames(u="the input", k="the filter", D="D")
 
