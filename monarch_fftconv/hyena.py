@@ -197,10 +197,14 @@ class HyenaOperator(nn.Module):
         k, bias = self.long_filters(length)
         for step, gate in enumerate(reversed(gates[1:])):
             last = step == self.order - 2
-            v = fftconv(v, k[step], D=None if bias is None else bias[step], pregate=gate,
-                        postgate=gates[0] if last else None, bidirectional=self.bidirectional,
-                        precision=self.precision)
+            v = self.long_conv(v, k[step], None if bias is None else bias[step], gate, gates[0] if last else None)
         return self.out_proj(v.transpose(1, 2))
+
+    def long_conv(self, v: Tensor, k: Tensor, D: Tensor | None, pregate: Tensor, postgate: Tensor | None) -> Tensor:
+        """One order step: postgate ⊙ (conv(pregate ⊙ v, k) + D ⊙ (pregate ⊙ v)), one `fftconv`
+        call. A subclass may replace it (a reference implementation, to compare against)."""
+        return fftconv(v, k, D=D, pregate=pregate, postgate=postgate, bidirectional=self.bidirectional,
+                       precision=self.precision)
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, l_max={self.l_max}, order={self.order}, "
