@@ -5,6 +5,8 @@ Public API:
   the differentiable convolution, y = postgate ⊙ (conv(pregate ⊙ u, k) + D ⊙ (pregate ⊙ u)),
   with one filter per channel or per group of channels, causal or bidirectional;
 - `FFTConv(channels, seq_len, *, groups=None, bidirectional=False, precision=None)`: the nn.Module;
+  `monarch_fftconv.nn.HyenaOperator(d_model, l_max, order=2, ...)`: the Hyena operator on
+  `fftconv`, with safari's parameter names;
 - `inference_cache(model)`: context manager; the `FFTConv` layers of `model` compute each
   filter spectrum once for the block (serving), from their filters as they are on entry;
 - `precision(name)`: context manager overriding the precision of calls inside it;
