@@ -87,8 +87,8 @@ class Backend:
 
 def _per_channel(rows: Tensor, channels: int) -> Tensor:
     """Row c // (C // G) of a G-row filter bank (filters or spectra) for each channel c: each
-    row repeated over its group, a copy of G·(row size)·C/G elements. Its gradient, the sum over
-    each group, is expand's backward: a plain reduction, deterministic."""
+    row repeated over its group, a copy of C rows. Its gradient, the sum over each group, is
+    expand's backward: a plain reduction, deterministic."""
     groups = rows.shape[0]
     if groups == channels:
         return rows
