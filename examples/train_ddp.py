@@ -4,13 +4,14 @@ distributed engine, in two layouts, and check each against one process on the sa
 --mode ddp       DistributedDataParallel: every rank holds the whole model and B/world of the
                  global batch; DDP averages the gradients (NCCL all-reduce) in the backward.
 --mode channels  channel sharding (tensor parallel): every rank holds width/world channels of
-                 each Hyena operator (its rows of in_proj and the short conv, its filter rows,
-                 its skip entries and its columns of out_proj) and sees the whole batch. The
+                 each Hyena operator (its rows of in_proj and the short filter and its columns
+                 of out_proj; the implicit filter and the skip term D, replicated, sliced to
+                 its channels) and sees the whole batch. The
                  long convolution is independent per channel, so nothing is communicated
                  inside it; around the operator, the two collectives of a tensor-parallel
                  layer: identity forward / all-reduce backward at its input (and at the
-                 implicit filter's output, whose small MLP is replicated), all-reduce forward
-                 / identity backward at its output.
+                 implicit filter's output and D, replicated), all-reduce forward / identity
+                 backward at its output.
 
 Launch (NCCL on GPUs; `--device cpu` runs gloo on CPUs):
     torchrun --nproc_per_node=2 examples/train_ddp.py --mode ddp --check
@@ -46,8 +47,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import train_hyena  # noqa: E402  (the model, the task, the long convolutions)
-from train_hyena import HyenaOperator, Progress, build_model, recall_batch, seeded_generator  # noqa: E402
+import train_hyena  # noqa: E402  (the model, the task, the long convolutions; puts the package on the path)
+from monarch_fftconv.nn import HyenaOperator  # noqa: E402
+from train_hyena import Progress, build_model, recall_batch, seeded_generator  # noqa: E402
 
 MODES = ("ddp", "channels")
 GPU_DEFAULTS = {"seq_len": 4096, "batch": 32, "width": 256, "steps": 20, "warmup": 3}
@@ -94,47 +96,54 @@ class _SumShards(torch.autograd.Function):
 
 
 class ShardedHyenaOperator(nn.Module):
-    """This rank's channels of a HyenaOperator, copied from the full one (same numbers)."""
+    """This rank's channels of a HyenaOperator (order 2, a filter per channel), copied from the
+    full one (same numbers)."""
 
     def __init__(self, full: HyenaOperator, rank: int, world: int):
         super().__init__()
-        width = full.skip.numel()
+        width = full.d_model
+        if full.order != 2 or full.filter_groups != width or full.bidirectional:
+            raise ValueError("channel sharding covers order-2 operators with a causal filter per channel")
         if width % world:
             raise ValueError(f"width {width} does not split over {world} ranks")
         local = width // world
         self.channels = slice(rank * local, (rank + 1) * local)
-        # q, k and v of this rank's channels: three row blocks of in_proj and the short conv
+        # the three streams' rows of this rank's channels, in in_proj and the short filter
         self.register_buffer("rows", torch.cat([torch.arange(width)[self.channels] + i * width for i in range(3)]),
                              persistent=False)
         self.in_proj = nn.Linear(width, 3 * local)
-        self.short_conv = nn.Conv1d(3 * local, 3 * local, kernel_size=3, groups=3 * local)
-        self.filter = full.filter  # replicated: a small MLP; its output is sliced
-        self.skip = nn.Parameter(full.skip.detach()[self.channels].clone())
+        self.short_filter = nn.Conv1d(3 * local, 3 * local, kernel_size=3, groups=3 * local, padding=2)
+        self.filter_fn = full.filter_fn  # replicated: a small MLP and the skip term; their outputs are sliced
         self.out_proj_weight = nn.Parameter(full.out_proj.weight.detach()[:, self.channels].clone())
         self.out_proj_bias = nn.Parameter(full.out_proj.bias.detach().clone())  # added once, after the sum
-        self.long_conv = full.long_conv
+        # the full operator's filters (from filter_fn, the module registered above) and its one
+        # step of convolution (fftconv, or the torch.fft baseline)
+        self.long_filters, self.long_conv = full.long_filters, full.long_conv
         with torch.no_grad():
-            for mine, theirs in ((self.in_proj, full.in_proj), (self.short_conv, full.short_conv)):
+            for mine, theirs in ((self.in_proj, full.in_proj), (self.short_filter, full.short_filter)):
                 mine.weight.copy_(theirs.weight[self.rows.to(theirs.weight.device)])
                 mine.bias.copy_(theirs.bias[self.rows.to(theirs.bias.device)])
 
     def forward(self, x: Tensor) -> Tensor:  # x: (B, L, width), the same on every rank
+        length = x.shape[1]
         x = _CopyToShards.apply(x)
-        projected = self.short_conv(F.pad(self.in_proj(x).transpose(1, 2), (2, 0)))
-        query, key, value = projected.chunk(3, dim=1)
-        filters = _CopyToShards.apply(self.filter())[self.channels]
-        mixed = self.long_conv(key * value, filters, self.skip)  # this rank's channels only
-        partial = F.linear((query * mixed).transpose(1, 2), self.out_proj_weight)
+        projected = self.short_filter(self.in_proj(x).transpose(1, 2))[..., :length]
+        postgate, pregate, value = projected.chunk(3, dim=1)
+        filters, skip = self.long_filters(length)  # (1, width, L) and (1, width): order 2
+        filters, skip = (_CopyToShards.apply(t[0])[self.channels] for t in (filters, skip))
+        mixed = self.long_conv(value, filters, skip, pregate, postgate)  # this rank's channels only
+        partial = F.linear(mixed.transpose(1, 2), self.out_proj_weight)
         return _SumShards.apply(partial) + self.out_proj_bias
 
     def full_slices(self) -> dict[str, tuple[str, int, Tensor | slice | None]]:
         """Local parameter name -> (the full operator's name, dim, index along it; None: all)."""
         rows = self.rows.cpu()
         slices = {"in_proj.weight": ("in_proj.weight", 0, rows), "in_proj.bias": ("in_proj.bias", 0, rows),
-                  "short_conv.weight": ("short_conv.weight", 0, rows), "short_conv.bias": ("short_conv.bias", 0, rows),
-                  "skip": ("skip", 0, self.channels), "out_proj_weight": ("out_proj.weight", 1, self.channels),
-                  "out_proj_bias": ("out_proj.bias", 0, None)}
-        slices.update({f"filter.{name}": (f"filter.{name}", 0, None) for name, _ in self.filter.named_parameters()})
+                  "short_filter.weight": ("short_filter.weight", 0, rows),
+                  "short_filter.bias": ("short_filter.bias", 0, rows),
+                  "out_proj_weight": ("out_proj.weight", 1, self.channels), "out_proj_bias": ("out_proj.bias", 0, None)}
+        slices.update({f"filter_fn.{name}": (f"filter_fn.{name}", 0, None)
+                       for name, _ in self.filter_fn.named_parameters()})
         return slices
 
 

@@ -16,9 +16,9 @@ remembers the decision; `explain()` and the call share it.
 ``cuda-four-step``     long sequences (Hopper, N = 65536 .. 2^23, L <= 4M): the four-step kernels, an outer
                        DFT down the columns, the fused inner FFT conv along the rows and the outer
                        inverse, in fp32 for every precision
-``torch.fft``          torch.fft in fp32 (fp64 for fp64 input): CPU tensors, and GPU calls
-                       no kernel covers; faster than emulating a precision, and at least as
-                       accurate
+``torch.fft``          torch.fft in fp32 (fp64 for fp64 input): CPU tensors, GPU calls no
+                       kernel covers, and bidirectional filters on every device; faster than
+                       emulating a precision, and at least as accurate
 ``portable``           the monarch_fftconv ops, on request: ``MONARCH_FFTCONV_BACKEND=portable``
                        (read at call time). On CPU tensors they run the PyTorch Monarch engine
                        with emulated operand precision, the executable spec the kernels are
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -39,35 +40,41 @@ from . import _extension, fourstep, ops, torch_fft
 from .planner import MonarchPlan, plan_for, real_fft_flops
 
 
-def _radix_conv_flops(plan: MonarchPlan, batch: int, channels: int) -> int:
-    """Forward and inverse real FFT and the complex product per sequence, one filter FFT
-    per channel."""
+def _radix_conv_flops(plan: MonarchPlan, batch: int, channels: int, filters: int | None = None) -> int:
+    """Forward and inverse real FFT and the complex product per sequence, one FFT per filter
+    row (default: one per channel)."""
     n = plan.fft_size
     per_sequence = 2 * real_fft_flops(n) + 6 * (n // 2 + 1)
-    return int(batch * channels * per_sequence + channels * real_fft_flops(n))
+    return int(batch * channels * per_sequence + (channels if filters is None else filters) * real_fft_flops(n))
 
 
 @dataclass(frozen=True)
 class Backend:
+    """u is (B, C, L); k is a filter bank of G rows, G dividing C, channel c taking row
+    c // (C // G): (G, Lk) causal, or (G, 2, Lk) bidirectional (only torch.fft takes those)."""
+
     name: str
     kernel: str  # what runs, in words
     reason: str  # why this backend
     runs_as: str | None = None  # the precision the kernels are asked for, when not the call's
+    # where the skip term D·x is computed (explain()'s "terms")
+    skip_term: ClassVar[str] = "inside the convolution op (the CUDA kernels fuse it into their store)"
 
     def fftconv(self, u: Tensor, k: Tensor, skip: Tensor | None, precision: str) -> Tensor:
-        """y = causal_conv(u, k) (+ skip·u), differentiable in u, k and skip."""
+        """y = conv(u, k) (+ skip·u), differentiable in u, k and skip."""
         raise NotImplementedError
 
     def filter_spectrum(self, k: Tensor, seq_len: int, precision: str) -> Tensor:
-        """k's spectrum in this backend's layout (not differentiable)."""
+        """k's spectrum in this backend's layout, one row per filter (not differentiable)."""
         raise NotImplementedError
 
     def conv(self, u: Tensor, spectrum: Tensor, skip: Tensor | None, precision: str) -> Tensor:
         """y from a `filter_spectrum` (not differentiable in the spectrum)."""
         raise NotImplementedError
 
-    def flops(self, plan: MonarchPlan, batch: int, channels: int) -> int | None:
-        """Real flops of one forward call as this backend's algorithm does it (FMA = 2)."""
+    def flops(self, plan: MonarchPlan, batch: int, channels: int, filters: int | None = None) -> int | None:
+        """Real flops of one forward call as this backend's algorithm does it (FMA = 2).
+        `filters`: the filter rows the call gives (G, or 2G bidirectional; default C)."""
         raise NotImplementedError
 
     def arithmetic(self, precision: str, dtype: torch.dtype) -> str | None:
@@ -75,23 +82,54 @@ class Backend:
         float64 input under "fp32" computes in fp64; a bf16 call on the fp32 kernel in fp32)."""
         return "fp32"
 
-    def stages(self, plan: MonarchPlan, batch: int, channels: int, itemsize: int) -> list[dict] | None:
+    def stages(
+        self, plan: MonarchPlan, batch: int, channels: int, itemsize: int, filters: int | None = None,
+    ) -> list[dict] | None:
         """The launches of one forward call in order, each {"stage", "reads", "writes"} with the
         HBM bytes it moves at least (itemsize: u's element size); None when not known."""
         return None
 
 
+def _per_channel(rows: Tensor, channels: int) -> Tensor:
+    """Row c // (C // G) of a G-row filter bank (filters or spectra) for each channel c: each
+    row repeated over its group, a copy of C rows. Its gradient, the sum over each group, is
+    expand's backward: a plain reduction, deterministic."""
+    groups = rows.shape[0]
+    if groups == channels:
+        return rows
+    return rows.unsqueeze(1).expand(groups, channels // groups, *rows.shape[1:]).flatten(0, 1)
+
+
 class _MonarchOps(Backend):
-    """Runs the monarch_fftconv ops; the dispatcher picks their CPU or CUDA implementation."""
+    """Runs the monarch_fftconv ops; the dispatcher picks their CPU or CUDA implementation.
+
+    Grouped filters: the ops take one filter per channel, and their autograd (Python on CPU, C++
+    on CUDA) differentiates through that filter, so a differentiable call repeats the G filters
+    over their groups before the op (`_per_channel`), which then transforms C filters, each
+    group's C/G times. A spectrum given to `conv` (inference_cache) is computed for the G rows
+    once and its rows repeated. Transforming G filters in the differentiable call too needs the
+    kernels to read spectrum row c // (C // G), and the filter-gradient kernel to sum each group:
+    a kernel change."""
 
     def fftconv(self, u, k, skip, precision):
-        return ops.fftconv_op(u, k, skip, self.runs_as or precision)[0]
+        return ops.fftconv_op(u, _per_channel(k, u.shape[1]), skip, self.runs_as or precision)[0]
 
     def filter_spectrum(self, k, seq_len, precision):
         return ops.filter_spectrum_op(k, seq_len, self.runs_as or precision)
 
     def conv(self, u, spectrum, skip, precision):
-        return ops.conv_forward_op(u, spectrum, skip, self.runs_as or precision)
+        return ops.conv_forward_op(u, _per_channel(spectrum, u.shape[1]), skip, self.runs_as or precision)
+
+    def stages(self, plan, batch, channels, itemsize, filters=None):
+        launches = self._conv_stages(plan, batch, channels, itemsize)
+        if launches is None or filters in (None, channels):
+            return launches
+        repeat = {"stage": f"repeat the {filters} filters over their groups (ATen copy)",
+                  "reads": filters * plan.seq_len * 4, "writes": channels * plan.seq_len * 4}
+        return [repeat, *launches]
+
+    def _conv_stages(self, plan: MonarchPlan, batch: int, channels: int, itemsize: int) -> list[dict] | None:
+        return None
 
 
 class Portable(_MonarchOps):
@@ -99,9 +137,9 @@ class Portable(_MonarchOps):
         accumulate = "fp64" if dtype == torch.float64 else "fp32"
         return accumulate if precision == "fp32" else f"{precision} operands emulated, {accumulate} accumulation"
 
-    def flops(self, plan, batch, channels):
+    def flops(self, plan, batch, channels, filters=None):
         per_sequence = plan.flops_per_sequence()
-        return per_sequence * batch * channels + per_sequence // 2 * channels
+        return per_sequence * batch * channels + per_sequence // 2 * channels  # the ops transform C filters
 
 
 def _fused_stages(plan: MonarchPlan, batch: int, channels: int, itemsize: int) -> list[dict]:
@@ -112,10 +150,10 @@ def _fused_stages(plan: MonarchPlan, batch: int, channels: int, itemsize: int) -
 
 
 class FusedFP32(_MonarchOps):
-    def flops(self, plan, batch, channels):
-        return _radix_conv_flops(plan, batch, channels)
+    def flops(self, plan, batch, channels, filters=None):
+        return _radix_conv_flops(plan, batch, channels)  # the ops transform C filters
 
-    def stages(self, plan, batch, channels, itemsize):
+    def _conv_stages(self, plan, batch, channels, itemsize):
         return _fused_stages(plan, batch, channels, itemsize)
 
 
@@ -123,18 +161,20 @@ class FusedTensorCore(_MonarchOps):
     def arithmetic(self, precision, dtype):
         return f"{precision} tensor-core operands, fp32 accumulation"
 
-    def flops(self, plan, batch, channels):
-        # MMA flops as issued (padded tiles, conjugate columns), plus the filter's cuFFT
+    def flops(self, plan, batch, channels, filters=None):
+        # MMA flops as issued (padded tiles, conjugate columns), plus the C filters' FFTs
         mma = plan.tensor_core_flops_per_sequence() * batch * channels
         return int(mma + channels * real_fft_flops(plan.fft_size))
 
-    def stages(self, plan, batch, channels, itemsize):
+    def _conv_stages(self, plan, batch, channels, itemsize):
         return _fused_stages(plan, batch, channels, itemsize)
 
 
 class TorchFFT(Backend):
     def arithmetic(self, precision, dtype):
         return "fp64" if dtype == torch.float64 else "fp32"
+
+    skip_term = "an elementwise op after the inverse FFT"
 
     def fftconv(self, u, k, skip, precision):
         plan = plan_for(u.shape[-1])
@@ -146,18 +186,18 @@ class TorchFFT(Backend):
     def conv(self, u, spectrum, skip, precision):
         return torch_fft.conv(u, spectrum, skip, plan_for(u.shape[-1]))
 
-    def flops(self, plan, batch, channels):
-        return _radix_conv_flops(plan, batch, channels)
+    def flops(self, plan, batch, channels, filters=None):
+        return _radix_conv_flops(plan, batch, channels, filters)  # one FFT per filter row
 
 
 class FourStep(_MonarchOps):
     """Every precision in fp32: the intermediate is fp32, the arithmetic fp32. The ops take the
     four-step layout at these N (fourstep.py)."""
 
-    def flops(self, plan, batch, channels):
-        return _radix_conv_flops(plan, batch, channels)
+    def flops(self, plan, batch, channels, filters=None):
+        return _radix_conv_flops(plan, batch, channels)  # the ops transform C filters
 
-    def stages(self, plan, batch, channels, itemsize):
+    def _conv_stages(self, plan, batch, channels, itemsize):
         inner = fourstep.inner_for(plan.fft_size)
         rows = fourstep.spectrum_rows(plan.fft_size)
         filt = channels * rows * inner * 8  # complex64
@@ -177,7 +217,9 @@ class FourStep(_MonarchOps):
 class Pending(Backend):
     """explain() before the CUDA extension is loaded: it never builds, so it can't know yet."""
 
-    def flops(self, plan, batch, channels):
+    skip_term = "decided by the first CUDA call"
+
+    def flops(self, plan, batch, channels, filters=None):
         return None
 
     def arithmetic(self, precision, dtype):
@@ -260,7 +302,7 @@ def requested_backend() -> str:
 
 def select_backend(
     device: torch.device, dtype: torch.dtype, precision: str, plan: MonarchPlan, sequences: int = 1, *,
-    build: bool = True,
+    build: bool = True, bidirectional: bool = False,
 ) -> Backend:
     """The one place that decides where a call runs; `sequences` is the call's B·C. With
     build=False (explain) the CUDA extension is never built; the answer may then be `Pending`."""
@@ -268,15 +310,34 @@ def select_backend(
     on_gpu = device.type == "cuda"
     fills = (on_gpu and precision in SIZE_DEPENDENT_PRECISIONS
              and fills_fp32_kernel(device, plan, sequences, TENSOR_CORE_WAVE_SHARE[precision]))
-    key = (device, dtype, precision, plan, fills, requested, on_gpu and os.environ.get(TC_KERNEL_ENV))
+    key = (device, dtype, precision, plan, fills, requested, on_gpu and os.environ.get(TC_KERNEL_ENV), bidirectional)
     if (decided := _decisions.get(key)) is not None:
         return decided
-    backend = _decide(device, dtype, precision, plan, fills, build, requested)
+    if bidirectional:
+        backend = _bidirectional(device, dtype, plan, requested)
+    else:
+        backend = _decide(device, dtype, precision, plan, fills, build, requested)
     # Remembered by eager calls only: a compiled graph decides at trace time, where storing
     # into a global would have to be replayed after the graph.
     if not isinstance(backend, Pending) and not torch.compiler.is_compiling():
         _decisions[key] = backend
     return backend
+
+
+def _bidirectional(device: torch.device, dtype: torch.dtype, plan: MonarchPlan, requested: str) -> Backend:
+    """Bidirectional filters run on torch.fft on every device. The ops take causal filters, Lk taps
+    at the start of the N-point circle; the anti-causal taps sit at its end. Their spectrum
+    (conj(K_rev), the same bins) would fit the ops' layout, but their gradient is the end of the
+    circular correlation of g and u, which the ops' backward does not compute: a kernel change."""
+    fft = f"{'cuFFT' if device.type == 'cuda' else 'torch.fft'} rfft/irfft in {_fft_dtype(dtype)}, N={plan.fft_size}"
+    asked = f" ({BACKEND_ENV}=portable does not apply)" if requested == "portable" else ""
+    return TorchFFT("torch.fft", fft,
+                    "bidirectional filters: the Monarch ops and kernels take causal filters only (their backward "
+                    f"computes the causal lags' filter gradient); torch.fft serves the call{asked}")
+
+
+def _fft_dtype(dtype: torch.dtype) -> str:
+    return "fp64" if dtype == torch.float64 else "fp32"
 
 
 def _decide(
@@ -293,7 +354,7 @@ def _decide(
                                    f"which are unavailable: {coverage}")
         return Portable("portable", f"PyTorch Monarch {factors}, {precision} operands emulated",
                         f"{BACKEND_ENV}=portable asks for the emulating engine")
-    fft_dtype = "fp64" if dtype == torch.float64 else "fp32"
+    fft_dtype = _fft_dtype(dtype)
     if device.type != "cuda":
         return TorchFFT("torch.fft", f"torch.fft rfft/irfft in {fft_dtype} on {device.type}, N={plan.fft_size}",
                         f"no kernel of this package runs on {device.type}: torch.fft, the same calls as the plain "

@@ -23,54 +23,113 @@ class ArgNames:
     u: str = "u"
     k: str = "k"
     D: str = "D"
+    pregate: str = "pregate"
+    postgate: str = "postgate"
 
 
 FUNCTION_NAMES = ArgNames()
 
 
-def check_inputs(u: object, k: object, D: object = None, names: ArgNames = FUNCTION_NAMES) -> None:
-    """Raise TypeError/ValueError naming the problem; compute nothing. u is (..., C, L)."""
-    for name, t in ((names.u, u), (names.k, k)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in _FLOAT_DTYPES:
-            raise TypeError(f"{name} must be a real floating-point tensor (float16/bfloat16/float32/float64), got {t.dtype}")
+def _check_float_tensor(name: str, t: object, optional: bool = False) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor{' or None' if optional else ''}, got {type(t).__name__}")
+    if t.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"{name} must be a real floating-point tensor (float16/bfloat16/float32/float64), got {t.dtype}")
+
+
+def check_inputs(
+    u: object, k: object, D: object = None, names: ArgNames = FUNCTION_NAMES, *,
+    pregate: object = None, postgate: object = None, bidirectional: object = False,
+) -> None:
+    """Raise TypeError/ValueError naming the problem; compute nothing. u is (..., C, L); k is
+    (G, Lk), or (G, 2, Lk) when bidirectional, with G dividing C; the gates are u's shape."""
+    _check_float_tensor(names.u, u)
+    _check_float_tensor(names.k, k)
     assert isinstance(u, Tensor) and isinstance(k, Tensor)
+    if not isinstance(bidirectional, bool):
+        raise TypeError(f"bidirectional must be a bool, got {type(bidirectional).__name__}")
     if u.dim() < 2:
         raise ValueError(f"{names.u} must have shape (..., C, L), got {tuple(u.shape)}")
-    if k.dim() != 2:
-        raise ValueError(f"{names.k} must have shape (C, Lk), got {tuple(k.shape)}")
+    if bidirectional and (k.dim() != 3 or k.shape[1] != 2):
+        raise ValueError(f"{names.k} must have shape (C, 2, Lk) or (G, 2, Lk) with bidirectional=True "
+                         f"([:, 0] causal, [:, 1] anti-causal), got {tuple(k.shape)}")
+    if not bidirectional and k.dim() != 2:
+        hint = "; a (G, 2, Lk) filter needs bidirectional=True" if k.dim() == 3 and k.shape[1] == 2 else ""
+        raise ValueError(f"{names.k} must have shape (C, Lk) or (G, Lk), got {tuple(k.shape)}{hint}")
     channels, length = u.shape[-2:]
     if 0 in (channels, length) or k.numel() == 0:  # an empty batch is fine: an empty result
         raise ValueError(f"empty dimension: {names.u} {tuple(u.shape)}, {names.k} {tuple(k.shape)}")
-    if k.shape[0] != channels:
-        raise ValueError(f"channel mismatch: {names.u} has {channels} channels, {names.k} has {k.shape[0]}")
-    if k.shape[1] > length:
-        raise ValueError(f"{names.k} longer than the sequence: Lk={k.shape[1]} > L={length}")
+    if channels % k.shape[0]:
+        raise ValueError(f"channel mismatch: {names.u} has {channels} channels, {names.k} has {k.shape[0]}; "
+                         f"G filters serve C channels when C % G == 0 (channel c takes filter c // (C // G))")
+    if k.shape[-1] > length:
+        raise ValueError(f"{names.k} longer than the sequence: Lk={k.shape[-1]} > L={length}")
     if k.device != u.device:
         raise ValueError(f"{names.u} and {names.k} are on different devices: {u.device} and {k.device}")
     if D is not None:
-        if not isinstance(D, Tensor):
-            raise TypeError(f"{names.D} must be a torch.Tensor or None, got {type(D).__name__}")
-        if D.dtype not in _FLOAT_DTYPES:
-            raise TypeError(f"{names.D} must be a real floating-point tensor, got {D.dtype}")
+        _check_float_tensor(names.D, D, optional=True)
+        assert isinstance(D, Tensor)
         if tuple(D.shape) != (channels,):
             raise ValueError(f"{names.D} must have shape ({channels},), got {tuple(D.shape)}")
         if D.device != u.device:
             raise ValueError(f"{names.u} and {names.D} are on different devices: {u.device} and {D.device}")
+    for name, gate in ((names.pregate, pregate), (names.postgate, postgate)):
+        if gate is None:
+            continue
+        _check_float_tensor(name, gate, optional=True)
+        assert isinstance(gate, Tensor)
+        if not _broadcasts_to(gate.shape, u.shape):
+            raise ValueError(f"{name} must have {names.u}'s shape {tuple(u.shape)} (leading dims may be 1 or "
+                             f"absent), got {tuple(gate.shape)}")
+        if gate.device != u.device:
+            raise ValueError(f"{names.u} and {name} are on different devices: {u.device} and {gate.device}")
 
 
-def fftconv(u: Tensor, k: Tensor, *, D: Tensor | None = None, precision: str | None = None) -> Tensor:
-    """Causal long convolution over each channel.
+def _broadcasts_to(gate: torch.Size, target: torch.Size) -> bool:
+    """Whether a gate of shape `gate` multiplies u of shape `target` elementwise: the same
+    (C, L), leading dims each 1 or u's, none beyond u's."""
+    if len(gate) < 2 or len(gate) > len(target) or gate[-2:] != target[-2:]:
+        return False
+    return all(g in (1, t) for g, t in zip(gate[:-2], target[len(target) - len(gate):-2]))
 
-    y[b, c, t] = Σ_{s<=t} k[c, s]·u[b, c, t-s]  (+ D[c]·u[b, c, t]),
 
-    u: (B, C, L), or (C, L), or (..., C, L) with any leading dims; k: (C, Lk) with
-    1 <= Lk <= L; D: optional (C,). Returns y of u's shape and dtype, differentiable in u, k
-    and D. `precision` is "fp32", "tf32", "bf16", "fp16" or
-    None (see `monarch_fftconv.policy` for how None is resolved).
+def fftconv(
+    u: Tensor, k: Tensor, *, D: Tensor | None = None, pregate: Tensor | None = None,
+    postgate: Tensor | None = None, bidirectional: bool = False, precision: str | None = None,
+) -> Tensor:
+    """Long convolution over each channel, with the gates and skip term of Hyena operators.
+
+        x = pregate ⊙ u
+        y = postgate ⊙ (conv(x, k) + D ⊙ x)
+
+    conv(x, k)[b, c, t] = Σ_{s<=t} k[g, s]·x[b, c, t-s], g = c // (C // G): channel c takes
+    filter g of a bank of G filters (G = C: one per channel). With bidirectional=True, k is
+    (G, 2, Lk), k[:, 0] causal and k[:, 1] anti-causal, and
+
+        conv(x, k)[b, c, t] = Σ_{s>=0} k[g, 0, s]·x[b, c, t-s] + Σ_{s>=0} k[g, 1, s]·x[b, c, t+s]
+
+    (lag 0 takes both halves' first tap): the filter spectrum rfft(k[:, 0]) + conj(rfft(k[:, 1])),
+    as `fftconv_ref(u, k, D, k_rev=...)` of safari, Monarch Mixer and savanna define it
+    (HazyResearch/safari src/models/sequence/hyena.py, HazyResearch/m2
+    bert/src/mm/hyena_utils.py, Zymrael/savanna savanna/ops/fftconv.py). Every output is a
+    linear convolution: zero-padded to N = 2·next_pow2(L), nothing wraps around.
+
+    D scales the gated input x, as in safari's HyenaOperator (v = v ⊙ x_i, then
+    fftconv(v, k, bias)); pregate/postgate are FlashFFTConv's gates (HazyResearch/flash-fft-conv,
+    `FlashFFTConv.forward(u, k, pregate, postgate)`), each optional here.
+
+    u: (B, C, L), (C, L) or (..., C, L); k: (G, Lk) or, bidirectional, (G, 2, Lk), with C % G == 0
+    and 1 <= Lk <= L; D: optional (C,); pregate, postgate: optional, u's shape (leading dims may
+    be 1 or absent), any float dtype. x is formed in the promoted dtype of u and pregate, so a
+    wider gate widens the convolution (its default precision follows x's dtype). Returns y of
+    u's shape and dtype, differentiable in u, k, D and both gates; a grouped filter's gradient
+    is the sum over its channels. `precision` is "fp32", "tf32", "bf16", "fp16" or None (see
+    `monarch_fftconv.policy` for how None is resolved).
+
+    The gates are elementwise ATen ops around the convolution on every backend (one autograd
+    graph): no kernel fuses them yet. Bidirectional calls run on torch.fft (`explain()` says why).
     """
-    return conv(u, k, D, precision)
+    return conv(u, k, D, precision, pregate=pregate, postgate=postgate, bidirectional=bidirectional)
 
 
 SpectrumCache = Callable[[Backend, Tensor, str], Tensor]
@@ -84,35 +143,46 @@ def conv(
     module_precision: str | None = None,
     cached_spectrum: SpectrumCache | None = None,
     names: ArgNames = FUNCTION_NAMES,
+    *,
+    pregate: Tensor | None = None,
+    postgate: Tensor | None = None,
+    bidirectional: bool = False,
 ) -> Tensor:
-    """The one call path, for `fftconv` and `FFTConv`: check, resolve the precision, pick
-    the backend, run it. `cached_spectrum(backend, k, precision)` (a module inside an
+    """The one call path, for `fftconv` and `FFTConv`: check, gate, resolve the precision, pick
+    the backend, run it, gate. `cached_spectrum(backend, k, precision)` (a module inside an
     `inference_cache()` block) supplies k's spectrum when autograd is not recording. A
     compiled graph computes the spectrum in the graph instead: the cache's checks are
     host-side state that torch.compile cannot trace, and the graph then follows every filter
     update."""
-    check_inputs(u, k, D, names)
+    check_inputs(u, k, D, names, pregate=pregate, postgate=postgate, bidirectional=bidirectional)
     shape = u.shape
     if u.numel() == 0:
-        return _empty_batch(u, k, D)
-    batched = u.dim() == 3
-    if not batched:
-        u = u.reshape(-1, *shape[-2:])  # (..., C, L) -> (B, C, L): a view unless the strides forbid
-    chosen, _ = policy.resolve(precision, u.dtype, module_precision)
-    backend = select_backend(u.device, u.dtype, chosen, plan_for(u.shape[-1]), u.shape[0] * u.shape[1])
-    skip = None if D is None else D.to(compute_dtype(u))
-    if cached_spectrum is not None and not _records_grad(u, k, D) and not torch.compiler.is_compiling():
-        y = backend.conv(u, cached_spectrum(backend, k, chosen), skip, chosen)
+        return _empty_batch(u, k, D, pregate, postgate)
+    x = u if pregate is None else u * pregate  # u's shape (checked), the promoted dtype
+    if x.dim() != 3:
+        x = x.reshape(-1, *shape[-2:])  # (..., C, L) -> (B, C, L): a view unless the strides forbid
+    chosen, _ = policy.resolve(precision, x.dtype, module_precision)
+    backend = select_backend(x.device, x.dtype, chosen, plan_for(shape[-1]), x.shape[0] * x.shape[1],
+                             bidirectional=bidirectional)
+    skip = None if D is None else D.to(compute_dtype(x))
+    if cached_spectrum is not None and not _records_grad(x, k, D) and not torch.compiler.is_compiling():
+        y = backend.conv(x, cached_spectrum(backend, k, chosen), skip, chosen)
     else:
-        y = backend.fftconv(u, k, skip, chosen)
-    return y if batched else y.reshape(shape)
+        y = backend.fftconv(x, k, skip, chosen)
+    y = y.reshape(shape)
+    if postgate is not None:
+        y = y * postgate
+    return y.to(u.dtype)
 
 
-def _empty_batch(u: Tensor, k: Tensor, D: Tensor | None) -> Tensor:
-    """y for an empty batch: empty, in u's dtype, with zero gradients for k and D (their sum
-    over no sequences), as autograd gives them for any other batch. (torch.fft itself
-    fails on an empty batch on CPU.)"""
-    weights = k.sum() if D is None else k.sum() + D.sum()
+def _empty_batch(u: Tensor, k: Tensor, *others: Tensor | None) -> Tensor:
+    """y for an empty batch: empty, in u's dtype, with zero gradients for k, D and the gates
+    (their sum over no sequences), as autograd gives them for any other batch. (torch.fft
+    itself fails on an empty batch on CPU.)"""
+    weights = k.sum()
+    for t in others:
+        if t is not None:
+            weights = weights + t.sum()
     return u * weights.to(u.dtype) * 0
 
 
@@ -120,32 +190,87 @@ def _records_grad(*tensors: Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def explain(u: Tensor, k: Tensor, *, D: Tensor | None = None, precision: str | None = None) -> dict[str, Any]:
-    """Which backend and kernel `fftconv(u, k, D=D, precision=precision)` would use, and why.
+def explain(
+    u: Tensor, k: Tensor, *, D: Tensor | None = None, pregate: Tensor | None = None,
+    postgate: Tensor | None = None, bidirectional: bool = False, precision: str | None = None,
+) -> dict[str, Any]:
+    """Which backend and kernel `fftconv(u, k, ...)` with the same arguments would use, and why.
     Never builds the CUDA extension: before the first CUDA call has loaded it, the backend
     is "pending".
 
     Keys: backend, kernel, reason, precision (the flag: "fp32" means fp32-accurate or better),
     precision_source, arithmetic (what the kernel computes in: "fp64" for float64 input on
-    torch.fft, "fp32" when the fp32 kernel serves a bf16 call; None when pending), fft_size, factors, flops
-    (real flops of one forward call as the chosen algorithm does it; None when pending),
-    stages (the CUDA launches of one forward call in order, each {"stage", "reads", "writes"}
-    with the HBM bytes it moves at least; None for torch.fft and when pending)."""
-    check_inputs(u, k, D)
-    chosen, source = policy.resolve(precision, u.dtype, None)
+    torch.fft, "fp32" when the fp32 kernel serves a bf16 call; None when pending), fft_size,
+    factors, flops (real flops of one forward call as the chosen algorithm does it, the
+    elementwise terms included; None when pending), stages (the CUDA launches of one forward
+    call in order, each {"stage", "reads", "writes"} with the HBM bytes it moves at least; None
+    for torch.fft and when pending), groups (G, the filters), group_size (C // G, the channels
+    sharing one), bidirectional, terms ({name: where it is computed} for each of pregate, D,
+    postgate the call has, in the order they apply)."""
+    check_inputs(u, k, D, pregate=pregate, postgate=postgate, bidirectional=bidirectional)
+    conv_dtype = u.dtype if pregate is None else torch.promote_types(u.dtype, pregate.dtype)
+    chosen, source = policy.resolve(precision, conv_dtype, None)
     plan = plan_for(u.shape[-1])
     channels = u.shape[-2]
     batch = u.numel() // (channels * u.shape[-1])
-    backend = select_backend(u.device, u.dtype, chosen, plan, batch * channels, build=False)
+    backend = select_backend(u.device, conv_dtype, chosen, plan, batch * channels, build=False,
+                             bidirectional=bidirectional)
+    groups = k.shape[0]
+    filter_rows = groups * (2 if bidirectional else 1)
+    terms = {}
+    if pregate is not None:
+        terms["pregate"] = "x = pregate ⊙ u, an elementwise op before the convolution (not fused yet)"
+    if D is not None:
+        terms["D"] = f"D ⊙ x, {backend.skip_term}"
+    if postgate is not None:
+        terms["postgate"] = "postgate ⊙ (...), an elementwise op after the convolution (not fused yet)"
+    flops = backend.flops(plan, batch, channels, filter_rows)
+    stages = backend.stages(plan, batch, channels, _itemsize(conv_dtype), filter_rows)
+    if flops is not None:
+        elementwise = (pregate is not None) + 2 * (D is not None) + (postgate is not None)  # per output
+        flops += elementwise * batch * channels * u.shape[-1]
+    if stages is not None:
+        stages = _gate_stages(u, pregate, postgate, conv_dtype, stages)
     return {
         "backend": backend.name,
         "kernel": backend.kernel,
         "reason": backend.reason,
         "precision": chosen,
         "precision_source": source,
-        "arithmetic": backend.arithmetic(chosen, u.dtype),
+        "arithmetic": backend.arithmetic(chosen, conv_dtype),
         "fft_size": plan.fft_size,
         "factors": plan.factors,
-        "flops": backend.flops(plan, batch, channels),
-        "stages": backend.stages(plan, batch, channels, u.element_size()),
+        "flops": flops,
+        "stages": stages,
+        "groups": groups,
+        "group_size": channels // groups,
+        "bidirectional": bidirectional,
+        "terms": terms,
     }
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _gate_stages(
+    u: Tensor, pregate: Tensor | None, postgate: Tensor | None, conv_dtype: torch.dtype, conv: list[dict],
+) -> list[dict]:
+    """The convolution's launches with the gates' around them: each gate an ATen launch that
+    reads its operands and writes the product (and a cast when it leaves u's dtype)."""
+    elements = u.numel()
+    before, after = [], []
+    if pregate is not None:
+        before.append({"stage": "pregate: x = pregate ⊙ u (ATen, not fused)",
+                       "reads": elements * u.element_size() + pregate.numel() * pregate.element_size(),
+                       "writes": elements * _itemsize(conv_dtype)})
+    out_dtype = conv_dtype
+    if postgate is not None:
+        out_dtype = torch.promote_types(conv_dtype, postgate.dtype)
+        after.append({"stage": "postgate: postgate ⊙ y (ATen, not fused)",
+                      "reads": elements * _itemsize(conv_dtype) + postgate.numel() * postgate.element_size(),
+                      "writes": elements * _itemsize(out_dtype)})
+    if out_dtype != u.dtype:
+        after.append({"stage": f"cast to {str(u.dtype).removeprefix('torch.')} (ATen)",
+                      "reads": elements * _itemsize(out_dtype), "writes": elements * u.element_size()})
+    return [*before, *conv, *after]

@@ -1,5 +1,6 @@
-"""`FFTConv`: a drop-in nn.Module for the long convolution of SSM layers, and
-`inference_cache`: the explicit, scoped filter-spectrum cache for serving."""
+"""`FFTConv`: a drop-in nn.Module for the long convolution of SSM layers,
+`inference_cache`: the explicit, scoped filter-spectrum cache for serving, and
+`HyenaOperator` (hyena.py): the Hyena operator on `fftconv`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from torch import Tensor, nn
 
 from . import functional, policy
 from .backends import Backend
+from .hyena import HyenaOperator
 
+__all__ = ["FFTConv", "HyenaOperator", "inference_cache"]
 
 _MODULE_NAMES = functional.ArgNames(u="the input", k="the filter", D="D")
 
@@ -20,43 +23,58 @@ class FFTConv(nn.Module):
     """y = causal_conv(x, filter) over the last dim, per channel.
 
     Args:
-        channels: C, the number of independent channels (each has its own filter).
+        channels: C, the number of channels.
         seq_len: the longest input length L; also the filter length.
+        groups: G, the number of filters, dividing C: channel c takes filter c // (C // G).
+            None (the default): one filter per channel.
+        bidirectional: filters of shape (G, 2, seq_len), [:, 0] causal and [:, 1] anti-causal,
+            as `fftconv(..., bidirectional=True)` defines them.
         precision: "fp32", "tf32", "bf16", "fp16", or None to follow the precision policy
             (a `monarch_fftconv.precision()` block, the environment, the input's dtype).
         device, dtype: of the `filter` parameter.
 
-    Same parameter (`filter`, shape (channels, seq_len), randn init) as the plain torch.fft
-    model it replaces, so its state_dict loads as is. Inputs may be shorter than seq_len.
+    By default the same parameter (`filter`, shape (channels, seq_len), randn init) as the plain
+    torch.fft model it replaces, so its state_dict loads as is. Inputs may be shorter than seq_len.
 
     Every call computes the filter spectrum from the parameter as it is at that call, so no
     write to the filter, by any route, can leave a call with an old one. For serving, where
     the filter is fixed, `inference_cache(model)` computes each spectrum once for a block.
     """
 
-    def __init__(self, channels: int, seq_len: int, *, precision: str | None = None, device=None, dtype=None):
+    def __init__(
+        self, channels: int, seq_len: int, *, groups: int | None = None, bidirectional: bool = False,
+        precision: str | None = None, device=None, dtype=None,
+    ):
         super().__init__()
         if precision is not None:
             policy.check_precision(precision)
-        self.channels, self.seq_len = channels, seq_len
+        groups = channels if groups is None else groups
+        if not isinstance(groups, int) or groups < 1 or channels % groups:
+            raise ValueError(f"groups must be a positive divisor of channels={channels}, got {groups!r}")
+        self.channels, self.seq_len, self.groups, self.bidirectional = channels, seq_len, groups, bidirectional
         self.precision = precision
-        self.filter = nn.Parameter(torch.randn(channels, seq_len, device=device, dtype=dtype))
+        shape = (groups, 2, seq_len) if bidirectional else (groups, seq_len)
+        self.filter = nn.Parameter(torch.randn(shape, device=device, dtype=dtype))
         self._frozen: _FrozenFilter | None = None  # set inside an inference_cache() block only
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (B, C, L), (C, L) or (..., C, L) with L <= seq_len; returns y of x's shape and
-        dtype, y[..., c, t] = Σ_{s<=t} filter[c, s]·x[..., c, t-s]."""
+        dtype, y[..., c, t] = Σ_{s<=t} filter[c // (C // G), s]·x[..., c, t-s] (bidirectional:
+        plus the anti-causal half, as `fftconv` defines it)."""
         length = x.shape[-1]
         if length > self.seq_len:
             raise ValueError(f"input length {length} exceeds the module's seq_len {self.seq_len}")
-        filt = self.filter if length == self.seq_len else self.filter[:, :length]
+        filt = self.filter if length == self.seq_len else self.filter[..., :length]
         # A compiled graph computes the spectrum itself and never reads the cache state: a guard
         # on it would recompile the graph at every inference_cache() block.
         cached = None if torch.compiler.is_compiling() or self._frozen is None else self._frozen.spectrum
-        return functional.conv(x, filt, None, None, self.precision, cached, _MODULE_NAMES)
+        return functional.conv(x, filt, None, None, self.precision, cached, _MODULE_NAMES,
+                               bidirectional=self.bidirectional)
 
     def extra_repr(self) -> str:
-        return f"channels={self.channels}, seq_len={self.seq_len}, precision={self.precision!r}"
+        options = "" if self.groups == self.channels else f", groups={self.groups}"
+        options += ", bidirectional=True" if self.bidirectional else ""
+        return f"channels={self.channels}, seq_len={self.seq_len}{options}, precision={self.precision!r}"
 
 
 class _FrozenFilter:
@@ -85,7 +103,7 @@ class _FrozenFilter:
         key = (length, precision, backend)
         if (spectrum := self.spectra.get(key)) is None:
             with torch.no_grad():
-                spectrum = self.spectra[key] = backend.filter_spectrum(self.snapshot[:, :length], length, precision)
+                spectrum = self.spectra[key] = backend.filter_spectrum(self.snapshot[..., :length], length, precision)
         return spectrum
 
     def check_unchanged(self) -> None:

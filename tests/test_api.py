@@ -57,6 +57,57 @@ def test_different_devices():
         mf.fftconv(u, k)
 
 
+@pytest.mark.parametrize("k_shape, bidirectional, match", [
+    ((4, 100), False, r"channel mismatch: u has 6 channels, k has 4; .*C % G == 0"),
+    ((12, 100), False, r"channel mismatch: u has 6 channels, k has 12"),
+    ((6, 100), True, r"k must have shape \(C, 2, Lk\) or \(G, 2, Lk\) with bidirectional=True"),
+    ((6, 3, 100), True, r"k must have shape \(C, 2, Lk\)"),
+    ((6, 2, 100), False, r"k must have shape \(C, Lk\) or \(G, Lk\), .*needs bidirectional=True"),
+    ((4, 2, 100), True, r"channel mismatch: u has 6 channels, k has 4"),
+    ((3, 2, 101), True, r"k longer than the sequence: Lk=101 > L=100"),
+])
+def test_bad_filter_banks(k_shape, bidirectional, match):
+    u = torch.randn(2, 6, 100)
+    for call in (mf.fftconv, mf.explain):
+        with pytest.raises(ValueError, match=match):
+            call(u, torch.randn(k_shape), bidirectional=bidirectional)
+
+
+def test_bidirectional_must_be_a_bool():
+    with pytest.raises(TypeError, match="bidirectional must be a bool, got int"):
+        mf.fftconv(torch.randn(2, 6, 100), torch.randn(6, 2, 100), bidirectional=1)
+
+
+@pytest.mark.parametrize("name", ["pregate", "postgate"])
+@pytest.mark.parametrize("gate, exc, match", [
+    (torch.randn(2, 6, 99), ValueError, r"{name} must have u's shape \(2, 6, 100\) \(leading dims may be 1 or absent\)"),
+    (torch.randn(2, 3, 100), ValueError, r"{name} must have u's shape"),
+    (torch.randn(3, 6, 100), ValueError, r"{name} must have u's shape"),
+    (torch.randn(1, 2, 6, 100), ValueError, r"{name} must have u's shape"),
+    (torch.randn(600), ValueError, r"{name} must have u's shape"),
+    (torch.ones(2, 6, 100, dtype=torch.int32), TypeError, "{name} must be a real floating-point tensor"),
+    (torch.ones(2, 6, 100, dtype=torch.complex64), TypeError, "{name} must be a real floating-point tensor"),
+    ([[0.0] * 100] * 6, TypeError, "{name} must be a torch.Tensor or None, got list"),
+    (torch.randn(2, 6, 100, device="meta"), ValueError, "u and {name} are on different devices: cpu and meta"),
+])
+def test_bad_gates(name, gate, exc, match):
+    u, k = torch.randn(2, 6, 100), torch.randn(6, 100)
+    for call in (mf.fftconv, mf.explain):
+        with pytest.raises(exc, match=match.format(name=name)):
+            call(u, k, **{name: gate})
+
+
+def test_gates_may_broadcast_over_leading_dims():
+    u, k = torch.randn(2, 6, 100), torch.randn(3, 100)
+    for gate in (torch.randn(6, 100), torch.randn(1, 6, 100), torch.randn(2, 6, 100)):
+        assert mf.fftconv(u, k, pregate=gate, postgate=gate).shape == u.shape
+
+
+def test_bad_skip_dtype():
+    with pytest.raises(TypeError, match="D must be a real floating-point tensor"):
+        mf.fftconv(torch.randn(2, 6, 100), torch.randn(6, 100), D=torch.ones(6, dtype=torch.int64))
+
+
 # --------------------------------------------------------------------------- precision policy
 
 def test_policy_resolution_order(monkeypatch):

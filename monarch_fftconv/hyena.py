@@ -1,0 +1,211 @@
+"""`HyenaOperator`: the Hyena operator (Poli et al. 2023, arXiv:2302.10866) on `fftconv`.
+
+Its structure and parameter names follow safari's operator (HazyResearch/safari,
+src/models/sequence/hyena.py: one head, one block, no outer mixing), so a state_dict trained
+there loads as is: `in_proj`, `short_filter`, `filter_fn` (`bias`, `pos_emb.z`/`.t`,
+`implicit_filter`, `modulation.deltas`) and `out_proj`. Two options go beyond it:
+`filter_groups` (channels sharing implicit filters, as savanna's grouped Hyena) and
+`bidirectional` (a second, anti-causal filter MLP `implicit_filter_rev`, as Monarch Mixer's
+HyenaFilter in HazyResearch/m2, bert/src/mm/hyena_utils.py).
+
+Each order step is one `fftconv` call with the step's gate as `pregate`, the filter bias as
+`D` (it scales the gated input, as safari's `fftconv(v, k, bias)` after `v = v * x_i`), and
+on the last step the output gate as `postgate`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .functional import fftconv
+
+
+class Sin(nn.Module):
+    """sin(freq ⊙ x), one trainable frequency per feature."""
+
+    def __init__(self, dim: int, w: float = 10.0):
+        super().__init__()
+        self.freq = nn.Parameter(w * torch.ones(1, dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.sin(self.freq * x)
+
+
+class PositionalEmbedding(nn.Module):
+    """The filter MLP's input at each position t < seq_len: t/(seq_len - 1), then the real and
+    imaginary parts of exp(-i·f·2πt/seq_len) for `bands` = (emb_dim - 1)/2 frequencies f
+    spread over [1e-4, bands - 1]. `z` trains (safari gives it a small learning rate); `t`, the
+    positions in [0, 1] that the decay window reads, is a buffer."""
+
+    def __init__(self, emb_dim: int, seq_len: int):
+        super().__init__()
+        bands = (emb_dim - 1) // 2
+        t = torch.linspace(0, 1, seq_len)[None, :, None]  # (1, L, 1)
+        angles = 2 * math.pi * torch.arange(seq_len).unsqueeze(-1) / seq_len * torch.linspace(1e-4, bands - 1, bands)
+        self.z = nn.Parameter(torch.cat([t[0], angles.cos(), -angles.sin()], dim=-1).unsqueeze(0))  # (1, L, emb_dim)
+        self.register_buffer("t", t)
+
+    def forward(self, length: int) -> tuple[Tensor, Tensor]:
+        return self.z[:, :length], self.t[:, :length]
+
+
+class ExponentialModulation(nn.Module):
+    """Each filter times a decay window exp(-|delta_c|·t) (+ shift), the rates spread from
+    slow (the window falls to `target` at t = slow_decay_pct) to fast (at t = fast_decay_pct)."""
+
+    def __init__(self, d_model: int, fast_decay_pct: float = 0.3, slow_decay_pct: float = 1.5,
+                 target: float = 1e-2, modulate: bool = True, shift: float = 0.0):
+        super().__init__()
+        self.modulate, self.shift = modulate, shift
+        deltas = torch.linspace(math.log(target) / slow_decay_pct, math.log(target) / fast_decay_pct, d_model)
+        self.register_buffer("deltas", deltas[None, None])  # (1, 1, d_model)
+
+    def forward(self, t: Tensor, x: Tensor) -> Tensor:
+        if not self.modulate:
+            return x
+        return x * (torch.exp(-t * self.deltas.abs()) + self.shift)
+
+
+class HyenaFilter(nn.Module):
+    """Implicit long filters: an MLP with sine activations over positional features, times a
+    decay window. `filter(L)` is (1, L, filters); `bias` (d_model,) is the skip term D of the
+    channels the filters serve.
+
+    Args:
+        d_model: the channels (the size of `bias`).
+        emb_dim: positional features (odd, >= 3).
+        order: the MLP's width.
+        seq_len: the longest filter.
+        w: the sine activations' initial frequency.
+        bias: whether the skip term applies (safari's `bias=False` multiplies it by zero).
+        num_inner_mlps: hidden layers of width `order`.
+        filters: the distinct filters, the MLP's output width (default d_model).
+        bidirectional: a second MLP, `implicit_filter_rev`, for the anti-causal filters; it shares
+            the positional features, the decay window and the sine frequencies, as in Monarch Mixer.
+        **modulation_args: ExponentialModulation's options.
+    """
+
+    def __init__(self, d_model: int, emb_dim: int = 3, order: int = 16, seq_len: int = 1024, w: float = 1.0,
+                 bias: bool = True, num_inner_mlps: int = 2, filters: int | None = None,
+                 bidirectional: bool = False, **modulation_args):
+        super().__init__()
+        if emb_dim % 2 == 0 or emb_dim < 3:
+            raise ValueError(f"emb_dim must be odd and at least 3 (time, cosines, sines), got {emb_dim}")
+        filters = d_model if filters is None else filters
+        self.d_model, self.use_bias, self.bidirectional = d_model, bias, bidirectional
+        self.bias = nn.Parameter(torch.randn(d_model))
+        act = Sin(order, w)  # one module at every activation: safari's MLP shares its frequencies
+        self.pos_emb = PositionalEmbedding(emb_dim, seq_len)
+        self.implicit_filter = self._mlp(emb_dim, order, filters, num_inner_mlps, act)
+        if bidirectional:
+            self.implicit_filter_rev = self._mlp(emb_dim, order, filters, num_inner_mlps, act)
+        self.modulation = ExponentialModulation(filters, **modulation_args)
+
+    @staticmethod
+    def _mlp(emb_dim: int, order: int, filters: int, num_inner_mlps: int, act: nn.Module) -> nn.Sequential:
+        mlp = nn.Sequential(nn.Linear(emb_dim, order), act)
+        for _ in range(num_inner_mlps):
+            mlp.append(nn.Linear(order, order))
+            mlp.append(act)
+        mlp.append(nn.Linear(order, filters, bias=False))
+        return mlp
+
+    def filter(self, length: int) -> Tensor:
+        z, t = self.pos_emb(length)
+        return self.modulation(t, self.implicit_filter(z))
+
+    def filter_rev(self, length: int) -> Tensor:
+        z, t = self.pos_emb(length)
+        return self.modulation(t, self.implicit_filter_rev(z))
+
+
+class HyenaOperator(nn.Module):
+    """The Hyena operator: x (B, L, d_model) -> y (B, L, d_model), L <= l_max.
+
+        (x_0, ..., x_{order-1}, v) = short_filter(in_proj(x))   (causal, depthwise)
+        v <- fftconv(v, h_o, D=bias_o, pregate=x_{order-1-o})   for o = 0 .. order-2,
+             the last step with postgate=x_0
+        y = out_proj(v)
+
+    Args:
+        d_model: the width.
+        l_max: the longest sequence (the implicit filters' length).
+        order: the recurrence depth, >= 2 (order - 1 long convolutions).
+        filter_order: the width of the filter MLP.
+        short_filter_order: the short depthwise causal convolution's length.
+        filter_groups: G, the implicit filters per order step, dividing d_model: channel c takes
+            filter c // (d_model // G). None (default): one per channel, as safari.
+        bidirectional: each step adds an anti-causal filter (`filter_fn.implicit_filter_rev`).
+            Its tap s weighs v at t + s + 1, as Monarch Mixer's sequence mixer computes it
+            (the reverse filter flipped and padded on the left by L, N = 2L): an M2 filter gives
+            M2's convolution.
+        precision: the long convolutions' precision (None: the policy, `monarch_fftconv.precision`).
+        **filter_args: HyenaFilter's options (emb_dim, w, bias, num_inner_mlps, and the
+            modulation's fast_decay_pct, slow_decay_pct, target, modulate, shift).
+
+    Under autocast the projections and the short filter run in the autocast dtype, and so do
+    the long convolutions (their inputs are then bf16/fp16: the precision policy takes that
+    precision); the implicit filters are computed in fp32 with autocast off, so the filters
+    and their gradients stay fp32. Safari's per-parameter optimizer hints (`_optim`), dropout
+    and multi-head options are not carried over.
+    """
+
+    def __init__(self, d_model: int, l_max: int, order: int = 2, filter_order: int = 64,
+                 short_filter_order: int = 3, filter_groups: int | None = None, bidirectional: bool = False,
+                 precision: str | None = None, **filter_args):
+        super().__init__()
+        if order < 2:
+            raise ValueError(f"order must be at least 2, got {order}")
+        groups = d_model if filter_groups is None else filter_groups
+        if groups < 1 or d_model % groups:
+            raise ValueError(f"filter_groups must be a positive divisor of d_model={d_model}, got {filter_groups}")
+        self.d_model, self.l_max, self.order, self.filter_groups = d_model, l_max, order, groups
+        self.bidirectional, self.precision = bidirectional, precision
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.in_proj = nn.Linear(d_model, (order + 1) * d_model)
+        width = (order + 1) * d_model
+        self.short_filter = nn.Conv1d(width, width, kernel_size=short_filter_order, groups=width,
+                                      padding=short_filter_order - 1)
+        self.filter_fn = HyenaFilter(d_model * (order - 1), order=filter_order, seq_len=l_max,
+                                     filters=groups * (order - 1), bidirectional=bidirectional, **filter_args)
+
+    def long_filters(self, length: int) -> tuple[Tensor, Tensor | None]:
+        """(filters (order-1, G, L), or (order-1, G, 2, L) bidirectional; D (order-1, d_model) or None).
+        Safari's MLP output feature g·(order-1) + o is step o's filter g; its bias likewise."""
+        steps = self.order - 1
+        with torch.autocast(self.filter_fn.bias.device.type, enabled=False):
+            k = self.filter_fn.filter(length)[0].T.unflatten(0, (-1, steps)).transpose(0, 1)
+            if self.bidirectional:
+                k_rev = self.filter_fn.filter_rev(length)[0].T.unflatten(0, (-1, steps)).transpose(0, 1)
+                # fftconv's anti-causal tap s sits at lag -s, M2's at -(s+1): shift by one. The
+                # last tap drops out; at lag -L it would only ever meet the zero padding.
+                k = torch.stack([k, F.pad(k_rev[..., :-1], (1, 0))], dim=2)
+        bias = self.filter_fn.bias.unflatten(0, (-1, steps)).T if self.filter_fn.use_bias else None
+        return k, bias
+
+    def forward(self, x: Tensor) -> Tensor:
+        length = x.shape[-2]
+        if length > self.l_max:
+            raise ValueError(f"input length {length} exceeds the operator's l_max {self.l_max}")
+        projected = self.in_proj(x).transpose(1, 2)  # (B, (order+1)·d_model, L)
+        projected = self.short_filter(projected)[..., :length]  # padded both sides: the first L are causal
+        *gates, v = projected.split(self.d_model, dim=1)
+        k, bias = self.long_filters(length)
+        for step, gate in enumerate(reversed(gates[1:])):
+            last = step == self.order - 2
+            v = self.long_conv(v, k[step], None if bias is None else bias[step], gate, gates[0] if last else None)
+        return self.out_proj(v.transpose(1, 2))
+
+    def long_conv(self, v: Tensor, k: Tensor, D: Tensor | None, pregate: Tensor, postgate: Tensor | None) -> Tensor:
+        """One order step: postgate ⊙ (conv(pregate ⊙ v, k) + D ⊙ (pregate ⊙ v)), one `fftconv`
+        call. A subclass may replace it (a reference implementation, to compare against)."""
+        return fftconv(v, k, D=D, pregate=pregate, postgate=postgate, bidirectional=self.bidirectional,
+                       precision=self.precision)
+
+    def extra_repr(self) -> str:
+        return (f"d_model={self.d_model}, l_max={self.l_max}, order={self.order}, "
+                f"filter_groups={self.filter_groups}, bidirectional={self.bidirectional}, precision={self.precision!r}")

@@ -1,0 +1,255 @@
+"""fftconv's operator options: the gates, the skip term D on the gated input, grouped and
+bidirectional filters, against a float64 reference built from helpers.reference; their
+gradients; explain()'s account of them; FFTConv's groups and bidirectional filters."""
+
+import itertools
+
+import pytest
+import torch
+
+import monarch_fftconv as mf
+from monarch_fftconv import backends, functional
+from monarch_fftconv.planner import plan_for, real_fft_flops
+
+from helpers import BUDGETS, randn, reference, rel_l2
+
+GATES = ["none", "pre", "post", "both"]
+
+
+def reference_operator(u, k, D=None, pregate=None, postgate=None, bidirectional=False):
+    """postgate ⊙ (conv(x, k) + D ⊙ x), x = pregate ⊙ u, in float64: the filters repeated over
+    their groups, the anti-causal half as the causal convolution of the time-reversed x, reversed."""
+    x = u.double() if pregate is None else u.double() * pregate.double()
+    per_channel = k.double().repeat_interleave(u.shape[-2] // k.shape[0], dim=0)
+    if bidirectional:
+        y = reference(x, per_channel[:, 0]) + reference(x.flip(-1), per_channel[:, 1]).flip(-1)
+    else:
+        y = reference(x, per_channel)
+    if D is not None:
+        y = y + D.double().unsqueeze(-1) * x
+    return y if postgate is None else y * postgate.double()
+
+
+def odd_sizes(gen):
+    """An odd L in [33, 301] and a filter length Lk < L."""
+    length = 2 * int(torch.randint(16, 151, (), generator=gen)) + 1
+    return length, int(torch.randint(1, length, (), generator=gen))
+
+
+def operator_inputs(gen, batch, channels, groups, length, filter_len, gates, bidirectional, with_D,
+                    dtype=torch.float32, gate_dtype=torch.float32):
+    u = randn(gen, batch, channels, length, dtype=dtype)
+    k = randn(gen, groups, *((2,) if bidirectional else ()), filter_len)
+    pregate = randn(gen, batch, channels, length, dtype=gate_dtype) if gates in ("pre", "both") else None
+    postgate = randn(gen, batch, channels, length, dtype=gate_dtype) if gates in ("post", "both") else None
+    D = randn(gen, channels) if with_D else None
+    return u, k, D, pregate, postgate
+
+
+@pytest.mark.parametrize("engine", ["auto", "portable"])
+@pytest.mark.parametrize("gates, group_share, bidirectional, with_D",
+                         list(itertools.product(GATES, [1, 3], [False, True], [False, True])))
+def test_every_option_matches_the_reference(engine, gates, group_share, bidirectional, with_D, monkeypatch, gen):
+    """Every combination of gates, groups (G = C, G = C/3), bidirectional filters and D, odd
+    B, C and L, Lk < L: y and the gradients of u, k, D and both gates within the fp32 budget."""
+    monkeypatch.setenv(backends.BACKEND_ENV, engine)
+    channels = 9 if group_share == 3 else 7
+    length, filter_len = odd_sizes(gen)
+    inputs = operator_inputs(gen, 3, channels, channels // group_share, length, filter_len, gates, bidirectional,
+                             with_D)
+    u, k, D, pregate, postgate = (None if t is None else t.requires_grad_() for t in inputs)
+    y = mf.fftconv(u, k, D=D, pregate=pregate, postgate=postgate, bidirectional=bidirectional)
+    want = reference_operator(u, k, D, pregate, postgate, bidirectional)
+    assert y.dtype == u.dtype and y.shape == u.shape
+    assert rel_l2(y, want) <= BUDGETS["fp32"]
+
+    leaves = [t for t in (u, k, D, pregate, postgate) if t is not None]
+    g = randn(gen, *y.shape)
+    got = torch.autograd.grad(y, leaves, g)
+    wanted = torch.autograd.grad(want, leaves, g.double())
+    for leaf, grad, expected in zip(leaves, got, wanted):
+        assert grad.dtype == leaf.dtype and grad.shape == leaf.shape
+        assert rel_l2(grad, expected) <= 2 * BUDGETS["fp32"]
+
+    info = mf.explain(u, k, D=D, pregate=pregate, postgate=postgate, bidirectional=bidirectional)
+    expected_backend = "torch.fft" if bidirectional or engine == "auto" else "portable"
+    assert info["backend"] == expected_backend
+
+
+@pytest.mark.parametrize("u_dtype, gate_dtype", [(torch.float32, torch.bfloat16), (torch.float32, torch.float16),
+                                                 (torch.bfloat16, torch.float32), (torch.float16, torch.float32)])
+@pytest.mark.parametrize("engine", ["auto", "portable"])
+def test_gates_in_another_dtype(u_dtype, gate_dtype, engine, monkeypatch, gen):
+    """Half-precision gates with fp32 u, and the reverse: the convolution runs on pregate ⊙ u in
+    the promoted dtype (fp32, so the fp32 budget), the result is in u's dtype (one rounding to
+    it at the end), each gradient in its input's dtype."""
+    monkeypatch.setenv(backends.BACKEND_ENV, engine)
+    length, filter_len = odd_sizes(gen)
+    u, k, D, pregate, postgate = operator_inputs(gen, 3, 6, 2, length, filter_len, "both", False, True,
+                                                 dtype=u_dtype, gate_dtype=gate_dtype)
+    for t in (u, pregate, postgate):
+        t.requires_grad_()
+    y = mf.fftconv(u, k, D=D, pregate=pregate, postgate=postgate)
+    info = mf.explain(u, k, D=D, pregate=pregate, postgate=postgate)
+    assert y.dtype == u_dtype and info["precision"] == "fp32"
+    rounding = 0.0 if u_dtype == torch.float32 else 2.0**-8
+    assert rel_l2(y, reference_operator(u, k, D, pregate, postgate)) <= BUDGETS["fp32"] + rounding
+    y.float().square().sum().backward()
+    assert (u.grad.dtype, pregate.grad.dtype, postgate.grad.dtype) == (u_dtype, gate_dtype, gate_dtype)
+
+
+def test_half_precision_calls_take_their_precision(monkeypatch, gen):
+    """bf16 activations with bf16 gates (what autocast gives) take the bf16 path: within its
+    budget on the emulating engine, and not within fp32's."""
+    monkeypatch.setenv(backends.BACKEND_ENV, "portable")
+    u, k, D, pregate, postgate = operator_inputs(gen, 2, 6, 6, 1001, 1001, "both", False, True,
+                                                 dtype=torch.bfloat16, gate_dtype=torch.bfloat16)
+    y = mf.fftconv(u, k, D=D, pregate=pregate, postgate=postgate)
+    assert mf.explain(u, k, D=D, pregate=pregate, postgate=postgate)["precision"] == "bf16"
+    error = rel_l2(y, reference_operator(u, k, D, pregate, postgate))
+    assert BUDGETS["fp32"] < error <= BUDGETS["bf16"] + 2.0**-7
+
+
+@pytest.mark.parametrize("engine", ["auto", "portable"])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_gradcheck(engine, bidirectional, monkeypatch, gen):
+    """float64 gradcheck of u, k, D and both gates, grouped filters, Lk < L, odd sizes."""
+    monkeypatch.setenv(backends.BACKEND_ENV, engine)
+    u, k, D, pregate, postgate = operator_inputs(gen, 1, 6, 2, 13, 9, "both", bidirectional, True,
+                                                 dtype=torch.float64, gate_dtype=torch.float64)
+    k = k.double()
+    D = D.double()
+    inputs = tuple(t.requires_grad_() for t in (u, k, D, pregate, postgate))
+
+    def call(u, k, D, pregate, postgate):
+        return mf.fftconv(u, k, D=D, pregate=pregate, postgate=postgate, bidirectional=bidirectional)
+
+    assert torch.autograd.gradcheck(call, inputs)
+
+
+@pytest.mark.parametrize("position", ["first", "last"])
+@pytest.mark.parametrize("length", [64, 63, 65])
+def test_bidirectional_impulses_do_not_wrap_around(position, length, gen):
+    """An impulse at either end of the sequence, with filters as long as the sequence: the
+    output is the definition's sum, term by term. A circular convolution of fewer than 2L
+    points would carry one half's taps round to the other end of the output."""
+    k = randn(gen, 3, 2, length)
+    u = torch.zeros(1, 3, length)
+    at = 0 if position == "first" else length - 1
+    u[..., at] = 1.0
+    expected = torch.zeros(3, length, dtype=torch.float64)
+    for s in range(length):
+        if at + s < length:  # causal tap s: y[t] = k[:, 0, s]·u[t - s]
+            expected[:, at + s] += k[:, 0, s].double()
+        if at - s >= 0:  # anti-causal tap s: y[t] = k[:, 1, s]·u[t + s]
+            expected[:, at - s] += k[:, 1, s].double()
+    y = mf.fftconv(u, k, bidirectional=True)[0].double()
+    torch.testing.assert_close(y, expected, rtol=0, atol=1e-5 * expected.abs().max().item())
+
+
+def test_grouped_filter_gradient_is_the_group_sum_and_deterministic(monkeypatch, gen):
+    """dk of a shared filter is the sum of what each of its channels would give its own filter
+    (fp32, in k's dtype), bitwise the same run to run, on both engines."""
+    for engine in ("auto", "portable"):
+        monkeypatch.setenv(backends.BACKEND_ENV, engine)
+        u, k, D, pregate, _ = operator_inputs(gen, 2, 9, 3, 301, 200, "pre", False, True)
+        g = randn(gen, 2, 9, 301)
+        shared = k.clone().requires_grad_()
+        mf.fftconv(u, shared, D=D, pregate=pregate).backward(g)
+        again = k.clone().requires_grad_()
+        mf.fftconv(u, again, D=D, pregate=pregate).backward(g)
+        own = k.repeat_interleave(3, dim=0).requires_grad_()
+        mf.fftconv(u, own, D=D, pregate=pregate).backward(g)
+        assert shared.grad.dtype == torch.float32 and torch.equal(shared.grad, again.grad)
+        assert rel_l2(shared.grad, own.grad.unflatten(0, (3, 3)).sum(1)) <= BUDGETS["fp32"]
+
+
+def test_unbatched_and_broadcast_gates(gen):
+    """(C, L) and (..., C, L) inputs; gates with leading dims of 1 or none broadcast over u's."""
+    u, k, D = randn(gen, 2, 2, 6, 101), randn(gen, 3, 80), randn(gen, 6)
+    pregate, postgate = randn(gen, 6, 101), randn(gen, 1, 2, 6, 101)
+    y = mf.fftconv(u, k, D=D, pregate=pregate, postgate=postgate)
+    assert y.shape == u.shape
+    assert rel_l2(y, reference_operator(u, k, D, pregate.expand_as(u), postgate.expand_as(u))) <= BUDGETS["fp32"]
+    single = mf.fftconv(u[0, 0], k, pregate=pregate)
+    assert rel_l2(single, reference_operator(u[0, 0], k, pregate=pregate)) <= BUDGETS["fp32"]
+
+
+def test_empty_batch_gives_zero_gradients_to_the_gates(gen):
+    u = torch.zeros(0, 6, 50, requires_grad=True)
+    k, pregate = randn(gen, 2, 40).requires_grad_(), randn(gen, 1, 6, 50).requires_grad_()
+    postgate = torch.zeros(0, 6, 50, requires_grad=True)
+    y = mf.fftconv(u, k, pregate=pregate, postgate=postgate)
+    assert y.shape == u.shape
+    y.sum().backward()
+    assert torch.equal(pregate.grad, torch.zeros_like(pregate)) and torch.equal(k.grad, torch.zeros_like(k))
+
+
+# --------------------------------------------------------------------------- explain()
+
+@pytest.mark.parametrize("engine", ["auto", "portable"])
+def test_explain_names_the_terms_groups_and_direction(engine, monkeypatch, gen):
+    monkeypatch.setenv(backends.BACKEND_ENV, engine)
+    u, k, D, pregate, postgate = operator_inputs(gen, 3, 9, 3, 301, 100, "both", False, True)
+    plain = mf.explain(u, k)
+    info = mf.explain(u, k, D=D, pregate=pregate, postgate=postgate)
+    assert (plain["groups"], plain["group_size"], plain["bidirectional"], plain["terms"]) == (3, 3, False, {})
+    assert list(info["terms"]) == ["pregate", "D", "postgate"]  # the order they apply in
+    assert "not fused" in info["terms"]["pregate"] and "not fused" in info["terms"]["postgate"]
+    where_D = "inside the convolution op" if engine == "portable" else "after the inverse FFT"
+    assert where_D in info["terms"]["D"]
+    assert info["flops"] == plain["flops"] + 4 * u.numel()  # a multiply per gate, D's multiply-add
+    assert mf.explain(u, k, postgate=postgate)["terms"].keys() == {"postgate"}
+
+    bidirectional = mf.explain(u, randn(gen, 9, 2, 100), bidirectional=True)
+    assert bidirectional["backend"] == "torch.fft" and bidirectional["bidirectional"]
+    assert (bidirectional["groups"], bidirectional["group_size"]) == (9, 1)
+    assert "bidirectional" in bidirectional["reason"]
+    if engine == "auto":  # torch.fft transforms each filter row once: G rows, 2G bidirectional
+        one_filter = real_fft_flops(info["fft_size"])
+        per_channel = mf.explain(u, k.repeat(3, 1))["flops"]
+        assert per_channel - plain["flops"] == 6 * one_filter and bidirectional["flops"] - per_channel == 9 * one_filter
+
+
+def test_explain_stages_put_the_gates_around_the_kernel(monkeypatch, gen):
+    """On a fused backend (the fp32 kernel's stage list, asked for on CPU tensors here) the
+    gates are launches of their own, moving the bytes a fused kernel would save; grouped filters
+    add the repeat of the filters; a gate that widens the dtype adds the cast back to u's."""
+    fused = backends.FusedFP32("cuda-fp32", "fused fp32 radix FFT conv", "test")
+    monkeypatch.setattr(functional, "select_backend", lambda *args, **kwargs: fused)
+    u, k, _, pregate, postgate = operator_inputs(gen, 2, 6, 2, 256, 256, "both", False, False,
+                                                 dtype=torch.bfloat16, gate_dtype=torch.bfloat16)
+    conv_only = mf.explain(u, k.repeat(3, 1))["stages"]
+    assert [s["stage"] for s in conv_only] == [s["stage"] for s in fused.stages(plan_for(256), 2, 6, 2)]
+    stages = mf.explain(u, k, pregate=pregate, postgate=postgate)["stages"]
+    names = [s["stage"].split(":")[0] for s in stages]
+    assert names == ["pregate", "repeat the 2 filters over their groups (ATen copy)",
+                     *[s["stage"].split(":")[0] for s in conv_only], "postgate"]  # the call's order
+    elements = u.numel()
+    assert stages[0]["reads"] == 2 * 2 * elements and stages[0]["writes"] == 2 * elements
+    assert stages[-1]["reads"] == 2 * 2 * elements and stages[-1]["writes"] == 2 * elements
+    widened = mf.explain(u, k, pregate=pregate.float())["stages"]
+    assert widened[0]["reads"] == (2 + 4) * elements and widened[0]["writes"] == 4 * elements
+    assert widened[-1]["stage"].startswith("cast to bfloat16")
+
+
+# --------------------------------------------------------------------------- FFTConv
+
+@pytest.mark.parametrize("engine", ["auto", "portable"])
+@pytest.mark.parametrize("groups, bidirectional", [(3, False), (3, True), (None, True)])
+def test_fftconv_module_groups_and_bidirectional(engine, groups, bidirectional, monkeypatch, gen):
+    """FFTConv(groups=G) holds (G, L) filters, bidirectional=True (G, 2, L); shorter inputs
+    use the filters' first taps; an inference_cache() block gives the same results."""
+    monkeypatch.setenv(backends.BACKEND_ENV, engine)
+    layer = mf.FFTConv(6, 301, groups=groups, bidirectional=bidirectional)
+    assert layer.filter.shape == ((groups or 6), *((2,) if bidirectional else ()), 301)
+    x = randn(gen, 3, 6, 255)
+    want = reference_operator(x, layer.filter[..., :255].detach(), bidirectional=bidirectional)
+    y = layer(x)
+    assert rel_l2(y, want) <= BUDGETS["fp32"]
+    y.square().sum().backward()
+    assert layer.filter.grad.shape == layer.filter.shape
+    with torch.no_grad(), mf.inference_cache(layer):
+        assert rel_l2(layer(x), want) <= BUDGETS["fp32"]
+    with pytest.raises(ValueError, match="groups must be a positive divisor of channels=6"):
+        mf.FFTConv(6, 301, groups=4)
