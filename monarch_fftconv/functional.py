@@ -169,10 +169,11 @@ def conv(
         y = backend.conv(x, cached_spectrum(backend, k, chosen), skip, chosen)
     else:
         y = backend.fftconv(x, k, skip, chosen)
-    y = y.reshape(shape)
+    if y.shape != shape:
+        y = y.reshape(shape)
     if postgate is not None:
         y = y * postgate
-    return y.to(u.dtype)
+    return y if y.dtype == u.dtype else y.to(u.dtype)
 
 
 def _empty_batch(u: Tensor, k: Tensor, *others: Tensor | None) -> Tensor:
