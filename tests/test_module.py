@@ -142,3 +142,15 @@ def test_autocast_keeps_the_precision_policy(autocast_dtype, gen):
     assert rel_l2(y, reference(x, layer.filter)) <= BUDGETS["fp32"]
     assert rel_l2(half, reference(x, layer.filter)) <= BUDGETS["bf16"] + 2.0**-8
     assert x.grad is not None and torch.isfinite(layer.filter.grad).all()
+
+
+def test_compiling_warns_nothing(gen, recwarn):
+    """A compiled forward and backward raise no warning: Dynamo warned about the planner's
+    lru_cache on every compile before (issue #31)."""
+    torch._dynamo.reset()  # a fresh compile, not one cached by an earlier test
+    layer = mf.FFTConv(3, 333)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    x = randn(gen, 2, 3, 333).requires_grad_()
+    compiled(x).sum().backward()
+    assert x.grad is not None
+    assert [str(w.message) for w in recwarn] == []
