@@ -685,3 +685,92 @@ def test_gpu_timing_scripts_parse_their_options_on_the_cpu(script):
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "--shape" in proc.stdout and ("--flush-l2" in proc.stdout or "--profile" in proc.stdout)
+
+
+# ---------------------------------------------------------------- half-precision I/O (--io-dtype)
+
+def _settings(bench, **overrides):
+    """The run settings of a quick CPU run, without measuring anything."""
+    fields = dict(device="cpu", reps=3, warmup=1, warmup_seconds=0.0, quick=True, backward=False,
+                  copy_bw=1e10, energy=None, profile=False, flush_l2=False, seed=0, max_spread=0.25)
+    return bench.runner.Settings(**{**fields, **overrides})
+
+
+def test_io_dtype_option(bench):
+    assert bench.cli.resolve_config(bench.cli.parse_args(["--device", "cpu"]))["io_dtype"] == "float32"
+    cfg = bench.cli.resolve_config(bench.cli.parse_args(["--device", "cpu", "--io-dtype", "bfloat16"]))
+    assert cfg["io_dtype"] == "bfloat16" and bench.cli.IO_DTYPES["bfloat16"] is torch.bfloat16
+    with pytest.raises(SystemExit):
+        bench.cli.parse_args(["--io-dtype", "float64"])
+
+
+@pytest.mark.parametrize("io_dtype", [torch.bfloat16, torch.float16])
+def test_half_io_inputs_are_the_float32_draw_cast_and_the_reference_uses_them(bench, io_dtype):
+    """The same draw as a float32 run, cast; the float64 reference computed from the cast values
+    (not the float32 ones), so a method's error is its own arithmetic's; the memory floor at the
+    I/O dtype's element size."""
+    shape = (2, 3, 64)
+    single = bench.runner.prepare_shape(shape, _settings(bench, backward=True))
+    half = bench.runner.prepare_shape(shape, _settings(bench, backward=True, io_dtype=io_dtype))
+    for drawn, cast in zip(single.input_sets[0], half.input_sets[0]):
+        assert cast.dtype == io_dtype and torch.equal(cast, drawn.to(io_dtype))
+    u, k, g = half.input_sets[0]
+    u64, k64 = u.double().requires_grad_(), k.double().requires_grad_()
+    y64 = bench.methods.reference_conv(u64, k64)
+    grad_u, grad_k = torch.autograd.grad(y64, (u64, k64), g.double())
+    y_ref, grad_u_ref, grad_k_ref = half.refs
+    assert torch.equal(y_ref, y64.detach()) and torch.equal(grad_u_ref, grad_u)
+    assert torch.equal(grad_k_ref, grad_k)
+    assert not torch.equal(y_ref, single.refs[0])   # the input rounding is in the reference
+    assert half.min_bytes == bench.guard.min_bytes(*shape, backward=True, elem=2) == single.min_bytes // 2
+    assert half.common["io_dtype"] == str(io_dtype).removeprefix("torch.")
+
+
+def test_half_io_budget_adds_the_rounding_of_y(bench):
+    """y stored in bfloat16 is off by its rounding (~2^-9 relative): within fp32's budget plus
+    2^-8, not within fp32's alone."""
+    from monarch_fftconv.policy import ERROR_BUDGETS
+    rel_err = 2.0 ** -9
+    assert not bench.guard.error_budget_fields("monarch", "fp32", rel_err)["within_error_budget"]
+    fields = bench.guard.error_budget_fields("monarch", "fp32", rel_err, torch.bfloat16)
+    assert fields == {"error_budget": ERROR_BUDGETS["fp32"] + 2.0 ** -8, "within_error_budget": True}
+    fp16 = bench.guard.error_budget_fields("monarch", "fp32", rel_err, torch.float16)
+    assert fp16["error_budget"] == ERROR_BUDGETS["fp32"] + 2.0 ** -11 and not fp16["within_error_budget"]
+
+
+@pytest.mark.parametrize("io_dtype", ["bfloat16", "float16"])
+def test_quick_cpu_run_with_half_io(bench, tmp_path, monkeypatch, capsys, io_dtype):
+    """monarch[p] gets the half-precision tensors as they are; the torch.fft methods compute
+    in float32 between casts and say so; every row is within allclose and its budget (which
+    includes y's rounding); the JSON and the printed table name the I/O dtype."""
+    seen = []
+    real_fftconv = bench.methods.mf.fftconv
+
+    def spy(u, k, **kwargs):
+        seen.append((u.dtype, k.dtype))
+        return real_fftconv(u, k, **kwargs)
+    monkeypatch.setattr(bench.methods.mf, "fftconv", spy)
+    methods = f"reference,{_tuned('cpu')},monarch[fp32],monarch[bf16]"
+    res = bench.cli.main(["--quick", "--device", "cpu", "--no-plots", "--backward", "--io-dtype", io_dtype,
+                          "--methods", methods, "--out", str(tmp_path)])
+    dtype = bench.cli.IO_DTYPES[io_dtype]
+    assert seen and set(seen) == {(dtype, dtype)}
+    out = capsys.readouterr().out
+    assert f"(BxCxL, {io_dtype})" in out and f"I/O dtype {io_dtype}" in out
+    meta = json.loads((tmp_path / "results.json").read_text())
+    assert meta["io_dtype"] == io_dtype and meta["io_rounding"]["added_to_error_budgets"] > 0
+    for r in res["rows"]:
+        assert r["status"] == "ok" and r["io_dtype"] == io_dtype, r.get("error")
+        assert bench.guard.is_accurate(r) and r["rel_err"] < 2.0 ** -8
+        torch_fft = r["family"] != "monarch"
+        assert ("cast to float32" in (r["reason"] or "")) == torch_fft, r["method"]
+        if not torch_fft:
+            assert r["within_error_budget"] and r["error_budget"] > 2.0 ** -11
+
+
+def test_float32_run_keeps_its_rows_as_before(bench, tmp_path):
+    res = bench.cli.main(["--quick", "--device", "cpu", "--no-plots", "--methods", f"reference,{_tuned('cpu')}",
+                          "--out", str(tmp_path)])
+    for r in res["rows"]:
+        assert r["io_dtype"] == "float32" and r["reason"] is None
+        assert r["min_bytes"] == bench.guard.min_bytes(r["B"], r["C"], r["L"], backward=False)

@@ -1,16 +1,20 @@
 """fftconv_bench: monarch_fftconv against torch.fft (cuFFT on a GPU, MKL or pocketfft on the
 host), honest, complete, pictured.
 
-Methods, side by side in one run (all take float32 u (B,C,L) and k (C,L), return float32 y):
+Methods, side by side in one run (all take u (B,C,L) and k (C,L) in the I/O dtype, --io-dtype,
+float32 by default, and return y in it; the inputs are drawn in float32 and cast to it):
   reference          torch.fft exactly as commonly written: F.pad to 2L, rfft of u AND of k every
-                     call, irfft, slice [..., :L].
+                     call, irfft, slice [..., :L]. torch.fft transforms no bfloat16 (float16 only
+                     at powers of two on a GPU), so with half-precision I/O every torch.fft
+                     method computes as users write it: inputs cast to float32, y cast back.
   cufft-tuned        rfft(u, n=2L) with the filter spectrum rfft(k, n=2L) computed once outside
                      the timed call (forward). With --backward the filter spectrum must be
                      recomputed every call (it needs a gradient), so it is. Named for the library
                      torch.fft runs: mkl-tuned or pocketfft-tuned on a CPU.
   compile-reference  torch.compile of `reference` (--compile); compile time is not timed.
   monarch[<p>]       monarch_fftconv.fftconv(u, k, precision=p) for each p in
-                     monarch_fftconv.PRECISIONS, labelled with the backend explain() reports.
+                     monarch_fftconv.PRECISIONS, labelled with the backend explain() reports;
+                     half-precision tensors go in as they are (the package takes them natively).
   monarch-module     monarch_fftconv.FFTConv (package-default precision) inside an
                      inference_cache() block, which computes the filter spectrum once: the
                      like-for-like rival of cufft-tuned.
@@ -34,9 +38,11 @@ timed region. On a CPU-only machine both figures come from the host timer time.p
 the results say plainly that they are CPU figures.
 
 Validity, measured in the same run: relative L2 error of every method against float64 torch.fft
-on the same inputs, allclose(atol=1e-2, rtol=1e-2), and for monarch methods the error budget of
-their precision (monarch_fftconv.policy.ERROR_BUDGETS); the device copy bandwidth, and from it
-each shape's memory floor; a time under the floor is printed INVALID and gets no speedup. A row
+on the same inputs (the values cast to the I/O dtype, so each method's error is its own
+arithmetic's), allclose(atol=1e-2, rtol=1e-2), and for monarch methods the error budget of
+their precision (monarch_fftconv.policy.ERROR_BUDGETS) plus, with half-precision I/O, y's own
+rounding (2^-8 bfloat16, 2^-11 float16); the device copy bandwidth, and from it each shape's
+memory floor (compulsory bytes at the I/O element size); a time under the floor is printed INVALID and gets no speedup. A row
 whose IQR exceeds --max-spread (0.25) of its median on either clock is NOISY: untrusted in the
 table, the JSON and the plots, and it gets no speedup either.
 

@@ -11,6 +11,11 @@ from fftconv_bench.timing import CPU_WARMUP_SECONDS, GPU_WARMUP_SECONDS, MAX_SPR
 
 Shape = Tuple[int, int, int]
 
+# --io-dtype: the dtype of every tensor a method takes and returns (inputs are drawn in float32
+# and cast to it, so each dtype sees the same values up to its rounding).
+IO_DTYPES: Dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+                                     "float16": torch.float16}
+
 PRESETS: Dict[str, List[Shape]] = {
     "seed": [(16, 256, 8192)],
     "lengths": [(16, 256, L) for L in (1024, 2048, 4096, 8192, 16384)],
@@ -72,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time a training step, forward+backward (grads w.r.t. u and k), "
                         "instead of forward only: each method by torch.autograd.grad and, as "
                         "<method>.backward, by y.backward with accumulation into .grad")
+    p.add_argument("--io-dtype", choices=list(IO_DTYPES), default="float32",
+                   help="dtype of u, k (and grad_y with --backward), drawn in float32 and cast to "
+                        "it; the float64 reference is computed from the cast values, the memory "
+                        "floor and GB/s count its element size (default: float32)")
     p.add_argument("--compile", action="store_true", help="also time torch.compile(reference)")
     p.add_argument("--energy", action="store_true", help="measure energy per call with NVML")
     p.add_argument("--reps", type=int, default=None,
@@ -157,7 +166,7 @@ def resolve_config(args: argparse.Namespace) -> Dict[str, Any]:
         1 if device == "cpu" or args.quick else None)
     return {"device": device, "shapes": [tuple(s) for s in shapes], "reps": reps, "warmup": warmup,
             "warmup_seconds": warmup_seconds, "max_spread": args.max_spread, "threads": threads,
-            "quick": bool(args.quick)}
+            "quick": bool(args.quick), "io_dtype": args.io_dtype}
 
 
 def method_names(spec: Optional[str]) -> Optional[List[str]]:

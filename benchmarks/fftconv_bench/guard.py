@@ -2,7 +2,8 @@
 
 Accuracy: relative L2 error of a method's outputs (y, and with --backward the grads) against
 torch.fft in float64 on the same inputs, allclose(atol=1e-2, rtol=1e-2), and for monarch methods
-the error budget of the precision the call ran at (monarch_fftconv.policy.ERROR_BUDGETS).
+the error budget of the precision the call ran at (monarch_fftconv.policy.ERROR_BUDGETS), plus,
+with half-precision I/O, the rounding of y to the I/O dtype (IO_ROUNDING).
 Time: the memory floor, compulsory bytes / measured copy bandwidth; a time under it is a
 measurement or correctness bug, so the row is INVALID and gets no speedup. And the spread: a row
 whose inter-quartile range exceeds MAX_SPREAD of its median, on either clock (on the host, where
@@ -21,6 +22,10 @@ from fftconv_bench.methods import ERROR_BUDGETS, reference_conv
 from fftconv_bench.timing import MAX_SPREAD
 
 ATOL = RTOL = 1e-2
+# Storing y in a 16-bit I/O dtype rounds it by up to half an ulp, a relative error of 2^-8
+# (bfloat16) or 2^-11 (float16) on top of the arithmetic's: added to the precision's budget,
+# as tests/test_cuda.py does for half I/O.
+IO_ROUNDING = {torch.float32: 0.0, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 # Cores that other processes may keep busy beyond those the run leaves free (daemons).
 OTHER_LOAD_MARGIN = 0.25
 # Verdicts of a row's timings, worst first; speedups are claimed for TRUSTED ones only.
@@ -34,6 +39,7 @@ def min_bytes(B: int, C: int, L: int, *, backward: bool, elem: int = 4) -> int:
 
     forward: u read + k read + y written. forward+backward: additionally grad_y read, grad_u and
     grad_k written (u and k counted once: an ideal fused implementation reads them once).
+    `elem`: bytes per element of the I/O dtype (every tensor read or written is in it).
     """
     activation, filt = B * C * L, C * L
     if backward:
@@ -96,7 +102,9 @@ def measure_error(out: torch.Tensor, ref: torch.Tensor, *, atol: float = ATOL,
 
 
 def float64_reference(u: torch.Tensor, k: torch.Tensor, g: Optional[torch.Tensor]) -> Outputs64:
-    """y (and grads w.r.t. u, k when g is given) by torch.fft in float64 on the same inputs."""
+    """y (and grads w.r.t. u, k when g is given) by torch.fft in float64 on the same inputs:
+    the values the methods take, already rounded to the I/O dtype, so that a method's error is
+    its own arithmetic's."""
     u64 = u.detach().to(torch.float64).requires_grad_(g is not None)
     k64 = k.detach().to(torch.float64).requires_grad_(g is not None)
     with torch.set_grad_enabled(g is not None):
@@ -124,13 +132,15 @@ def outputs_error(outs: Any, refs: Outputs64) -> Dict[str, Any]:
     return fields
 
 
-def error_budget_fields(family: str, precision: Optional[str],
-                        rel_err: Optional[float]) -> Dict[str, Any]:
-    """A monarch row's error budget (that of the precision its call ran at) and whether the
-    relative L2 error of y is within it; nothing for the torch.fft methods."""
+def error_budget_fields(family: str, precision: Optional[str], rel_err: Optional[float],
+                        io_dtype: torch.dtype = torch.float32) -> Dict[str, Any]:
+    """A monarch row's error budget (that of the precision its call ran at, plus the rounding of
+    y to a half-precision `io_dtype`) and whether the relative L2 error of y is within it;
+    nothing for the torch.fft methods."""
     budget = ERROR_BUDGETS.get(precision) if family == "monarch" else None
     if budget is None:
         return {"error_budget": None, "within_error_budget": None}
+    budget += IO_ROUNDING[io_dtype]
     within = rel_err is not None and math.isfinite(rel_err) and rel_err <= budget
     return {"error_budget": budget, "within_error_budget": within}
 

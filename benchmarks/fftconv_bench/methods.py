@@ -7,6 +7,10 @@ the filter spectrum) is not timed. A training step comes two ways, one method ea
   `<name>.backward`  y.backward(g) into the .grad of leaf tensors that keep their grads across
                      calls, so each call also adds into the existing .grad (gradient
                      accumulation, as an optimizer loop without zero_grad between micro-batches).
+Every method takes and returns tensors of the run's I/O dtype. torch.fft transforms no bfloat16,
+and float16 only at powers of two on a GPU, in float16's narrow range: with half-precision I/O
+the torch.fft methods compute as users write them, the inputs cast up to float32 and the result
+back (their description says so); the monarch methods take the half-precision tensors as they are.
 Also the nominal flop count of the torch.fft methods; monarch methods take theirs from
 monarch_fftconv.explain(). Rows are named for what runs on the device: torch.fft is cuFFT on a
 GPU, MKL or pocketfft on the host (fft_library), so the tuned torch.fft method is `cufft-tuned`
@@ -121,6 +125,23 @@ def torch_fft_flops(B: int, C: int, L: int, *, filter_fft: bool, backward: bool)
     return flops
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch.bfloat16 -> 'bfloat16' (as --io-dtype names it)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def is_half(t: Tensor) -> bool:
+    return t.dtype in (torch.bfloat16, torch.float16)
+
+
+def in_float32(fn: Callable[[Tensor, Tensor], Tensor]) -> Callable[[Tensor, Tensor], Tensor]:
+    """fn for half-precision tensors, as users write it for torch.fft: computed in float32,
+    the result cast back to the input's dtype (differentiable: the grads come back cast down)."""
+    def upcast(u: Tensor, k: Tensor) -> Tensor:
+        return fn(u.float(), k.float()).to(u.dtype)
+    return upcast
+
+
 def _leaf(t: Tensor) -> Tensor:
     """A leaf requiring grad that shares the buffer's storage (no extra copy)."""
     return t.detach().requires_grad_(True)
@@ -135,20 +156,32 @@ def bind_function(fn: Callable[[Tensor, Tensor], Tensor]) -> Callable[..., Bound
     return bind
 
 
+def bind_torch_fft(fn: Callable[[Tensor, Tensor], Tensor]) -> Callable[..., Bound]:
+    """bind_function for a torch.fft computation: half-precision I/O is computed in float32
+    (chosen here, so that a float32 call runs fn itself)."""
+    def bind(u: Tensor, k: Tensor, training: bool) -> Bound:
+        return bind_function(in_float32(fn) if is_half(u) else fn)(u, k, training)
+    return bind
+
+
 def _bind_tuned(u: Tensor, k: Tensor, training: bool) -> Bound:
     if training:   # the filter spectrum needs a gradient, so it is computed per call
-        return bind_function(per_call_filter_fft_conv)(u, k, True)
+        return bind_torch_fft(per_call_filter_fft_conv)(u, k, True)
     L = u.shape[-1]
-    k_f = torch.fft.rfft(k, n=2 * L)   # the cached filter spectrum: outside the timed call
+    k_f = torch.fft.rfft(k.float(), n=2 * L)   # the cached filter spectrum: outside the timed call
+    if is_half(u):
+        return Bound(lambda: torch.fft.irfft(torch.fft.rfft(u.float(), n=2 * L) * k_f,
+                                             n=2 * L)[..., :L].to(u.dtype), (u, k))
     return Bound(lambda: torch.fft.irfft(torch.fft.rfft(u, n=2 * L) * k_f, n=2 * L)[..., :L],
                  (u, k))
 
 
 def _bind_compiled_reference() -> Callable[..., Bound]:
-    compiled: Dict[str, Callable] = {}
+    compiled: Dict[bool, Callable] = {}   # by half-precision I/O: the casts are in the graph
 
     def bind(u: Tensor, k: Tensor, training: bool) -> Bound:
-        if "fn" not in compiled:
+        half = is_half(u)
+        if half not in compiled:
             # Static shapes: each swept shape gets its own specialised graph (dynamo would
             # otherwise switch to a dynamic-shape graph at the second shape).
             try:
@@ -158,8 +191,9 @@ def _bind_compiled_reference() -> Callable[..., Bound]:
                         setattr(dynamo.config, knob, max(64, getattr(dynamo.config, knob)))
             except Exception:  # noqa: BLE001
                 pass
-            compiled["fn"] = torch.compile(reference_conv, dynamic=False)
-        return bind_function(compiled["fn"])(u, k, training)
+            compiled[half] = torch.compile(in_float32(reference_conv) if half else reference_conv,
+                                           dynamic=False)
+        return bind_function(compiled[half])(u, k, training)
     return bind
 
 
@@ -249,7 +283,14 @@ def as_method(conv: Convolution, train_step: Optional[str] = None) -> Method:
 
 
 def _nominal(backend: str, kernel: str) -> Describe:
-    return lambda u, k: {"backend": backend, "kernel": kernel, "precision": "fp32"}
+    def describe(u: Tensor, k: Tensor) -> Dict[str, Any]:
+        info = {"backend": backend, "kernel": kernel, "precision": "fp32"}
+        if is_half(u):
+            info["reason"] = (f"torch.fft transforms no bfloat16 (float16 only at powers of two, "
+                              f"on a GPU): the {dtype_name(u.dtype)} inputs are cast to float32 and y "
+                              f"back, as users write it")
+        return info
+    return describe
 
 
 def _torch_fft_flops(filter_fft_forward: bool) -> Flops:
@@ -271,7 +312,7 @@ def convolutions(device: str, *, compile: bool = False) -> List[Convolution]:
     library = fft_library(device)
     tuned = library.lower()
     convs = [
-        Convolution("reference", "reference", None, "reference_conv", bind_function(reference_conv),
+        Convolution("reference", "reference", None, "reference_conv", bind_torch_fft(reference_conv),
                     _nominal("torch.fft", f"{library} rfft+irfft, padded"), _torch_fft_flops(True)),
         Convolution(f"{tuned}-tuned", tuned, None, "tuned torch.fft", _bind_tuned,
                     _nominal("torch.fft", f"{library} rfft(n=2L) + cached filter spectrum"),

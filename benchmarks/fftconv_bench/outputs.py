@@ -26,7 +26,7 @@ CPU_NOTE = ("CPU FIGURES, NOT GPU ONES: no CUDA device was used, so this run tim
             "monarch_fftconv's CPU path (the backend column says which) against torch.fft on the "
             "host (time.perf_counter medians). These numbers say nothing about GPU performance.")
 
-CSV_FIELDS = ["shape", "B", "C", "L", "pass", "device", "method", "family", "entry", "train_step",
+CSV_FIELDS = ["shape", "B", "C", "L", "pass", "io_dtype", "device", "method", "family", "entry", "train_step",
               "backend", "kernel", "same_computation_as", "requested_precision", "precision",
               "status", "warmup_calls", "warmup_s", "warmup_settled",
               "median_ms", "q1_ms", "q3_ms", "iqr_ms", "min_ms", "max_ms",

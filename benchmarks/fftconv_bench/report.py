@@ -110,7 +110,7 @@ def format_table(rows: Sequence[Dict[str, Any]], max_spread: float) -> str:
     if not rows:
         return ""
     r0 = rows[0]
-    head = (f"{r0['shape']} (BxCxL, float32)  pass={r0['pass']}  reps={r0['reps']}  "
+    head = (f"{r0['shape']} (BxCxL, {r0.get('io_dtype', 'float32')})  pass={r0['pass']}  reps={r0['reps']}  "
             f"buffers={r0['n_buffers']}{' +L2 flush' if r0['l2_flush'] else ''}"
             f"{' (inputs cache-resident: --quick)' if r0.get('cache_resident_inputs') else ''}  "
             f"memory floor={format_value(r0['floor_ms'], '.4f')} ms")

@@ -12,8 +12,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from fftconv_bench import guard
-from fftconv_bench.cli import method_names
-from fftconv_bench.methods import Method, fft_library, make_methods, mf
+from fftconv_bench.cli import IO_DTYPES, method_names
+from fftconv_bench.methods import Method, dtype_name, fft_library, make_methods, mf
 from fftconv_bench.outputs import CPU_NOTE, RowLog, environment, plot, write_outputs
 from fftconv_bench.probes import EnergyMeter, count_kernel_launches, peak_extra_memory
 from fftconv_bench.report import Progress, RULE, format_table, header_lines
@@ -41,6 +41,7 @@ class Settings:
     flush_l2: bool
     seed: int
     max_spread: float                 # IQR / median above which a row is NOISY
+    io_dtype: torch.dtype = torch.float32   # of every tensor the methods take and return
 
     @property
     def pass_name(self) -> str:
@@ -70,16 +71,18 @@ def _random_input_sets(shape: Tuple[int, int, int], n_sets: int,
         u = torch.randn(B, C, L, generator=gen, device=device)
         k = torch.randn(C, L, generator=gen, device=device) / math.sqrt(L)
         g = torch.randn(B, C, L, generator=gen, device=device) if settings.backward else None
-        sets.append((u, k, g))
+        # Cast after drawing: every I/O dtype sees the same values, up to its rounding.
+        sets.append(tuple(t if t is None else t.to(settings.io_dtype) for t in (u, k, g)))
     return sets
 
 
 def prepare_shape(shape: Tuple[int, int, int], settings: Settings) -> ShapeInputs:
     B, C, L = shape
     device = settings.device
-    nbytes = guard.min_bytes(B, C, L, backward=settings.backward)
+    elem = settings.io_dtype.itemsize
+    nbytes = guard.min_bytes(B, C, L, backward=settings.backward, elem=elem)
     floor_s = nbytes / settings.copy_bw if settings.copy_bw > 0 else None
-    set_bytes = 4 * (B * C * L * (2 if settings.backward else 1) + C * L)
+    set_bytes = elem * (B * C * L * (2 if settings.backward else 1) + C * L)
     n_sets, need_flush = buffer_plan(set_bytes, cache_bytes(device))
     flush = None
     if settings.flush_l2 or (need_flush and not settings.quick):
@@ -88,7 +91,7 @@ def prepare_shape(shape: Tuple[int, int, int], settings: Settings) -> ShapeInput
     # True only when neither rotation nor a flush keeps the inputs out of the cache (--quick).
     resident = flush is None and n_sets * set_bytes < 2 * cache_bytes(device)
     common = {"B": B, "C": C, "L": L, "shape": f"{B}x{C}x{L}", "pass": settings.pass_name,
-              "device": device, "reps": settings.reps, "warmup": settings.warmup,
+              "io_dtype": dtype_name(settings.io_dtype), "device": device, "reps": settings.reps, "warmup": settings.warmup,
               "n_buffers": n_sets, "l2_flush": flush is not None,
               "cache_resident_inputs": resident, "min_bytes": nbytes,
               "floor_ms": floor_s * 1e3 if floor_s else None}
@@ -177,7 +180,8 @@ def measure_method(m: Method, inputs: ShapeInputs, settings: Settings) -> Dict[s
         calls = [m.build(u, k, g) for (u, k, g) in inputs.input_sets]
         row.update(guard.outputs_error(calls[0](), inputs.refs))
         info = _describe_into(row, m, u0, k0)   # again: a lazy kernel build may have run
-        row.update(guard.error_budget_fields(m.family, row.get("precision"), row.get("rel_err")))
+        row.update(guard.error_budget_fields(m.family, row.get("precision"), row.get("rel_err"),
+                                             settings.io_dtype))
         median_s = _time_into(row, calls, inputs, settings)
         row["flops"] = m.flops(row["B"], row["C"], row["L"], settings.backward, info)
         row["tflops"] = row["flops"] / median_s / 1e12 if row["flops"] else None
@@ -251,16 +255,25 @@ def _meta(args: argparse.Namespace, cfg: Dict[str, Any], env: Dict[str, Any], se
                                                "accumulated into .grad across reps"},
         "tolerance": {"atol": guard.ATOL, "rtol": guard.RTOL},
         "error_budgets": dict(guard.ERROR_BUDGETS),
+        "io_dtype": cfg["io_dtype"],
+        "io_rounding": {
+            "added_to_error_budgets": guard.IO_ROUNDING[settings.io_dtype],
+            "why": "y stored in a half-precision I/O dtype is rounded by up to half an ulp "
+                   "(relative 2^-8 bfloat16, 2^-11 float16) on top of the arithmetic's error"},
         "energy_note": (settings.energy.note if settings.energy
                         else "energy not requested (--energy)"),
         "gbps_definition": "compulsory bytes (min_bytes: u + k read, y written; with --backward "
-                           "also grad_y read, grad_u and grad_k written) / median time",
+                           "also grad_y read, grad_u and grad_k written; each element the I/O "
+                           "dtype's size) / median time",
         "flops_convention": (
             "torch.fft methods: 2.5*N*log2(N) per real FFT of N=2L points + 6 per complex multiply; "
             "monarch methods: explain()['flops'] (one forward call incl. the filter transform, "
             "so slightly high for the cached monarch-module; fwd+bwd only if explain gives "
             "'flops_backward')"),
-        "inputs": "u ~ N(0,1) (B,C,L) float32; k ~ N(0,1)/sqrt(L) (C,L) float32",
+        "inputs": "u ~ N(0,1) (B,C,L) float32; k ~ N(0,1)/sqrt(L) (C,L) float32"
+                  + ("" if cfg["io_dtype"] == "float32" else
+                     f"; both (and grad_y) cast to {cfg['io_dtype']}, the float64 reference "
+                     f"computed from the cast values"),
         "n_invalid": sum(r.get("validity") == "INVALID" for r in rows),
         "n_noisy": sum(r.get("validity") == "NOISY" for r in rows),
         "n_errors": sum(r["status"] != "ok" for r in rows)}
@@ -273,6 +286,10 @@ def _start(args: argparse.Namespace, cfg: Dict[str, Any]) -> Tuple[Dict[str, Any
     env["monarch_fftconv_version"] = getattr(mf, "__version__", None)
     env["fft_library"] = fft_library(device)   # what torch.fft runs here
     print("\n".join(header_lines(env, device)))
+    if cfg["io_dtype"] != "float32":
+        print(f"I/O dtype {cfg['io_dtype']}: u, k (and grad_y) drawn in float32 and cast to it; the "
+              f"float64 reference is computed from the cast values; torch.fft methods compute in "
+              f"float32 between casts; error budgets include y's rounding to it")
     if device == "cuda" and cfg["reps"] < 30 and not args.quick:
         print(f"warning: --reps {cfg['reps']} < 30: medians/IQRs will be noisy")
     copy_bytes = _copy_bytes(device, args.quick)
@@ -289,7 +306,7 @@ def _start(args: argparse.Namespace, cfg: Dict[str, Any]) -> Tuple[Dict[str, Any
                         warmup_seconds=cfg["warmup_seconds"], quick=args.quick,
                         backward=args.backward, copy_bw=copy_bw, energy=energy,
                         profile=not args.no_profile, flush_l2=args.flush_l2, seed=args.seed,
-                        max_spread=cfg["max_spread"])
+                        max_spread=cfg["max_spread"], io_dtype=IO_DTYPES[cfg["io_dtype"]])
     return env, settings, copy_bytes
 
 
