@@ -774,3 +774,110 @@ def test_float32_run_keeps_its_rows_as_before(bench, tmp_path):
     for r in res["rows"]:
         assert r["io_dtype"] == "float32" and r["reason"] is None
         assert r["min_bytes"] == bench.guard.min_bytes(r["B"], r["C"], r["L"], backward=False)
+
+
+# ---------------------------------------------------------------- the cudnn peer (issue #32)
+
+def cudnn_test_double(version=92600, refuse=None):
+    """A TEST DOUBLE of cuDNN's frontend module `cudnn`, never the real one: backend_version()
+    returns `version`, and ops.fft_causal_conv1d(x, weight) computes the causal convolution
+    y[t] = Σ_j weight[j]·x[t−j] with torch.fft on the CPU (raising `refuse` instead, if given),
+    so the benchmark's plumbing of the peer is tested without cuDNN."""
+    def fft_causal_conv1d(x, weight):
+        if refuse is not None:
+            raise refuse
+        assert x.dtype == weight.dtype and x.shape[-2] == weight.shape[0]
+        n = 2 * x.shape[-1]
+        y = torch.fft.irfft(torch.fft.rfft(x, n=n) * torch.fft.rfft(weight, n=n), n=n)
+        return y[..., :x.shape[-1]]
+    module = type(sys)("cudnn")
+    module.backend_version = lambda: version
+    module.ops = SimpleNamespace(fft_causal_conv1d=fft_causal_conv1d)
+    return module
+
+
+@pytest.fixture
+def cudnn_on_cpu(bench, monkeypatch):
+    """Lets the cudnn method run on the CPU; returns a function that installs a module as
+    `cudnn` (None: as if not installed)."""
+    monkeypatch.setattr(bench.methods, "CUDNN_DEVICES", ("cuda", "cpu"))
+
+    def install(module):
+        monkeypatch.setitem(sys.modules, "cudnn", module)
+    return install
+
+
+def _skip_lines(stdout, method):
+    """The lines saying that `method` (with others, or at one shape) was skipped."""
+    return [line for line in stdout.splitlines()
+            if line.startswith((f"{method}: skipped", f"{method}, ")) and ": skipped" in line]
+
+
+@pytest.mark.parametrize("module, why", [
+    (None, ["cudnn", "pip install nvidia-cudnn-cu13 nvidia-cudnn-frontend"]),
+    (cudnn_test_double(version=92500), ["cuDNN 9.25.0 is older than 9.26.0"]),
+    (SimpleNamespace(backend_version=lambda: 92600, ops=SimpleNamespace()), ["no cudnn.ops.fft_causal_conv1d"]),
+])
+def test_cudnn_that_cannot_load_is_one_skip_line_and_a_json_entry(bench, cudnn_on_cpu, tmp_path, capsys,
+                                                                  module, why):
+    cudnn_on_cpu(module)
+    res = bench.cli.main(["--quick", "--device", "cpu", "--no-plots", "--backward", "--methods",
+                          "reference,cudnn,cudnn.backward", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    (line,) = _skip_lines(out, "cudnn")
+    assert line.startswith("cudnn, cudnn.backward: skipped (") and all(w in line for w in why), line
+    assert [r["method"] for r in res["rows"]] == ["reference"]
+    meta = json.loads((tmp_path / "results.json").read_text())
+    assert [s["method"] for s in meta["skipped"]] == ["cudnn", "cudnn.backward"]
+    assert all(all(w in s["reason"] for w in why) for s in meta["skipped"])
+    assert meta["n_errors"] == 0
+
+
+def test_cudnn_on_a_cpu_run_is_skipped_and_the_run_goes_on(bench, tmp_path, capsys):
+    """The default method set holds cudnn; on the CPU it is skipped, with the reason."""
+    assert "cudnn" in [m.name for m in bench.methods.make_methods("cpu")]
+    res = bench.cli.main(["--quick", "--device", "cpu", "--no-plots", "--out", str(tmp_path)])
+    assert _skip_lines(capsys.readouterr().out, "cudnn") == [
+        "cudnn: skipped (cuDNN runs on CUDA devices only, this run is on cpu)"]
+    assert "cudnn" not in {r["method"] for r in res["rows"]}
+    assert all(r["status"] == "ok" for r in res["rows"])
+
+
+def test_cudnn_rows_are_measured_and_validated_like_any_other(bench, cudnn_on_cpu, tmp_path):
+    """With the test double loaded, cudnn takes part by default, and its rows carry timings,
+    errors against float64 (y and both grads), the first call left out, no error budget (not
+    this package's)."""
+    cudnn_on_cpu(cudnn_test_double())
+    by = {m.name: m for m in bench.methods.make_methods("cpu", backward=True)}
+    assert by["cudnn"].unavailable is None and by["cudnn.backward"].unavailable is None
+    res = bench.cli.main(["--quick", "--device", "cpu", "--no-plots", "--backward", "--methods",
+                          "reference,cudnn,cudnn.backward", "--out", str(tmp_path)])
+    rows = {r["method"]: r for r in res["rows"]}
+    for name in ("cudnn", "cudnn.backward"):
+        r = rows[name]
+        _check_row(r, backward=True)
+        assert r["status"] == "ok" and r["family"] == "cudnn" and r["backend"] == "cuDNN"
+        assert r["rel_err"] < 1e-5 and r["grad_u_rel_err"] < 1e-5 and r["grad_k_rel_err"] < 1e-5
+        assert bench.guard.is_accurate(r) and r["error_budget"] is None
+        assert r["first_call_s"] > 0 and "JIT" in r["first_call_excluded"]
+    assert json.loads((tmp_path / "results.json").read_text())["skipped"] == []
+
+
+def test_cudnn_that_refuses_a_shape_is_skipped_there(bench, cudnn_on_cpu, tmp_path, capsys):
+    cudnn_on_cpu(cudnn_test_double(refuse=ValueError("kernel_size 256 not supported")))
+    res = bench.cli.main(["--quick", "--device", "cpu", "--no-plots", "--methods", "reference,cudnn",
+                          "--out", str(tmp_path)])
+    assert [r["method"] for r in res["rows"]] == ["reference"] and res["rows"][0]["status"] == "ok"
+    (line,) = _skip_lines(capsys.readouterr().out, "cudnn")
+    assert "1x2x256" in line and "kernel_size 256 not supported" in line
+    (skip,) = json.loads((tmp_path / "results.json").read_text())["skipped"]
+    assert skip["method"] == "cudnn" and skip["shape"] == "1x2x256" and "ValueError" in skip["reason"]
+
+
+def test_other_methods_that_fail_their_first_call_stay_error_rows(bench, tmp_path, monkeypatch):
+    """Only a peer marked skip_rejected turns a refused call into a skip."""
+    monkeypatch.setattr(bench.methods, "per_call_filter_fft_conv", lambda u, k: 1 / 0)
+    res = bench.cli.main(["--quick", "--device", "cpu", "--no-plots", "--backward", "--methods",
+                          _tuned("cpu"), "--out", str(tmp_path)])
+    assert res["rows"][0]["status"] == "error" and "ZeroDivisionError" in res["rows"][0]["error"]
+    assert json.loads((tmp_path / "results.json").read_text())["skipped"] == []

@@ -18,6 +18,13 @@ float32 by default, and return y in it; the inputs are drawn in float32 and cast
   monarch-module     monarch_fftconv.FFTConv (package-default precision) inside an
                      inference_cache() block, which computes the filter spectrum once: the
                      like-for-like rival of cufft-tuned.
+  cudnn              the production peer (issue #32): cuDNN's FFT causal convolution,
+                     cudnn.ops.fft_causal_conv1d(u, k) of nvidia-cudnn-frontend (cuDNN >= 9.26,
+                     CUDA only, differentiable), the tensors in the I/O dtype as they are. Its
+                     first call per shape JIT-compiles (8-42 s): made before the warm-up, timed
+                     apart (first_call_s), left out of the medians. Where it cannot load (no
+                     module, too old a cuDNN, a CPU run) the run prints one line saying why and
+                     lists it in the JSON's `skipped`; a shape it refuses is skipped the same way.
 Rows that run the same code (entry point, backend and kernel: on a CPU every monarch[<p>]
 runs the same torch.fft code) are marked `same_computation_as` the first, get no speedup of
 their own in the table, and are drawn once in the plots.

@@ -15,6 +15,10 @@ Also the nominal flop count of the torch.fft methods; monarch methods take their
 monarch_fftconv.explain(). Rows are named for what runs on the device: torch.fft is cuFFT on a
 GPU, MKL or pocketfft on the host (fft_library), so the tuned torch.fft method is `cufft-tuned`
 on a GPU and e.g. `mkl-tuned` on a CPU.
+
+A peer that cannot run here (`cudnn` without cuDNN >= 9.26 and its frontend, or on a CPU) is a
+method with `unavailable` set, which the run reports as skipped, one line and a JSON entry,
+instead of measuring it; one whose library rejects a shape's first call is skipped at that shape.
 """
 from __future__ import annotations
 
@@ -65,6 +69,9 @@ class Method:
     describe: Describe
     flops: Flops
     train_step: Optional[str] = None   # None (forward) or a key of TRAIN_STEPS
+    unavailable: Optional[str] = None  # why it cannot run in this run (then skipped, with this)
+    first_call: Optional[str] = None   # what its first call does that later ones don't (timed apart)
+    skip_rejected: bool = False        # a first call its library refuses skips the shape, no error row
 
 
 @dataclasses.dataclass
@@ -84,6 +91,9 @@ class Convolution:
     bind: Callable[[Tensor, Tensor, bool], Bound]   # (u, k, training) -> Bound
     describe: Describe
     flops: Flops
+    unavailable: Optional[str] = None
+    first_call: Optional[str] = None
+    skip_rejected: bool = False
 
 
 # ----------------------------------------------------------------------------------- torch.fft
@@ -279,7 +289,8 @@ def as_method(conv: Convolution, train_step: Optional[str] = None) -> Method:
             return conv.bind(u, k, False).forward
         return make_step(conv.bind(u, k, True), grad_y)
     return Method(conv.name + suffix, conv.family, conv.precision, conv.entry, build,
-                  conv.describe, conv.flops, train_step)
+                  conv.describe, conv.flops, train_step, conv.unavailable, conv.first_call,
+                  conv.skip_rejected)
 
 
 def _nominal(backend: str, kernel: str) -> Describe:
@@ -322,17 +333,80 @@ def convolutions(device: str, *, compile: bool = False) -> List[Convolution]:
         convs.append(Convolution("compile-reference", "compile", None, "torch.compile(reference_conv)",
                                  _bind_compiled_reference(),
                                  _nominal("torch.compile", "inductor(reference)"),
-                                 _torch_fft_flops(True)))
+                                 _torch_fft_flops(True),
+                                 first_call="compiles the graph for the shape: made before the "
+                                            "warm-up, left out of every timing (first_call_s)"))
     for p in PRECISIONS:
         fftconv_p = (lambda p: lambda u, k: mf.fftconv(u, k, precision=p))(p)
         convs.append(Convolution(f"monarch[{p}]", "monarch", p, "monarch_fftconv.fftconv",
                                  bind_function(fftconv_p), _explain(p), _monarch_flops))
     convs.append(Convolution("monarch-module", "monarch", None, "monarch_fftconv.FFTConv",
                              _bind_module, _explain(None), _monarch_flops))
+    convs.append(cudnn_convolution(device))
     for p in TENSOR_CORE_PRECISIONS:
         convs.append(Convolution(f"monarch-tc[{p}]", "monarch", p, "monarch_fftconv.ops.fftconv_op",
                                  _bind_tensor_core(p), _describe_tensor_core(p), _monarch_flops))
     return convs
+
+
+# ----------------------------------------------------------------------------- cuDNN (issue #32)
+
+# The production peer: cuDNN's FFT causal convolution, y[t] = Σ_j weight[j]·x[t−j] over x (B, C, L)
+# and weight (C, K) of one dtype, through the frontend's torch wrapper (it pads lengths that are
+# not powers of two itself, and is differentiable by torch.autograd). cuDNN 9.26.0 is the first
+# with it; backend_version() encodes major·10000 + minor·100 + patch.
+CUDNN_MIN_VERSION = 92600
+CUDNN_INSTALL = "pip install nvidia-cudnn-cu13 nvidia-cudnn-frontend"
+CUDNN_DEVICES = ("cuda",)   # where cuDNN runs (a test widens it to run its CPU double)
+CUDNN_FIRST_CALL = ("JIT-compiles cuDNN's kernels for the shape (8-42 s): made before the warm-up, "
+                    "left out of every timing (first_call_s)")
+
+
+def cudnn_version_name(version: int) -> str:
+    """92600 -> '9.26.0'."""
+    return f"{version // 10000}.{version // 100 % 100}.{version % 100}"
+
+
+def load_cudnn(device: str) -> Tuple[Any, Optional[str]]:
+    """(cuDNN's frontend module, None) when it can run the FFT causal convolution on `device`,
+    else (None, why not): never raises, so that a missing peer costs a line, not the run."""
+    if device not in CUDNN_DEVICES:
+        return None, f"cuDNN runs on CUDA devices only, this run is on {device}"
+    try:
+        import cudnn
+    except ImportError as e:   # "No module named 'cudnn'"
+        return None, f"{str(e)[:1].lower()}{str(e)[1:]}; {CUDNN_INSTALL}"
+    except Exception as e:  # noqa: BLE001 -- e.g. a libcudnn the module cannot load
+        return None, f"import cudnn failed ({type(e).__name__}: {e}); {CUDNN_INSTALL}"
+    try:
+        version = int(cudnn.backend_version())
+    except Exception as e:  # noqa: BLE001
+        return None, f"cudnn.backend_version() failed ({type(e).__name__}: {e}); {CUDNN_INSTALL}"
+    if version < CUDNN_MIN_VERSION:
+        return None, (f"cuDNN {cudnn_version_name(version)} is older than "
+                      f"{cudnn_version_name(CUDNN_MIN_VERSION)}, the first with the FFT causal "
+                      f"convolution; pip install -U nvidia-cudnn-cu13")
+    if not callable(getattr(getattr(cudnn, "ops", None), "fft_causal_conv1d", None)):
+        return None, ("this nvidia-cudnn-frontend has no cudnn.ops.fft_causal_conv1d; "
+                      "pip install -U nvidia-cudnn-frontend")
+    return cudnn, None
+
+
+def cudnn_convolution(device: str) -> Convolution:
+    """The cudnn method: cudnn.ops.fft_causal_conv1d(u, k) as a user calls it (the tensors in the
+    I/O dtype as they are), or, where cuDNN cannot run it, the method with why not."""
+    cudnn, unavailable = load_cudnn(device)
+
+    def bind(u: Tensor, k: Tensor, training: bool) -> Bound:
+        return bind_function(lambda x, weight: cudnn.ops.fft_causal_conv1d(x, weight))(u, k, training)
+
+    def describe(u: Tensor, k: Tensor) -> Dict[str, Any]:
+        version = cudnn_version_name(int(cudnn.backend_version())) if cudnn is not None else "?"
+        return {"backend": "cuDNN", "kernel": f"cudnn.ops.fft_causal_conv1d (cuDNN {version})",
+                "precision": None}
+    return Convolution("cudnn", "cudnn", None, "cudnn.ops.fft_causal_conv1d", bind, describe,
+                       lambda *args: None, unavailable=unavailable, first_call=CUDNN_FIRST_CALL,
+                       skip_rejected=True)
 
 
 # The tensor-core kernels themselves, through the op, which runs the precision it is given:
@@ -376,7 +450,8 @@ def make_methods(device: str, *, compile: bool = False, backward: bool = False,
                  only: Optional[Sequence[str]] = None) -> List[Method]:
     """All methods of a run on `device`, in table order (--methods `only` keeps that order):
     forward only, or with `backward` each convolution's training step by autograd.grad, then
-    all by y.backward with accumulation."""
+    all by y.backward with accumulation. A method that cannot run here is in the list, its
+    `unavailable` saying why: the run reports it as skipped."""
     convs = convolutions(device, compile=compile)
     if backward:
         methods = [as_method(c, step) for step in TRAIN_STEPS for c in convs]

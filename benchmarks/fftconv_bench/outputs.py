@@ -28,7 +28,7 @@ CPU_NOTE = ("CPU FIGURES, NOT GPU ONES: no CUDA device was used, so this run tim
 
 CSV_FIELDS = ["shape", "B", "C", "L", "pass", "io_dtype", "device", "method", "family", "entry", "train_step",
               "backend", "kernel", "same_computation_as", "requested_precision", "precision",
-              "status", "warmup_calls", "warmup_s", "warmup_settled",
+              "status", "warmup_calls", "warmup_s", "warmup_settled", "first_call_s",
               "median_ms", "q1_ms", "q3_ms", "iqr_ms", "min_ms", "max_ms",
               "latency_median_ms", "latency_q1_ms", "latency_q3_ms", "latency_iqr_ms",
               "latency_min_ms", "latency_max_ms", "reps", "n_buffers", "l2_flush",

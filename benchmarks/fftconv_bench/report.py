@@ -137,6 +137,15 @@ def format_table(rows: Sequence[Dict[str, Any]], max_spread: float) -> str:
     return "\n".join(out)
 
 
+def skip_lines(skipped: Sequence[Dict[str, Any]]) -> List[str]:
+    """One line per reason: the methods it keeps from running, e.g. 'cudnn, cudnn.backward:
+    skipped (no module named 'cudnn'; pip install ...)'."""
+    methods_by_reason: Dict[str, List[str]] = {}
+    for skip in skipped:
+        methods_by_reason.setdefault(skip["reason"], []).append(skip["method"])
+    return [f"{', '.join(methods)}: skipped ({reason})" for reason, methods in methods_by_reason.items()]
+
+
 def row_summary(row: Dict[str, Any]) -> str:
     """A finished row in a few words, for the progress line."""
     if row["status"] != "ok":
@@ -170,6 +179,15 @@ class Progress:
             self.bar.update(1)
         else:
             print(" " + row_summary(row), file=sys.stderr, flush=True)
+
+    def skip(self, line: str) -> None:
+        """The started method was skipped: `line` says why."""
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.write(line)
+        else:
+            print(" skipped", file=sys.stderr, flush=True)
+            print(line, flush=True)
 
     def write(self, text: str) -> None:
         if self.bar is not None:

@@ -1,11 +1,14 @@
 """One benchmark run: for each shape, random inputs and their float64 reference, then every
-method measured into one row (a failing method is an error row, not a crash); then the files."""
+method measured into one row (a failing method is an error row, not a crash; one that cannot run
+here, or whose library rejects the shape, is skipped: a line and an entry of the JSON's
+`skipped`); then the files."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import math
 import os
+import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -16,14 +19,18 @@ from fftconv_bench.cli import IO_DTYPES, method_names
 from fftconv_bench.methods import Method, dtype_name, fft_library, make_methods, mf
 from fftconv_bench.outputs import CPU_NOTE, RowLog, environment, plot, write_outputs
 from fftconv_bench.probes import EnergyMeter, count_kernel_launches, peak_extra_memory
-from fftconv_bench.report import Progress, RULE, format_table, header_lines
+from fftconv_bench.report import Progress, RULE, format_table, header_lines, skip_lines
 from fftconv_bench.timing import (SETTLE_TOLERANCE, WARMUP_MAX_SECONDS, WARMUP_WINDOW,
                                   OtherLoad, buffer_plan, cache_bytes, copy_bandwidth, flush_bytes,
-                                  milliseconds, relative_gap, spread, summarize,
+                                  milliseconds, relative_gap, spread, summarize, synchronize,
                                   time_back_to_back, time_per_call_latency, warm_up)
 
 Tensor = torch.Tensor
 InputSet = Tuple[Tensor, Tensor, Optional[Tensor]]   # (u, k, grad_y or None)
+
+
+class MethodSkipped(Exception):
+    """The method's library refused the shape's first call: a skip, not an error row."""
 
 
 @dataclasses.dataclass
@@ -170,15 +177,33 @@ def _probe_into(row: Dict[str, Any], calls: Sequence[Callable[[], Any]], median_
         row["energy_mj"] = settings.energy.per_call_mj(calls, median_s)
 
 
+def _first_call(row: Dict[str, Any], m: Method, call: Callable[[], Any], device: str) -> Any:
+    """The first call, whose outputs are validated, outside every timing. Where it does more
+    than later calls (m.first_call: compilation), its time is recorded and the row says it was
+    left out; where the method's library refuses it (m.skip_rejected), MethodSkipped."""
+    start = time.perf_counter()
+    try:
+        outputs = call()
+        synchronize(device)
+    except Exception as e:  # noqa: BLE001
+        if m.skip_rejected:
+            raise MethodSkipped(f"{type(e).__name__}: {e}".strip()[:300]) from e
+        raise
+    if m.first_call:
+        row.update(first_call_s=time.perf_counter() - start, first_call_excluded=m.first_call)
+    return outputs
+
+
 def measure_method(m: Method, inputs: ShapeInputs, settings: Settings) -> Dict[str, Any]:
-    """One row: description, error vs float64, timings, floor check, flops, probes."""
+    """One row: description, error vs float64, timings, floor check, flops, probes. Raises
+    MethodSkipped where the method's library refuses the shape."""
     row = dict(inputs.common, method=m.name, family=m.family, entry=m.entry,
                train_step=m.train_step, requested_precision=m.precision, status="ok", error=None)
     u0, k0, _ = inputs.input_sets[0]
     try:
         _describe_into(row, m, u0, k0)
         calls = [m.build(u, k, g) for (u, k, g) in inputs.input_sets]
-        row.update(guard.outputs_error(calls[0](), inputs.refs))
+        row.update(guard.outputs_error(_first_call(row, m, calls[0], settings.device), inputs.refs))
         info = _describe_into(row, m, u0, k0)   # again: a lazy kernel build may have run
         row.update(guard.error_budget_fields(m.family, row.get("precision"), row.get("rel_err"),
                                              settings.io_dtype))
@@ -187,6 +212,8 @@ def measure_method(m: Method, inputs: ShapeInputs, settings: Settings) -> Dict[s
         row["tflops"] = row["flops"] / median_s / 1e12 if row["flops"] else None
         _probe_into(row, calls, median_s, settings)
         del calls
+    except MethodSkipped:
+        raise
     except Exception as e:  # noqa: BLE001 -- a failing method is a row, not a crash
         row["status"] = "error"
         row["error"] = f"{type(e).__name__}: {e}".strip()[:500]
@@ -197,15 +224,25 @@ def measure_method(m: Method, inputs: ShapeInputs, settings: Settings) -> Dict[s
 
 
 def run_shape(shape: Tuple[int, int, int], methods: Sequence[Method], settings: Settings,
-              progress: Progress, log: RowLog) -> List[Dict[str, Any]]:
+              progress: Progress, log: RowLog,
+              skipped: Optional[List[Dict[str, Any]]] = None) -> List[Dict[str, Any]]:
     """Every method on one shape; each row logged as soon as it is done (the reference comes
     first, so a logged row already carries its speedup; the rows a row's computation is
-    compared with come before it)."""
+    compared with come before it). A method whose library refuses the shape is printed and
+    appended to `skipped` instead."""
     inputs = prepare_shape(shape, settings)
     rows: List[Dict[str, Any]] = []
     for m in methods:
         progress.start(f"{inputs.common['shape']} {settings.pass_name} {m.name}")
-        rows.append(measure_method(m, inputs, settings))
+        try:
+            rows.append(measure_method(m, inputs, settings))
+        except MethodSkipped as refused:
+            skip = {"method": m.name, "shape": inputs.common["shape"],
+                    "reason": f"its library refused the call: {refused}"}
+            if skipped is not None:
+                skipped.append(skip)
+            progress.skip(f"{m.name}: skipped at {skip['shape']} ({skip['reason']})")
+            continue
         guard.assign_speedups(rows)
         guard.mark_same_computations(rows)
         log.add(rows[-1])
@@ -224,7 +261,8 @@ def _copy_bytes(device: str, quick: bool) -> int:
 
 
 def _meta(args: argparse.Namespace, cfg: Dict[str, Any], env: Dict[str, Any], settings: Settings,
-          copy_bytes: int, rows: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+          copy_bytes: int, rows: Sequence[Dict[str, Any]],
+          skipped: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     return {
         "benchmark": "bench_cufft", **env, "args": dict(vars(args)),
         "shapes": [list(shape) for shape in cfg["shapes"]], "reps": cfg["reps"],
@@ -276,11 +314,14 @@ def _meta(args: argparse.Namespace, cfg: Dict[str, Any], env: Dict[str, Any], se
                      f"computed from the cast values"),
         "n_invalid": sum(r.get("validity") == "INVALID" for r in rows),
         "n_noisy": sum(r.get("validity") == "NOISY" for r in rows),
-        "n_errors": sum(r["status"] != "ok" for r in rows)}
+        "n_errors": sum(r["status"] != "ok" for r in rows),
+        "skipped": list(skipped)}
 
 
-def _start(args: argparse.Namespace, cfg: Dict[str, Any]) -> Tuple[Dict[str, Any], Settings, int]:
-    """Environment, copy bandwidth and energy meter, with the header printed as they come."""
+def _start(args: argparse.Namespace, cfg: Dict[str, Any],
+           skipped: Sequence[Dict[str, Any]]) -> Tuple[Dict[str, Any], Settings, int]:
+    """Environment, copy bandwidth and energy meter, with the header printed as they come (the
+    methods skipped in this run among it, one line per reason)."""
     device = cfg["device"]
     env = environment(device)
     env["monarch_fftconv_version"] = getattr(mf, "__version__", None)
@@ -301,6 +342,8 @@ def _start(args: argparse.Namespace, cfg: Dict[str, Any]) -> Tuple[Dict[str, Any
     energy = EnergyMeter(device) if args.energy else None
     if energy is not None:
         print(energy.note)
+    for line in skip_lines(skipped):
+        print(line)
     print(RULE, flush=True)
     settings = Settings(device=device, reps=cfg["reps"], warmup=cfg["warmup"],
                         warmup_seconds=cfg["warmup_seconds"], quick=args.quick,
@@ -333,14 +376,16 @@ def run(args: argparse.Namespace, cfg: Dict[str, Any]) -> Dict[str, Any]:
     torch.manual_seed(args.seed)
     methods = make_methods(cfg["device"], compile=args.compile, backward=args.backward,
                            only=method_names(args.methods))
-    env, settings, copy_bytes = _start(args, cfg)
+    skipped = [{"method": m.name, "reason": m.unavailable} for m in methods if m.unavailable]
+    methods = [m for m in methods if not m.unavailable]
+    env, settings, copy_bytes = _start(args, cfg, skipped)
     log = RowLog(args.out)
     print(f"rows are written to {log.jsonl_path} and {log.csv_path} as they finish", flush=True)
     progress = Progress(len(cfg["shapes"]) * len(methods))
     rows: List[Dict[str, Any]] = []
     try:
         for shape in cfg["shapes"]:
-            shape_rows = run_shape(shape, methods, settings, progress, log)
+            shape_rows = run_shape(shape, methods, settings, progress, log, skipped)
             rows.extend(shape_rows)
             progress.write("\n" + format_table(shape_rows, settings.max_spread) + "\n")
     except KeyboardInterrupt:
@@ -349,4 +394,4 @@ def run(args: argparse.Namespace, cfg: Dict[str, Any]) -> Dict[str, Any]:
         raise
     finally:
         progress.close()
-    return _finish(args, _meta(args, cfg, env, settings, copy_bytes, rows), rows)
+    return _finish(args, _meta(args, cfg, env, settings, copy_bytes, rows, skipped), rows)
