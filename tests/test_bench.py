@@ -712,16 +712,16 @@ def test_half_io_inputs_are_the_float32_draw_cast_and_the_reference_uses_them(be
     shape = (2, 3, 64)
     single = bench.runner.prepare_shape(shape, _settings(bench, backward=True))
     half = bench.runner.prepare_shape(shape, _settings(bench, backward=True, io_dtype=io_dtype))
-    for drawn, cast in zip(single.input_sets[0], half.input_sets[0]):
+    for drawn, cast in zip(single.input_sets[0][:3], half.input_sets[0][:3]):
         assert cast.dtype == io_dtype and torch.equal(cast, drawn.to(io_dtype))
-    u, k, g = half.input_sets[0]
+    u, k, g, _ = half.input_sets[0]
     u64, k64 = u.double().requires_grad_(), k.double().requires_grad_()
     y64 = bench.methods.reference_conv(u64, k64)
     grad_u, grad_k = torch.autograd.grad(y64, (u64, k64), g.double())
-    y_ref, grad_u_ref, grad_k_ref = half.refs
-    assert torch.equal(y_ref, y64.detach()) and torch.equal(grad_u_ref, grad_u)
-    assert torch.equal(grad_k_ref, grad_k)
-    assert not torch.equal(y_ref, single.refs[0])   # the input rounding is in the reference
+    assert list(half.refs) == ["y", "u", "k"]
+    assert torch.equal(half.refs["y"], y64.detach()) and torch.equal(half.refs["u"], grad_u)
+    assert torch.equal(half.refs["k"], grad_k)
+    assert not torch.equal(half.refs["y"], single.refs["y"])   # the input rounding is in the reference
     assert half.min_bytes == bench.guard.min_bytes(*shape, backward=True, elem=2) == single.min_bytes // 2
     assert half.common["io_dtype"] == str(io_dtype).removeprefix("torch.")
 
@@ -876,8 +876,149 @@ def test_cudnn_that_refuses_a_shape_is_skipped_there(bench, cudnn_on_cpu, tmp_pa
 
 def test_other_methods_that_fail_their_first_call_stay_error_rows(bench, tmp_path, monkeypatch):
     """Only a peer marked skip_rejected turns a refused call into a skip."""
-    monkeypatch.setattr(bench.methods, "per_call_filter_fft_conv", lambda u, k: 1 / 0)
+    monkeypatch.setattr(bench.methods, "per_call_spectrum_operator", lambda u, k: 1 / 0)
     res = bench.cli.main(["--quick", "--device", "cpu", "--no-plots", "--backward", "--methods",
                           _tuned("cpu"), "--out", str(tmp_path)])
     assert res["rows"][0]["status"] == "error" and "ZeroDivisionError" in res["rows"][0]["error"]
     assert json.loads((tmp_path / "results.json").read_text())["skipped"] == []
+
+
+# ---------------------------------------------------------------- operators (issue #30, --operator)
+
+def test_operator_option_and_flashfftconv_preset(bench):
+    assert bench.cli.resolve_config(bench.cli.parse_args(["--device", "cpu"]))["operator"] == "plain"
+    cfg = bench.cli.resolve_config(bench.cli.parse_args(
+        ["--device", "cpu", "--preset", "flashfftconv", "--operator", "gated", "--io-dtype", "float16"]))
+    assert cfg["shapes"] == [(64, 768, 8192)] and cfg["operator"] == "gated"
+    from monarch_fftconv.planner import plan_for
+    assert plan_for(8192).fft_size == 16384   # FlashFFTConv's FFT size there
+    with pytest.raises(SystemExit, match="C=8 is not a multiple of 16"):
+        bench.cli.resolve_config(bench.cli.parse_args(["--device", "cpu", "--operator", "grouped",
+                                                       "--shapes", "1x32x64,1x8x64"]))
+    with pytest.raises(SystemExit):
+        bench.cli.parse_args(["--operator", "gelu"])
+
+
+def _direct_operator(u, k, D=None, pregate=None, postgate=None):
+    """fftconv's definition summed term by term in float64 (tiny sizes only): channel c takes
+    filter c // (C // G); a bidirectional filter adds Σ_s k[g, 1, s]·x[t+s]."""
+    x = u if pregate is None else pregate * u
+    C, L = x.shape[-2:]
+    y = torch.zeros_like(x)
+    for c in range(C):
+        taps = k[c // (C // k.shape[0])]
+        for t in range(L):
+            for s in range(L):
+                if k.dim() == 2:
+                    y[..., c, t] += taps[s] * x[..., c, t - s] if s <= t else 0
+                else:
+                    y[..., c, t] += (taps[0, s] * x[..., c, t - s] if s <= t else 0) + (
+                        taps[1, s] * x[..., c, t + s] if t + s < L else 0)
+    if D is not None:
+        y = y + D.unsqueeze(-1) * x
+    return y if postgate is None else postgate * y
+
+
+@pytest.mark.parametrize("name", ["plain", "gated", "grouped", "bidirectional"])
+def test_every_operator_form_matches_its_definition(bench, name):
+    """The float64 reference (guard.float64_operator) and the methods' torch.fft forms (the
+    reference's, written as users write them, and the tuned spectrum form) against the
+    definition summed term by term."""
+    operator = bench.runner.OPERATORS[name]
+    gen = torch.Generator().manual_seed(0)
+    B, C, L = 2, 32, 12
+
+    def randn(*size):
+        return torch.randn(*size, generator=gen, dtype=torch.float64)
+    u, k = randn(B, C, L), randn(*operator.filter_shape(C, L))
+    terms = {t: randn(C) if t == "D" else randn(B, C, L) for t in operator.terms}
+    want = _direct_operator(u, k, **terms)
+    m = bench.methods
+    got = {"float64_operator": bench.guard.float64_operator(u, k, **terms),
+           "reference_operator": m.reference_operator(u, k, **terms),
+           "spectrum_operator": m.spectrum_operator(u, m.filter_spectrum(k, 2 * L), **terms)}
+    for form, y in got.items():
+        torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12, msg=form)
+
+
+def test_min_bytes_of_the_operators(bench):
+    """Compulsory bytes, counted by hand for B=1, C=16, L=8 (128 elements of u)."""
+    min_bytes = bench.guard.min_bytes
+    op = bench.runner.OPERATORS
+    # gated forward: u, pregate, postgate read, y written; k (16x8) and D (16) read
+    assert min_bytes(1, 16, 8, backward=False, **op["gated"].traffic(16)) == 4 * (4 * 128 + 128 + 16)
+    # gated backward: also grad_y read, grad_u and both gates' grads written; grad_k, grad_D
+    assert min_bytes(1, 16, 8, backward=True, **op["gated"].traffic(16)) == 4 * (8 * 128 + 2 * (128 + 16))
+    # grouped: one filter row of 8 for the 16 channels; bidirectional: 2 x 16 rows; fp16 I/O
+    assert min_bytes(1, 16, 8, backward=False, **op["grouped"].traffic(16)) == 4 * (2 * 128 + 8)
+    assert min_bytes(1, 16, 8, backward=False, elem=2, **op["bidirectional"].traffic(16)) == 2 * (2 * 128 + 256)
+    assert op["plain"].traffic(16) == {"filter_rows": 16, "gates": 0, "skip": False}
+
+
+@pytest.mark.parametrize("name, skipped", [
+    ("gated", {"monarch-module", "cudnn"}), ("grouped", {"cudnn"}), ("bidirectional", {"cudnn"})])
+def test_quick_cpu_run_of_each_operator(bench, tmp_path, monkeypatch, capsys, name, skipped):
+    """Each method with a form of the operator computes it, checked against float64 with the
+    grads of every differentiable input; monarch[p] hands fftconv the terms; the others are
+    skipped, one line each."""
+    calls = []
+    real_fftconv = bench.methods.mf.fftconv
+
+    def spy(u, k, **kwargs):
+        calls.append((tuple(k.shape), set(kwargs)))
+        return real_fftconv(u, k, **kwargs)
+    monkeypatch.setattr(bench.methods.mf, "fftconv", spy)
+    res = bench.cli.main(["--quick", "--device", "cpu", "--no-plots", "--backward", "--operator", name,
+                          "--shapes", "2x32x128", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    operator = bench.runner.OPERATORS[name]
+    assert calls and {shape for shape, _ in calls} == {operator.filter_shape(32, 128)}
+    expected_kwargs = {"precision", *operator.terms} | ({"bidirectional"} if operator.bidirectional else set())
+    assert {frozenset(kwargs) for _, kwargs in calls} == {frozenset(expected_kwargs)}
+    measured = {r["method"] for r in res["rows"]}
+    for method in skipped:
+        (line,) = _skip_lines(out, method)
+        assert f"no --operator {name} form" in line and method not in measured
+    assert {"reference", _tuned("cpu"), "monarch[fp32]", "monarch[bf16]"} <= measured
+    grads = ["u", "k", *operator.terms]
+    for r in res["rows"]:
+        assert r["status"] == "ok" and r["operator"] == name, r.get("error")
+        assert bench.guard.grad_names(r) == grads and bench.guard.is_accurate(r), r["method"]
+        assert r["rel_err"] < 1e-5 and all(r[f"grad_{g}_rel_err"] < 1e-5 for g in grads), r["method"]
+        assert r["min_bytes"] == bench.guard.min_bytes(2, 32, 128, backward=True, **operator.traffic(32))
+    assert f"operator={name}" in out
+    meta = json.loads((tmp_path / "results.json").read_text())
+    assert meta["operator"] == name and meta["operator_definition"] == operator.definition
+
+
+def test_a_wrong_operator_or_gradient_is_caught(bench, tmp_path, monkeypatch):
+    """A method that leaves out the postgate fails allclose on y; one whose pregate gets no
+    gradient (0 ⊙ pregate in the graph) keeps y right and fails on grad_pregate alone."""
+    real_fftconv = bench.methods.mf.fftconv
+
+    def no_postgate(u, k, postgate=None, **kwargs):
+        return real_fftconv(u, k, **kwargs)
+
+    def pregate_without_gradient(u, k, pregate=None, **kwargs):
+        return real_fftconv(u, k, pregate=pregate.detach() + 0 * pregate, **kwargs)
+    argv = ["--quick", "--device", "cpu", "--no-plots", "--operator", "gated", "--methods",
+            "monarch[fp32]", "--shapes", "1x16x64", "--out", str(tmp_path)]
+    monkeypatch.setattr(bench.methods.mf, "fftconv", no_postgate)
+    (row,) = bench.cli.main(argv)["rows"]
+    assert row["status"] == "ok" and not row["allclose"] and not bench.guard.is_accurate(row)
+    monkeypatch.setattr(bench.methods.mf, "fftconv", pregate_without_gradient)
+    (row,) = bench.cli.main(argv + ["--backward"])["rows"]
+    assert row["allclose"] and row["rel_err"] < 1e-5 and row["grad_u_allclose"]
+    assert not row["grad_pregate_allclose"] and not bench.guard.is_accurate(row)
+
+
+def test_plain_operator_keeps_the_plain_methods(bench):
+    """--operator plain times what the benchmark timed before: the reference is reference_conv,
+    every method runs, and the torch.fft rows keep their flop counts."""
+    plain = {m.name: m for m in bench.methods.make_methods("cpu")}
+    assert plain["reference"].entry == "reference_conv" and plain["monarch-module"].unavailable is None
+    assert plain["reference"].flops(1, 2, 256, False, {}) == bench.methods.torch_fft_flops(
+        1, 2, 256, filter_fft=True, backward=False)
+    gated = {m.name: m for m in bench.methods.make_methods("cpu", operator=bench.runner.OPERATORS["gated"])}
+    assert gated["reference"].entry == "reference_operator"
+    assert gated["reference"].flops(1, 2, 256, False, {}) is None   # torch_fft_flops counts plain only

@@ -10,13 +10,14 @@ import math
 import os
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
 from fftconv_bench import guard
 from fftconv_bench.cli import IO_DTYPES, method_names
 from fftconv_bench.methods import Method, dtype_name, fft_library, make_methods, mf
+from fftconv_bench.operators import OPERATORS, PLAIN, Operator
 from fftconv_bench.outputs import CPU_NOTE, RowLog, environment, plot, write_outputs
 from fftconv_bench.probes import EnergyMeter, count_kernel_launches, peak_extra_memory
 from fftconv_bench.report import Progress, RULE, format_table, header_lines, skip_lines
@@ -26,7 +27,14 @@ from fftconv_bench.timing import (SETTLE_TOLERANCE, WARMUP_MAX_SECONDS, WARMUP_W
                                   time_back_to_back, time_per_call_latency, warm_up)
 
 Tensor = torch.Tensor
-InputSet = Tuple[Tensor, Tensor, Optional[Tensor]]   # (u, k, grad_y or None)
+
+
+class InputSet(NamedTuple):
+    """One set of a method's inputs, all in the I/O dtype."""
+    u: Tensor
+    k: Tensor                         # the operator's filter shape
+    grad_y: Optional[Tensor]          # with --backward
+    terms: Dict[str, Tensor]          # the operator's other inputs (gated: D, pregate, postgate)
 
 
 class MethodSkipped(Exception):
@@ -49,6 +57,7 @@ class Settings:
     seed: int
     max_spread: float                 # IQR / median above which a row is NOISY
     io_dtype: torch.dtype = torch.float32   # of every tensor the methods take and return
+    operator: Operator = PLAIN              # what is computed
 
     @property
     def pass_name(self) -> str:
@@ -69,27 +78,36 @@ class ShapeInputs:
 def _random_input_sets(shape: Tuple[int, int, int], n_sets: int,
                        settings: Settings) -> List[InputSet]:
     B, C, L = shape
-    device = settings.device
+    device, operator = settings.device, settings.operator
     # Generated on the device (a 64x768x8192 tensor takes seconds on the host).
     gen = torch.Generator(device=device).manual_seed(settings.seed + 1000003 * L + 1009 * C + B)
+
+    def randn(*size: int) -> Tensor:
+        return torch.randn(*size, generator=gen, device=device)
     sets = []
     for _ in range(n_sets):
         # u ~ N(0,1); k ~ N(0,1)/sqrt(L) so y = O(1), making atol=1e-2 meaningful.
-        u = torch.randn(B, C, L, generator=gen, device=device)
-        k = torch.randn(C, L, generator=gen, device=device) / math.sqrt(L)
-        g = torch.randn(B, C, L, generator=gen, device=device) if settings.backward else None
+        u = randn(B, C, L)
+        k = randn(*operator.filter_shape(C, L)) / math.sqrt(L)
+        g = randn(B, C, L) if settings.backward else None
+        # gated: D (C,) and the gates (u's shape), all ~ N(0,1)
+        terms = {name: randn(C) if name == "D" else randn(B, C, L) for name in operator.terms}
         # Cast after drawing: every I/O dtype sees the same values, up to its rounding.
-        sets.append(tuple(t if t is None else t.to(settings.io_dtype) for t in (u, k, g)))
+        sets.append(InputSet(u.to(settings.io_dtype), k.to(settings.io_dtype),
+                             None if g is None else g.to(settings.io_dtype),
+                             {name: t.to(settings.io_dtype) for name, t in terms.items()}))
     return sets
 
 
 def prepare_shape(shape: Tuple[int, int, int], settings: Settings) -> ShapeInputs:
     B, C, L = shape
     device = settings.device
-    elem = settings.io_dtype.itemsize
-    nbytes = guard.min_bytes(B, C, L, backward=settings.backward, elem=elem)
+    elem, traffic = settings.io_dtype.itemsize, settings.operator.traffic(C)
+    nbytes = guard.min_bytes(B, C, L, backward=settings.backward, elem=elem, **traffic)
     floor_s = nbytes / settings.copy_bw if settings.copy_bw > 0 else None
-    set_bytes = elem * (B * C * L * (2 if settings.backward else 1) + C * L)
+    # one input set: u, the gates and grad_y; the filters and D
+    set_bytes = elem * (B * C * L * (1 + traffic["gates"] + settings.backward)
+                        + L * traffic["filter_rows"] + C * traffic["skip"])
     n_sets, need_flush = buffer_plan(set_bytes, cache_bytes(device))
     flush = None
     if settings.flush_l2 or (need_flush and not settings.quick):
@@ -98,16 +116,18 @@ def prepare_shape(shape: Tuple[int, int, int], settings: Settings) -> ShapeInput
     # True only when neither rotation nor a flush keeps the inputs out of the cache (--quick).
     resident = flush is None and n_sets * set_bytes < 2 * cache_bytes(device)
     common = {"B": B, "C": C, "L": L, "shape": f"{B}x{C}x{L}", "pass": settings.pass_name,
-              "io_dtype": dtype_name(settings.io_dtype), "device": device, "reps": settings.reps, "warmup": settings.warmup,
+              "io_dtype": dtype_name(settings.io_dtype), "operator": settings.operator.name,
+              "device": device, "reps": settings.reps, "warmup": settings.warmup,
               "n_buffers": n_sets, "l2_flush": flush is not None,
               "cache_resident_inputs": resident, "min_bytes": nbytes,
               "floor_ms": floor_s * 1e3 if floor_s else None}
-    return ShapeInputs(input_sets, guard.float64_reference(*input_sets[0]), flush, floor_s,
-                       nbytes, common)
+    first = input_sets[0]
+    refs = guard.float64_reference(first.u, first.k, first.grad_y, **first.terms)
+    return ShapeInputs(input_sets, refs, flush, floor_s, nbytes, common)
 
 
-def _describe_into(row: Dict[str, Any], m: Method, u: Tensor, k: Tensor) -> Dict[str, Any]:
-    info = m.describe(u, k) or {}
+def _describe_into(row: Dict[str, Any], m: Method, inputs: InputSet) -> Dict[str, Any]:
+    info = m.describe(inputs.u, inputs.k, **inputs.terms) or {}
     row.update(backend=info.get("backend"), kernel=info.get("kernel"),
                precision=info.get("precision", m.precision), reason=info.get("reason"),
                fft_size=info.get("fft_size"), factors=info.get("factors"))
@@ -199,12 +219,11 @@ def measure_method(m: Method, inputs: ShapeInputs, settings: Settings) -> Dict[s
     MethodSkipped where the method's library refuses the shape."""
     row = dict(inputs.common, method=m.name, family=m.family, entry=m.entry,
                train_step=m.train_step, requested_precision=m.precision, status="ok", error=None)
-    u0, k0, _ = inputs.input_sets[0]
     try:
-        _describe_into(row, m, u0, k0)
-        calls = [m.build(u, k, g) for (u, k, g) in inputs.input_sets]
+        _describe_into(row, m, inputs.input_sets[0])
+        calls = [m.build(s.u, s.k, s.grad_y, **s.terms) for s in inputs.input_sets]
         row.update(guard.outputs_error(_first_call(row, m, calls[0], settings.device), inputs.refs))
-        info = _describe_into(row, m, u0, k0)   # again: a lazy kernel build may have run
+        info = _describe_into(row, m, inputs.input_sets[0])   # again: a lazy kernel build may have run
         row.update(guard.error_budget_fields(m.family, row.get("precision"), row.get("rel_err"),
                                              settings.io_dtype))
         median_s = _time_into(row, calls, inputs, settings)
@@ -288,7 +307,11 @@ def _meta(args: argparse.Namespace, cfg: Dict[str, Any], env: Dict[str, Any], se
             "same_computation_as": "the earlier row of the shape that runs the same code (same "
                                    "entry point, train_step, backend and kernel): the two times "
                                    "differ by noise alone; the plots draw such rows once"},
-        "train_steps": {"autograd.grad": "<method>: torch.autograd.grad(y, (u, k), g)",
+        "operator": cfg["operator"],
+        "operator_definition": settings.operator.definition,
+        "train_steps": {"autograd.grad": "<method>: torch.autograd.grad(y, (u, k), g)"
+                                         + ("" if not settings.operator.terms else
+                                            ", and the grads of D, pregate and postgate"),
                         "backward+accumulate": "<method>.backward: y.backward(g), grads "
                                                "accumulated into .grad across reps"},
         "tolerance": {"atol": guard.ATOL, "rtol": guard.RTOL},
@@ -308,9 +331,12 @@ def _meta(args: argparse.Namespace, cfg: Dict[str, Any], env: Dict[str, Any], se
             "monarch methods: explain()['flops'] (one forward call incl. the filter transform, "
             "so slightly high for the cached monarch-module; fwd+bwd only if explain gives "
             "'flops_backward')"),
-        "inputs": "u ~ N(0,1) (B,C,L) float32; k ~ N(0,1)/sqrt(L) (C,L) float32"
+        "inputs": f"u ~ N(0,1) (B,C,L) float32; k ~ N(0,1)/sqrt(L) "
+                  f"{settings.operator.filter_dims} float32"
+                  + ("" if not settings.operator.gated else
+                     "; D ~ N(0,1) (C,), pregate and postgate ~ N(0,1) (B,C,L) float32")
                   + ("" if cfg["io_dtype"] == "float32" else
-                     f"; both (and grad_y) cast to {cfg['io_dtype']}, the float64 reference "
+                     f"; all (and grad_y) cast to {cfg['io_dtype']}, the float64 reference "
                      f"computed from the cast values"),
         "n_invalid": sum(r.get("validity") == "INVALID" for r in rows),
         "n_noisy": sum(r.get("validity") == "NOISY" for r in rows),
@@ -328,9 +354,11 @@ def _start(args: argparse.Namespace, cfg: Dict[str, Any],
     env["fft_library"] = fft_library(device)   # what torch.fft runs here
     print("\n".join(header_lines(env, device)))
     if cfg["io_dtype"] != "float32":
-        print(f"I/O dtype {cfg['io_dtype']}: u, k (and grad_y) drawn in float32 and cast to it; the "
+        print(f"I/O dtype {cfg['io_dtype']}: every input (and grad_y) drawn in float32 and cast to it; the "
               f"float64 reference is computed from the cast values; torch.fft methods compute in "
               f"float32 between casts; error budgets include y's rounding to it")
+    if cfg["operator"] != "plain":
+        print(f"operator {cfg['operator']}: {OPERATORS[cfg['operator']].definition}")
     if device == "cuda" and cfg["reps"] < 30 and not args.quick:
         print(f"warning: --reps {cfg['reps']} < 30: medians/IQRs will be noisy")
     copy_bytes = _copy_bytes(device, args.quick)
@@ -349,7 +377,8 @@ def _start(args: argparse.Namespace, cfg: Dict[str, Any],
                         warmup_seconds=cfg["warmup_seconds"], quick=args.quick,
                         backward=args.backward, copy_bw=copy_bw, energy=energy,
                         profile=not args.no_profile, flush_l2=args.flush_l2, seed=args.seed,
-                        max_spread=cfg["max_spread"], io_dtype=IO_DTYPES[cfg["io_dtype"]])
+                        max_spread=cfg["max_spread"], io_dtype=IO_DTYPES[cfg["io_dtype"]],
+                        operator=OPERATORS[cfg["operator"]])
     return env, settings, copy_bytes
 
 
@@ -375,7 +404,7 @@ def run(args: argparse.Namespace, cfg: Dict[str, Any]) -> Dict[str, Any]:
     """The whole run for parsed args and their resolved config: {meta, rows, paths, plots}."""
     torch.manual_seed(args.seed)
     methods = make_methods(cfg["device"], compile=args.compile, backward=args.backward,
-                           only=method_names(args.methods))
+                           only=method_names(args.methods), operator=OPERATORS[cfg["operator"]])
     skipped = [{"method": m.name, "reason": m.unavailable} for m in methods if m.unavailable]
     methods = [m for m in methods if not m.unavailable]
     env, settings, copy_bytes = _start(args, cfg, skipped)
