@@ -11,8 +11,9 @@ question, with the run's date, device, sources and commands above them:
 - forward, L <= 8192 (N <= 16384, where every kernel family runs);
 - training step (forward + backward by torch.autograd.grad), every shape;
 - long sequences, forward, L > 8192 (N >= 32768: the fp32 radix and four-step kernels);
-- peers: methods neither of this package nor the reference (cufft-tuned, compile-reference),
-  beside `monarch[fp32]`, when the run has them.
+- peers: methods neither of this package nor the reference (cufft-tuned, compile-reference,
+  cudnn), beside `monarch[fp32]`, when the run has them; below them the methods the run
+  skipped, and why (e.g. cudnn where cuDNN could not be loaded).
 `benchmarks/run_gpu.sh` runs the forward, training-step and long-sequence benchmarks and
 copies their JSON into $OUT/bench_json/, the default here. The files given must be one run's:
 the same sources digest and device (the script refuses a mix).
@@ -249,6 +250,18 @@ def device_line(meta: Dict[str, Any]) -> str:
     return f"CPU ({meta.get('cpu')}, {meta.get('threads')} threads), torch {meta.get('torch_version')}"
 
 
+def skipped_lines(run: List[RunFile]) -> List[str]:
+    """The methods the run's files skipped and why, each once, as a markdown list."""
+    lines: List[str] = []
+    for f in run:
+        for skip in f.meta.get("skipped", []):
+            where = f" at {skip['shape']}" if skip.get("shape") else ""
+            line = f"- `{skip['method']}`{where}: {skip['reason']}"
+            if line not in lines:
+                lines.append(line)
+    return lines
+
+
 def render(run: List[RunFile]) -> str:
     """The block that goes between the markers, markers included."""
     first = run[0].meta
@@ -271,7 +284,8 @@ def render(run: List[RunFile]) -> str:
             "same shape and pass. Errors: relative L2 against float64 torch.fft on the same inputs; "
             "allclose(atol=1e-2, rtol=1e-2). `reference` is the plain torch.fft model, `monarch[p]` "
             "`fftconv(u, k, precision=p)`, `monarch-module` `FFTConv` with its cached filter spectrum, "
-            "`monarch-tc[p]` the tensor-core kernel itself through the op; the backend column says what ran."]
+            "`monarch-tc[p]` the tensor-core kernel itself through the op, `cudnn` cuDNN's FFT causal "
+            "convolution (`cudnn.ops.fft_causal_conv1d`); the backend column says what ran."]
     for heading, select, make in QUESTIONS:
         selected = select(rows)
         out += ["", f"#### {heading}", ""]
@@ -279,6 +293,9 @@ def render(run: List[RunFile]) -> str:
     peers = peer_rows(rows)
     out += ["", "#### Peers: other implementations beside the reference", ""]
     out += peers_table(peers, rows) if peers else ["None in this run."]
+    skipped = skipped_lines(run)
+    if skipped:
+        out += ["", "Skipped, not measured:", ""] + skipped
     out.append(END)
     return "\n".join(out)
 

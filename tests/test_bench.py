@@ -685,3 +685,340 @@ def test_gpu_timing_scripts_parse_their_options_on_the_cpu(script):
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "--shape" in proc.stdout and ("--flush-l2" in proc.stdout or "--profile" in proc.stdout)
+
+
+# ---------------------------------------------------------------- half-precision I/O (--io-dtype)
+
+def _settings(bench, **overrides):
+    """The run settings of a quick CPU run, without measuring anything."""
+    fields = dict(device="cpu", reps=3, warmup=1, warmup_seconds=0.0, quick=True, backward=False,
+                  copy_bw=1e10, energy=None, profile=False, flush_l2=False, seed=0, max_spread=0.25)
+    return bench.runner.Settings(**{**fields, **overrides})
+
+
+def test_io_dtype_option(bench):
+    assert bench.cli.resolve_config(bench.cli.parse_args(["--device", "cpu"]))["io_dtype"] == "float32"
+    cfg = bench.cli.resolve_config(bench.cli.parse_args(["--device", "cpu", "--io-dtype", "bfloat16"]))
+    assert cfg["io_dtype"] == "bfloat16" and bench.cli.IO_DTYPES["bfloat16"] is torch.bfloat16
+    with pytest.raises(SystemExit):
+        bench.cli.parse_args(["--io-dtype", "float64"])
+
+
+@pytest.mark.parametrize("io_dtype", [torch.bfloat16, torch.float16])
+def test_half_io_inputs_are_the_float32_draw_cast_and_the_reference_uses_them(bench, io_dtype):
+    """The same draw as a float32 run, cast; the float64 reference computed from the cast values
+    (not the float32 ones), so a method's error is its own arithmetic's; the memory floor at the
+    I/O dtype's element size."""
+    shape = (2, 3, 64)
+    single = bench.runner.prepare_shape(shape, _settings(bench, backward=True))
+    half = bench.runner.prepare_shape(shape, _settings(bench, backward=True, io_dtype=io_dtype))
+    for drawn, cast in zip(single.input_sets[0][:3], half.input_sets[0][:3]):
+        assert cast.dtype == io_dtype and torch.equal(cast, drawn.to(io_dtype))
+    u, k, g, _ = half.input_sets[0]
+    u64, k64 = u.double().requires_grad_(), k.double().requires_grad_()
+    y64 = bench.methods.reference_conv(u64, k64)
+    grad_u, grad_k = torch.autograd.grad(y64, (u64, k64), g.double())
+    assert list(half.refs) == ["y", "u", "k"]
+    assert torch.equal(half.refs["y"], y64.detach()) and torch.equal(half.refs["u"], grad_u)
+    assert torch.equal(half.refs["k"], grad_k)
+    assert not torch.equal(half.refs["y"], single.refs["y"])   # the input rounding is in the reference
+    assert half.min_bytes == bench.guard.min_bytes(*shape, backward=True, elem=2) == single.min_bytes // 2
+    assert half.common["io_dtype"] == str(io_dtype).removeprefix("torch.")
+
+
+def test_half_io_budget_adds_the_rounding_of_y(bench):
+    """y stored in bfloat16 is off by its rounding (~2^-9 relative): within fp32's budget plus
+    2^-8, not within fp32's alone."""
+    from monarch_fftconv.policy import ERROR_BUDGETS
+    rel_err = 2.0 ** -9
+    assert not bench.guard.error_budget_fields("monarch", "fp32", rel_err)["within_error_budget"]
+    fields = bench.guard.error_budget_fields("monarch", "fp32", rel_err, torch.bfloat16)
+    assert fields == {"error_budget": ERROR_BUDGETS["fp32"] + 2.0 ** -8, "within_error_budget": True}
+    fp16 = bench.guard.error_budget_fields("monarch", "fp32", rel_err, torch.float16)
+    assert fp16["error_budget"] == ERROR_BUDGETS["fp32"] + 2.0 ** -11 and not fp16["within_error_budget"]
+
+
+@pytest.mark.parametrize("io_dtype", ["bfloat16", "float16"])
+def test_quick_cpu_run_with_half_io(bench, tmp_path, monkeypatch, capsys, io_dtype):
+    """monarch[p] gets the half-precision tensors as they are; the torch.fft methods compute
+    in float32 between casts and say so; every row is within allclose and its budget (which
+    includes y's rounding); the JSON and the printed table name the I/O dtype."""
+    seen = []
+    real_fftconv = bench.methods.mf.fftconv
+
+    def spy(u, k, **kwargs):
+        seen.append((u.dtype, k.dtype))
+        return real_fftconv(u, k, **kwargs)
+    monkeypatch.setattr(bench.methods.mf, "fftconv", spy)
+    methods = f"reference,{_tuned('cpu')},monarch[fp32],monarch[bf16]"
+    res = bench.cli.main(["--quick", "--device", "cpu", "--no-plots", "--backward", "--io-dtype", io_dtype,
+                          "--methods", methods, "--out", str(tmp_path)])
+    dtype = bench.cli.IO_DTYPES[io_dtype]
+    assert seen and set(seen) == {(dtype, dtype)}
+    out = capsys.readouterr().out
+    assert f"(BxCxL, {io_dtype})" in out and f"I/O dtype {io_dtype}" in out
+    meta = json.loads((tmp_path / "results.json").read_text())
+    assert meta["io_dtype"] == io_dtype and meta["io_rounding"]["added_to_error_budgets"] > 0
+    for r in res["rows"]:
+        assert r["status"] == "ok" and r["io_dtype"] == io_dtype, r.get("error")
+        assert bench.guard.is_accurate(r) and r["rel_err"] < 2.0 ** -8
+        torch_fft = r["family"] != "monarch"
+        assert ("cast to float32" in (r["reason"] or "")) == torch_fft, r["method"]
+        if not torch_fft:
+            assert r["within_error_budget"] and r["error_budget"] > 2.0 ** -11
+
+
+def test_float32_run_keeps_its_rows_as_before(bench, tmp_path):
+    res = bench.cli.main(["--quick", "--device", "cpu", "--no-plots", "--methods", f"reference,{_tuned('cpu')}",
+                          "--out", str(tmp_path)])
+    for r in res["rows"]:
+        assert r["io_dtype"] == "float32" and r["reason"] is None
+        assert r["min_bytes"] == bench.guard.min_bytes(r["B"], r["C"], r["L"], backward=False)
+
+
+# ---------------------------------------------------------------- the cudnn peer (issue #32)
+
+def cudnn_test_double(version=92600, refuse=None):
+    """A TEST DOUBLE of cuDNN's frontend module `cudnn`, never the real one: backend_version()
+    returns `version`, and ops.fft_causal_conv1d(x, weight) computes the causal convolution
+    y[t] = Σ_j weight[j]·x[t−j] with torch.fft on the CPU (raising `refuse` instead, if given),
+    so the benchmark's plumbing of the peer is tested without cuDNN."""
+    def fft_causal_conv1d(x, weight):
+        if refuse is not None:
+            raise refuse
+        assert x.dtype == weight.dtype and x.shape[-2] == weight.shape[0]
+        n = 2 * x.shape[-1]
+        y = torch.fft.irfft(torch.fft.rfft(x, n=n) * torch.fft.rfft(weight, n=n), n=n)
+        return y[..., :x.shape[-1]]
+    module = type(sys)("cudnn")
+    module.backend_version = lambda: version
+    module.ops = SimpleNamespace(fft_causal_conv1d=fft_causal_conv1d)
+    return module
+
+
+@pytest.fixture
+def cudnn_on_cpu(bench, monkeypatch):
+    """Lets the cudnn method run on the CPU; returns a function that installs a module as
+    `cudnn` (None: as if not installed)."""
+    monkeypatch.setattr(bench.methods, "CUDNN_DEVICES", ("cuda", "cpu"))
+
+    def install(module):
+        monkeypatch.setitem(sys.modules, "cudnn", module)
+    return install
+
+
+def _skip_lines(stdout, method):
+    """The lines saying that `method` (with others, or at one shape) was skipped."""
+    return [line for line in stdout.splitlines()
+            if line.startswith((f"{method}: skipped", f"{method}, ")) and ": skipped" in line]
+
+
+@pytest.mark.parametrize("module, why", [
+    (None, ["cudnn", "pip install nvidia-cudnn-cu13 nvidia-cudnn-frontend"]),
+    (cudnn_test_double(version=92500), ["cuDNN 9.25.0 is older than 9.26.0"]),
+    (SimpleNamespace(backend_version=lambda: 92600, ops=SimpleNamespace()), ["no cudnn.ops.fft_causal_conv1d"]),
+])
+def test_cudnn_that_cannot_load_is_one_skip_line_and_a_json_entry(bench, cudnn_on_cpu, tmp_path, capsys,
+                                                                  module, why):
+    cudnn_on_cpu(module)
+    res = bench.cli.main(["--quick", "--device", "cpu", "--no-plots", "--backward", "--methods",
+                          "reference,cudnn,cudnn.backward", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    (line,) = _skip_lines(out, "cudnn")
+    assert line.startswith("cudnn, cudnn.backward: skipped (") and all(w in line for w in why), line
+    assert [r["method"] for r in res["rows"]] == ["reference"]
+    meta = json.loads((tmp_path / "results.json").read_text())
+    assert [s["method"] for s in meta["skipped"]] == ["cudnn", "cudnn.backward"]
+    assert all(all(w in s["reason"] for w in why) for s in meta["skipped"])
+    assert meta["n_errors"] == 0
+
+
+def test_cudnn_on_a_cpu_run_is_skipped_and_the_run_goes_on(bench, tmp_path, capsys):
+    """The default method set holds cudnn; on the CPU it is skipped, with the reason."""
+    assert "cudnn" in [m.name for m in bench.methods.make_methods("cpu")]
+    res = bench.cli.main(["--quick", "--device", "cpu", "--no-plots", "--out", str(tmp_path)])
+    assert _skip_lines(capsys.readouterr().out, "cudnn") == [
+        "cudnn: skipped (cuDNN runs on CUDA devices only, this run is on cpu)"]
+    assert "cudnn" not in {r["method"] for r in res["rows"]}
+    assert all(r["status"] == "ok" for r in res["rows"])
+
+
+def test_cudnn_rows_are_measured_and_validated_like_any_other(bench, cudnn_on_cpu, tmp_path):
+    """With the test double loaded, cudnn takes part by default, and its rows carry timings,
+    errors against float64 (y and both grads), the first call left out, no error budget (not
+    this package's)."""
+    cudnn_on_cpu(cudnn_test_double())
+    by = {m.name: m for m in bench.methods.make_methods("cpu", backward=True)}
+    assert by["cudnn"].unavailable is None and by["cudnn.backward"].unavailable is None
+    res = bench.cli.main(["--quick", "--device", "cpu", "--no-plots", "--backward", "--methods",
+                          "reference,cudnn,cudnn.backward", "--out", str(tmp_path)])
+    rows = {r["method"]: r for r in res["rows"]}
+    for name in ("cudnn", "cudnn.backward"):
+        r = rows[name]
+        _check_row(r, backward=True)
+        assert r["status"] == "ok" and r["family"] == "cudnn" and r["backend"] == "cuDNN"
+        assert r["rel_err"] < 1e-5 and r["grad_u_rel_err"] < 1e-5 and r["grad_k_rel_err"] < 1e-5
+        assert bench.guard.is_accurate(r) and r["error_budget"] is None
+        assert r["first_call_s"] > 0 and "JIT" in r["first_call_excluded"]
+    assert json.loads((tmp_path / "results.json").read_text())["skipped"] == []
+
+
+def test_cudnn_that_refuses_a_shape_is_skipped_there(bench, cudnn_on_cpu, tmp_path, capsys):
+    cudnn_on_cpu(cudnn_test_double(refuse=ValueError("kernel_size 256 not supported")))
+    res = bench.cli.main(["--quick", "--device", "cpu", "--no-plots", "--methods", "reference,cudnn",
+                          "--out", str(tmp_path)])
+    assert [r["method"] for r in res["rows"]] == ["reference"] and res["rows"][0]["status"] == "ok"
+    (line,) = _skip_lines(capsys.readouterr().out, "cudnn")
+    assert "1x2x256" in line and "kernel_size 256 not supported" in line
+    (skip,) = json.loads((tmp_path / "results.json").read_text())["skipped"]
+    assert skip["method"] == "cudnn" and skip["shape"] == "1x2x256" and "ValueError" in skip["reason"]
+
+
+def test_other_methods_that_fail_their_first_call_stay_error_rows(bench, tmp_path, monkeypatch):
+    """Only a peer marked skip_rejected turns a refused call into a skip."""
+    monkeypatch.setattr(bench.methods, "per_call_spectrum_operator", lambda u, k: 1 / 0)
+    res = bench.cli.main(["--quick", "--device", "cpu", "--no-plots", "--backward", "--methods",
+                          _tuned("cpu"), "--out", str(tmp_path)])
+    assert res["rows"][0]["status"] == "error" and "ZeroDivisionError" in res["rows"][0]["error"]
+    assert json.loads((tmp_path / "results.json").read_text())["skipped"] == []
+
+
+# ---------------------------------------------------------------- operators (issue #30, --operator)
+
+def test_operator_option_and_flashfftconv_preset(bench):
+    assert bench.cli.resolve_config(bench.cli.parse_args(["--device", "cpu"]))["operator"] == "plain"
+    cfg = bench.cli.resolve_config(bench.cli.parse_args(
+        ["--device", "cpu", "--preset", "flashfftconv", "--operator", "gated", "--io-dtype", "float16"]))
+    assert cfg["shapes"] == [(64, 768, 8192)] and cfg["operator"] == "gated"
+    from monarch_fftconv.planner import plan_for
+    assert plan_for(8192).fft_size == 16384   # FlashFFTConv's FFT size there
+    with pytest.raises(SystemExit, match="C=8 is not a multiple of 16"):
+        bench.cli.resolve_config(bench.cli.parse_args(["--device", "cpu", "--operator", "grouped",
+                                                       "--shapes", "1x32x64,1x8x64"]))
+    with pytest.raises(SystemExit):
+        bench.cli.parse_args(["--operator", "gelu"])
+
+
+def _direct_operator(u, k, D=None, pregate=None, postgate=None):
+    """fftconv's definition summed term by term in float64 (tiny sizes only): channel c takes
+    filter c // (C // G); a bidirectional filter adds Σ_s k[g, 1, s]·x[t+s]."""
+    x = u if pregate is None else pregate * u
+    C, L = x.shape[-2:]
+    y = torch.zeros_like(x)
+    for c in range(C):
+        taps = k[c // (C // k.shape[0])]
+        for t in range(L):
+            for s in range(L):
+                if k.dim() == 2:
+                    y[..., c, t] += taps[s] * x[..., c, t - s] if s <= t else 0
+                else:
+                    y[..., c, t] += (taps[0, s] * x[..., c, t - s] if s <= t else 0) + (
+                        taps[1, s] * x[..., c, t + s] if t + s < L else 0)
+    if D is not None:
+        y = y + D.unsqueeze(-1) * x
+    return y if postgate is None else postgate * y
+
+
+@pytest.mark.parametrize("name", ["plain", "gated", "grouped", "bidirectional"])
+def test_every_operator_form_matches_its_definition(bench, name):
+    """The float64 reference (guard.float64_operator) and the methods' torch.fft forms (the
+    reference's, written as users write them, and the tuned spectrum form) against the
+    definition summed term by term."""
+    operator = bench.runner.OPERATORS[name]
+    gen = torch.Generator().manual_seed(0)
+    B, C, L = 2, 32, 12
+
+    def randn(*size):
+        return torch.randn(*size, generator=gen, dtype=torch.float64)
+    u, k = randn(B, C, L), randn(*operator.filter_shape(C, L))
+    terms = {t: randn(C) if t == "D" else randn(B, C, L) for t in operator.terms}
+    want = _direct_operator(u, k, **terms)
+    m = bench.methods
+    got = {"float64_operator": bench.guard.float64_operator(u, k, **terms),
+           "reference_operator": m.reference_operator(u, k, **terms),
+           "spectrum_operator": m.spectrum_operator(u, m.filter_spectrum(k, 2 * L), **terms)}
+    for form, y in got.items():
+        torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12, msg=form)
+
+
+def test_min_bytes_of_the_operators(bench):
+    """Compulsory bytes, counted by hand for B=1, C=16, L=8 (128 elements of u)."""
+    min_bytes = bench.guard.min_bytes
+    op = bench.runner.OPERATORS
+    # gated forward: u, pregate, postgate read, y written; k (16x8) and D (16) read
+    assert min_bytes(1, 16, 8, backward=False, **op["gated"].traffic(16)) == 4 * (4 * 128 + 128 + 16)
+    # gated backward: also grad_y read, grad_u and both gates' grads written; grad_k, grad_D
+    assert min_bytes(1, 16, 8, backward=True, **op["gated"].traffic(16)) == 4 * (8 * 128 + 2 * (128 + 16))
+    # grouped: one filter row of 8 for the 16 channels; bidirectional: 2 x 16 rows; fp16 I/O
+    assert min_bytes(1, 16, 8, backward=False, **op["grouped"].traffic(16)) == 4 * (2 * 128 + 8)
+    assert min_bytes(1, 16, 8, backward=False, elem=2, **op["bidirectional"].traffic(16)) == 2 * (2 * 128 + 256)
+    assert op["plain"].traffic(16) == {"filter_rows": 16, "gates": 0, "skip": False}
+
+
+@pytest.mark.parametrize("name, skipped", [
+    ("gated", {"monarch-module", "cudnn"}), ("grouped", {"cudnn"}), ("bidirectional", {"cudnn"})])
+def test_quick_cpu_run_of_each_operator(bench, tmp_path, monkeypatch, capsys, name, skipped):
+    """Each method with a form of the operator computes it, checked against float64 with the
+    grads of every differentiable input; monarch[p] hands fftconv the terms; the others are
+    skipped, one line each."""
+    calls = []
+    real_fftconv = bench.methods.mf.fftconv
+
+    def spy(u, k, **kwargs):
+        calls.append((tuple(k.shape), set(kwargs)))
+        return real_fftconv(u, k, **kwargs)
+    monkeypatch.setattr(bench.methods.mf, "fftconv", spy)
+    res = bench.cli.main(["--quick", "--device", "cpu", "--no-plots", "--backward", "--operator", name,
+                          "--shapes", "2x32x128", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    operator = bench.runner.OPERATORS[name]
+    assert calls and {shape for shape, _ in calls} == {operator.filter_shape(32, 128)}
+    expected_kwargs = {"precision", *operator.terms} | ({"bidirectional"} if operator.bidirectional else set())
+    assert {frozenset(kwargs) for _, kwargs in calls} == {frozenset(expected_kwargs)}
+    measured = {r["method"] for r in res["rows"]}
+    for method in skipped:
+        (line,) = _skip_lines(out, method)
+        assert f"no --operator {name} form" in line and method not in measured
+    assert {"reference", _tuned("cpu"), "monarch[fp32]", "monarch[bf16]"} <= measured
+    grads = ["u", "k", *operator.terms]
+    for r in res["rows"]:
+        assert r["status"] == "ok" and r["operator"] == name, r.get("error")
+        assert bench.guard.grad_names(r) == grads and bench.guard.is_accurate(r), r["method"]
+        assert r["rel_err"] < 1e-5 and all(r[f"grad_{g}_rel_err"] < 1e-5 for g in grads), r["method"]
+        assert r["min_bytes"] == bench.guard.min_bytes(2, 32, 128, backward=True, **operator.traffic(32))
+    assert f"operator={name}" in out
+    meta = json.loads((tmp_path / "results.json").read_text())
+    assert meta["operator"] == name and meta["operator_definition"] == operator.definition
+
+
+def test_a_wrong_operator_or_gradient_is_caught(bench, tmp_path, monkeypatch):
+    """A method that leaves out the postgate fails allclose on y; one whose pregate gets no
+    gradient (0 ⊙ pregate in the graph) keeps y right and fails on grad_pregate alone."""
+    real_fftconv = bench.methods.mf.fftconv
+
+    def no_postgate(u, k, postgate=None, **kwargs):
+        return real_fftconv(u, k, **kwargs)
+
+    def pregate_without_gradient(u, k, pregate=None, **kwargs):
+        return real_fftconv(u, k, pregate=pregate.detach() + 0 * pregate, **kwargs)
+    argv = ["--quick", "--device", "cpu", "--no-plots", "--operator", "gated", "--methods",
+            "monarch[fp32]", "--shapes", "1x16x64", "--out", str(tmp_path)]
+    monkeypatch.setattr(bench.methods.mf, "fftconv", no_postgate)
+    (row,) = bench.cli.main(argv)["rows"]
+    assert row["status"] == "ok" and not row["allclose"] and not bench.guard.is_accurate(row)
+    monkeypatch.setattr(bench.methods.mf, "fftconv", pregate_without_gradient)
+    (row,) = bench.cli.main(argv + ["--backward"])["rows"]
+    assert row["allclose"] and row["rel_err"] < 1e-5 and row["grad_u_allclose"]
+    assert not row["grad_pregate_allclose"] and not bench.guard.is_accurate(row)
+
+
+def test_plain_operator_keeps_the_plain_methods(bench):
+    """--operator plain times what the benchmark timed before: the reference is reference_conv,
+    every method runs, and the torch.fft rows keep their flop counts."""
+    plain = {m.name: m for m in bench.methods.make_methods("cpu")}
+    assert plain["reference"].entry == "reference_conv" and plain["monarch-module"].unavailable is None
+    assert plain["reference"].flops(1, 2, 256, False, {}) == bench.methods.torch_fft_flops(
+        1, 2, 256, filter_fft=True, backward=False)
+    gated = {m.name: m for m in bench.methods.make_methods("cpu", operator=bench.runner.OPERATORS["gated"])}
+    assert gated["reference"].entry == "reference_operator"
+    assert gated["reference"].flops(1, 2, 256, False, {}) is None   # torch_fft_flops counts plain only

@@ -228,3 +228,24 @@ def test_the_repositorys_files_take_the_tables(tables, run_dir, tmp_path, name):
     written = copy.read_text()
     assert written.split(begin)[0] == original.split(begin)[0] and written.split(end)[1] == original.split(end)[1]
     assert parsed_tables(written) and tables.main([str(run_dir), "--files", str(copy), "--check"]) == 0
+
+
+def test_cudnn_is_a_peer_and_skips_are_listed(tables, run_dir, tmp_path):
+    """A cudnn row (here the run's tuned torch.fft row renamed: readme_tables reads only the
+    JSON) goes into the peers table beside monarch[fp32]; the CPU run's own cudnn skip is
+    listed below it with its reason."""
+    data = json.loads((run_dir / "fwd.json").read_text())
+    tuned = next(r for r in data["results"] if r["method"].endswith("-tuned"))
+    data["results"].append({**tuned, "method": "cudnn", "family": "cudnn", "backend": "cuDNN"})
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "fwd.json").write_text(json.dumps(data))
+    readme = readme_like(tmp_path / "README.md")
+    assert tables.main([str(run), "--files", str(readme)]) == 0
+    text = readme.read_text()
+    peers = {(key(c), c["pass"]): c for c in table(text, "Peers")}
+    cells = peers[(tuned["shape"], "cudnn"), "fwd"]
+    assert cells["backend"] == "cuDNN"
+    assert_holds(cells, {**tuned, "method": "cudnn"}, {})
+    (skip,) = [s for s in data["skipped"] if s["method"] == "cudnn"]
+    assert f"- `cudnn`: {skip['reason']}" in text.split("Skipped, not measured:")[1]

@@ -7,14 +7,23 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 import fftconv_bench
+from fftconv_bench.operators import OPERATORS
 from fftconv_bench.timing import CPU_WARMUP_SECONDS, GPU_WARMUP_SECONDS, MAX_SPREAD
 
 Shape = Tuple[int, int, int]
+
+# --io-dtype: the dtype of every tensor a method takes and returns (inputs are drawn in float32
+# and cast to it, so each dtype sees the same values up to its rounding).
+IO_DTYPES: Dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+                                     "float16": torch.float16}
 
 PRESETS: Dict[str, List[Shape]] = {
     "seed": [(16, 256, 8192)],
     "lengths": [(16, 256, L) for L in (1024, 2048, 4096, 8192, 16384)],
     "hyena": [(64, 768, 8192)],
+    # FlashFFTConv's published gated fp16 shape (FFT size 16K): issue #30 asks for this package's
+    # time there in each precision (--operator gated --io-dtype float16)
+    "flashfftconv": [(64, 768, 8192)],
     # long sequences, each shape holding 2^27 input elements (512 MB of fp32 u)
     "long": [(32, 256, 16384), (8, 256, 65536), (4, 256, 131072), (1, 128, 1 << 20), (1, 32, 1 << 22)],
 }
@@ -67,11 +76,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated BxCxL list, e.g. 16x256x8192,16x256x1024")
     g.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="seed: 16x256x8192; lengths: B=16,C=256,L=1024..16384; hyena: 64x768x8192; "
+                        "flashfftconv: 64x768x8192, FlashFFTConv's gated fp16 shape (with "
+                        "--operator gated --io-dtype float16); "
                         "long: L=16384..4M, 2^27 input elements each")
     p.add_argument("--backward", action="store_true",
                    help="time a training step, forward+backward (grads w.r.t. u and k), "
                         "instead of forward only: each method by torch.autograd.grad and, as "
                         "<method>.backward, by y.backward with accumulation into .grad")
+    p.add_argument("--io-dtype", choices=list(IO_DTYPES), default="float32",
+                   help="dtype of every input (u, k, the operator's D and gates, grad_y with "
+                        "--backward), drawn in float32 and cast to it; the float64 reference is computed from the cast values, the memory "
+                        "floor and GB/s count its element size (default: float32)")
+    p.add_argument("--operator", choices=list(OPERATORS), default="plain",
+                   help="what every method computes (issue #30): plain, y = conv(u, k); gated, "
+                        "y = postgate*(conv(x, k) + D*x), x = pregate*u; grouped, C/16 filters "
+                        "each shared by 16 channels; bidirectional, (C, 2, L) causal and "
+                        "anti-causal filters. Methods without a form of it are skipped, saying "
+                        "why (default: plain)")
     p.add_argument("--compile", action="store_true", help="also time torch.compile(reference)")
     p.add_argument("--energy", action="store_true", help="measure energy per call with NVML")
     p.add_argument("--reps", type=int, default=None,
@@ -136,6 +157,10 @@ def resolve_config(args: argparse.Namespace) -> Dict[str, Any]:
         shapes = QUICK_SHAPES
     else:
         shapes = PRESETS["seed"] if device == "cuda" else CPU_DEFAULT_SHAPES
+    for _, C, _ in shapes:
+        problem = OPERATORS[args.operator].shape_problem(C)
+        if problem:
+            raise SystemExit(problem)
     if args.reps is not None:
         reps = args.reps
     elif args.quick:
@@ -157,7 +182,7 @@ def resolve_config(args: argparse.Namespace) -> Dict[str, Any]:
         1 if device == "cpu" or args.quick else None)
     return {"device": device, "shapes": [tuple(s) for s in shapes], "reps": reps, "warmup": warmup,
             "warmup_seconds": warmup_seconds, "max_spread": args.max_spread, "threads": threads,
-            "quick": bool(args.quick)}
+            "quick": bool(args.quick), "io_dtype": args.io_dtype, "operator": args.operator}
 
 
 def method_names(spec: Optional[str]) -> Optional[List[str]]:

@@ -1,8 +1,11 @@
 """Validity of every row, measured in the same run.
 
-Accuracy: relative L2 error of a method's outputs (y, and with --backward the grads) against
-torch.fft in float64 on the same inputs, allclose(atol=1e-2, rtol=1e-2), and for monarch methods
-the error budget of the precision the call ran at (monarch_fftconv.policy.ERROR_BUDGETS).
+Accuracy: relative L2 error of a method's outputs (y, and with --backward the grads of every
+differentiable input) against torch.fft in float64 on the same inputs (for the Hyena operators
+written apart from the methods' forms, float64_operator), allclose(atol=1e-2, rtol=1e-2), and
+for monarch methods the error budget of the precision the call ran at
+(monarch_fftconv.policy.ERROR_BUDGETS), plus, with half-precision I/O, the rounding of y to the
+I/O dtype (IO_ROUNDING).
 Time: the memory floor, compulsory bytes / measured copy bandwidth; a time under it is a
 measurement or correctness bug, so the row is INVALID and gets no speedup. And the spread: a row
 whose inter-quartile range exceeds MAX_SPREAD of its median, on either clock (on the host, where
@@ -13,7 +16,7 @@ threads were several while other processes held the cores they needed.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
@@ -21,24 +24,34 @@ from fftconv_bench.methods import ERROR_BUDGETS, reference_conv
 from fftconv_bench.timing import MAX_SPREAD
 
 ATOL = RTOL = 1e-2
+# Storing y in a 16-bit I/O dtype rounds it by up to half an ulp, a relative error of 2^-8
+# (bfloat16) or 2^-11 (float16) on top of the arithmetic's: added to the precision's budget,
+# as tests/test_cuda.py does for half I/O.
+IO_ROUNDING = {torch.float32: 0.0, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 # Cores that other processes may keep busy beyond those the run leaves free (daemons).
 OTHER_LOAD_MARGIN = 0.25
 # Verdicts of a row's timings, worst first; speedups are claimed for TRUSTED ones only.
 VERDICTS = ("INVALID", "NOISY", "OK", "UNCHECKED")
 TRUSTED = ("OK", "UNCHECKED")
-Outputs64 = Tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]
+# The float64 outputs: "y", then with --backward the grad of each input by its name (u, k, and
+# D, pregate, postgate where the operator takes them), in the order a training step returns them.
+Outputs64 = Dict[str, torch.Tensor]
 
 
-def min_bytes(B: int, C: int, L: int, *, backward: bool, elem: int = 4) -> int:
+def min_bytes(B: int, C: int, L: int, *, backward: bool, elem: int = 4,
+              filter_rows: Optional[int] = None, gates: int = 0, skip: bool = False) -> int:
     """Compulsory DRAM traffic of one call: the memory floor's numerator.
 
     forward: u read + k read + y written. forward+backward: additionally grad_y read, grad_u and
     grad_k written (u and k counted once: an ideal fused implementation reads them once).
+    `elem`: bytes per element of the I/O dtype (every tensor read or written is in it).
+    The operators: `filter_rows` rows of length L in the filter bank (C by default; C/16
+    grouped, 2C bidirectional); `gates` tensors of u's shape read (their grads written with
+    backward); `skip`: D (C,) read (its grad written).
     """
-    activation, filt = B * C * L, C * L
-    if backward:
-        return elem * (4 * activation + 2 * filt)
-    return elem * (2 * activation + filt)
+    activations = B * C * L * (2 + gates + (2 + gates if backward else 0))
+    weights = L * (C if filter_rows is None else filter_rows) + (C if skip else 0)
+    return elem * (activations + weights * (2 if backward else 1))
 
 
 def validate_time(time_s: Optional[float], floor_s: Optional[float]) -> str:
@@ -95,50 +108,87 @@ def measure_error(out: torch.Tensor, ref: torch.Tensor, *, atol: float = ATOL,
             "allclose": finite and bool(torch.allclose(out64, ref64, atol=atol, rtol=rtol))}
 
 
-def float64_reference(u: torch.Tensor, k: torch.Tensor, g: Optional[torch.Tensor]) -> Outputs64:
-    """y (and grads w.r.t. u, k when g is given) by torch.fft in float64 on the same inputs."""
-    u64 = u.detach().to(torch.float64).requires_grad_(g is not None)
-    k64 = k.detach().to(torch.float64).requires_grad_(g is not None)
+def float64_operator(u: torch.Tensor, k: torch.Tensor, D: Optional[torch.Tensor] = None,
+                     pregate: Optional[torch.Tensor] = None,
+                     postgate: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """postgate ⊙ (conv(x, k) + D ⊙ x), x = pregate ⊙ u, written apart from the methods' forms:
+    the channels viewed as (G, C/G) groups, each broadcasting its filter (not repeated per
+    channel); a bidirectional filter's anti-causal half as the causal convolution of the
+    time-reversed x, reversed (not a conjugate spectrum)."""
+    x = u if pregate is None else pregate * u
+    groups = k.shape[0]
+    grouped = x.unflatten(-2, (groups, x.shape[-2] // groups))   # (..., G, C/G, L)
+    filters = k.unsqueeze(1)                                      # (G, 1, L) or (G, 1, 2, L)
+    if k.dim() == 3:
+        y = (reference_conv(grouped, filters[..., 0, :])
+             + reference_conv(grouped.flip(-1), filters[..., 1, :]).flip(-1))
+    else:
+        y = reference_conv(grouped, filters)
+    y = y.flatten(-3, -2)
+    if D is not None:
+        y = y + D.unsqueeze(-1) * x
+    return y if postgate is None else postgate * y
+
+
+def float64_reference(u: torch.Tensor, k: torch.Tensor, g: Optional[torch.Tensor],
+                      **terms: torch.Tensor) -> Outputs64:
+    """y (and with g the grads of u, k and the terms) by torch.fft in float64 on the same
+    inputs: the values the methods take, already rounded to the I/O dtype, so that a method's
+    error is its own arithmetic's. The plain convolution by reference_conv, the operators
+    (terms, grouped or bidirectional filters) by float64_operator."""
+    inputs = {"u": u, "k": k, **terms}
+    inputs64 = {name: t.detach().to(torch.float64).requires_grad_(g is not None)
+                for name, t in inputs.items()}
+    plain = not terms and k.dim() == 2 and k.shape[0] == u.shape[-2]
     with torch.set_grad_enabled(g is not None):
-        y = reference_conv(u64, k64)
+        y = (reference_conv if plain else float64_operator)(*inputs64.values())
         if g is None:
-            return y.detach(), None, None
-        grad_u, grad_k = torch.autograd.grad(y, (u64, k64), g.to(torch.float64))
-    return y.detach(), grad_u, grad_k
+            return {"y": y.detach()}
+        grads = torch.autograd.grad(y, tuple(inputs64.values()), g.to(torch.float64))
+    return {"y": y.detach(), **dict(zip(inputs64, grads))}
 
 
 def outputs_error(outs: Any, refs: Outputs64) -> Dict[str, Any]:
-    """Error fields for one method's outputs (y, or (y, grad_u, grad_k)) vs float64."""
+    """Error fields for one method's outputs (y, or (y, grad_u, grad_k, *the terms' grads))
+    vs float64: rel_err, allclose, and grad_<input>_rel_err, grad_<input>_allclose."""
     if not isinstance(outs, (tuple, list)):
         outs = (outs,)
-    y_ref, grad_u_ref, grad_k_ref = refs
-    fields = measure_error(outs[0], y_ref)
-    if grad_u_ref is not None:
-        # Gradients: relative L2 error; allclose on each gradient scaled by its float64 RMS, since
-        # grad_k sums B·L products and has no natural O(1) scale for an absolute tolerance.
-        for name, out, ref in (("grad_u", outs[1], grad_u_ref), ("grad_k", outs[2], grad_k_ref)):
-            rms = ref.pow(2).mean().sqrt().clamp_min(1e-300)
-            err = measure_error(out.to(torch.float64) / rms, ref / rms)
-            fields[f"{name}_rel_err"] = err["rel_err"]
-            fields[f"{name}_allclose"] = err["allclose"]
+    fields = measure_error(outs[0], refs["y"])
+    grad_refs = [(name, ref) for name, ref in refs.items() if name != "y"]
+    # Gradients: relative L2 error; allclose on each gradient scaled by its float64 RMS, since
+    # grad_k sums B·L products and has no natural O(1) scale for an absolute tolerance.
+    for (name, ref), out in zip(grad_refs, outs[1:]):
+        rms = ref.pow(2).mean().sqrt().clamp_min(1e-300)
+        err = measure_error(out.to(torch.float64) / rms, ref / rms)
+        fields[f"grad_{name}_rel_err"] = err["rel_err"]
+        fields[f"grad_{name}_allclose"] = err["allclose"]
     return fields
 
 
-def error_budget_fields(family: str, precision: Optional[str],
-                        rel_err: Optional[float]) -> Dict[str, Any]:
-    """A monarch row's error budget (that of the precision its call ran at) and whether the
-    relative L2 error of y is within it; nothing for the torch.fft methods."""
+def error_budget_fields(family: str, precision: Optional[str], rel_err: Optional[float],
+                        io_dtype: torch.dtype = torch.float32) -> Dict[str, Any]:
+    """A monarch row's error budget (that of the precision its call ran at, plus the rounding of
+    y to a half-precision `io_dtype`) and whether the relative L2 error of y is within it;
+    nothing for the torch.fft methods."""
     budget = ERROR_BUDGETS.get(precision) if family == "monarch" else None
     if budget is None:
         return {"error_budget": None, "within_error_budget": None}
+    budget += IO_ROUNDING[io_dtype]
     within = rel_err is not None and math.isfinite(rel_err) and rel_err <= budget
     return {"error_budget": budget, "within_error_budget": within}
 
 
+def grad_names(row: Dict[str, Any]) -> List[str]:
+    """The inputs whose grads the row checked, in order: ['u', 'k'] (and D, pregate,
+    postgate with --operator gated) with --backward, [] forward only."""
+    return [key[len("grad_"):-len("_rel_err")] for key in row
+            if key.startswith("grad_") and key.endswith("_rel_err")]
+
+
 def is_accurate(row: Dict[str, Any]) -> bool:
-    """allclose on y and, with --backward, on both grads."""
-    return bool(row.get("allclose") and row.get("grad_u_allclose", True)
-                and row.get("grad_k_allclose", True))
+    """allclose on y and, with --backward, on every grad."""
+    return bool(row.get("allclose")) and all(row.get(f"grad_{name}_allclose")
+                                             for name in grad_names(row))
 
 
 def assign_speedups(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:

@@ -1,16 +1,27 @@
 """What is timed: the convolution methods, each bound to one input set as a zero-argument call.
 
-A method's `build(u, k, g)` returns the call a user makes: forward only when g is None, else one
-training step (forward and the grads w.r.t. u and the filter). Setup done in build (e.g. caching
-the filter spectrum) is not timed. A training step comes two ways, one method each:
-  `<name>`           torch.autograd.grad(y, (u, k), g): fresh gradient tensors every call;
+A method's `build(u, k, g, **terms)` returns the call a user makes: forward only when g is None,
+else one training step (forward and the grads w.r.t. u, the filter and the terms). The terms are
+the run's operator's other inputs (--operator gated: D, pregate, postgate; operators.py), and the
+filter's shape is the operator's; a method without a form of the operator is unavailable. Setup
+done in build (e.g. caching the filter spectrum) is not timed. A training step comes two ways,
+one method each:
+  `<name>`           torch.autograd.grad(y, (u, k, *terms), g): fresh gradient tensors every call;
   `<name>.backward`  y.backward(g) into the .grad of leaf tensors that keep their grads across
                      calls, so each call also adds into the existing .grad (gradient
                      accumulation, as an optimizer loop without zero_grad between micro-batches).
+Every method takes and returns tensors of the run's I/O dtype. torch.fft transforms no bfloat16,
+and float16 only at powers of two on a GPU, in float16's narrow range: with half-precision I/O
+the torch.fft methods compute as users write them, the inputs cast up to float32 and the result
+back (their description says so); the monarch methods take the half-precision tensors as they are.
 Also the nominal flop count of the torch.fft methods; monarch methods take theirs from
 monarch_fftconv.explain(). Rows are named for what runs on the device: torch.fft is cuFFT on a
 GPU, MKL or pocketfft on the host (fft_library), so the tuned torch.fft method is `cufft-tuned`
 on a GPU and e.g. `mkl-tuned` on a CPU.
+
+A peer that cannot run here (`cudnn` without cuDNN >= 9.26 and its frontend, or on a CPU) is a
+method with `unavailable` set, which the run reports as skipped, one line and a JSON entry,
+instead of measuring it; one whose library rejects a shape's first call is skipped at that shape.
 """
 from __future__ import annotations
 
@@ -24,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from fftconv_bench import REPO_ROOT
+from fftconv_bench.operators import PLAIN, Operator
 
 
 def _import_monarch():
@@ -43,10 +55,10 @@ from monarch_fftconv.planner import plan_for, real_fft_flops  # noqa: E402  (the
 from monarch_fftconv.policy import ERROR_BUDGETS, PRECISIONS  # noqa: E402,F401
 
 Tensor = torch.Tensor
-# build(u, k, grad_y or None) -> zero-argument call; describe(u, k) -> explain()-like dict;
-# flops(B, C, L, backward, description) -> flops of one call, or None when unknown.
-Build = Callable[[Tensor, Tensor, Optional[Tensor]], Callable[[], Any]]
-Describe = Callable[[Tensor, Tensor], Dict[str, Any]]
+# build(u, k, grad_y or None, **terms) -> zero-argument call; describe(u, k, **terms) ->
+# explain()-like dict; flops(B, C, L, backward, description) -> flops of one call, or None.
+Build = Callable[..., Callable[[], Any]]
+Describe = Callable[..., Dict[str, Any]]
 Flops = Callable[[int, int, int, bool, Dict[str, Any]], Optional[float]]
 
 
@@ -57,17 +69,20 @@ class Method:
     family: str                 # reference | cufft, mkl or pocketfft (tuned) | compile | monarch
     precision: Optional[str]    # requested precision (None: package default / not applicable)
     entry: str                  # what the call goes through, its precision aside
-    build: Build                # forward calls return y; training steps (y, grad_u, grad_k)
+    build: Build                # forward calls return y; training steps (y, grad_u, grad_k, *terms')
     describe: Describe
     flops: Flops
     train_step: Optional[str] = None   # None (forward) or a key of TRAIN_STEPS
+    unavailable: Optional[str] = None  # why it cannot run in this run (then skipped, with this)
+    first_call: Optional[str] = None   # what its first call does that later ones don't (timed apart)
+    skip_rejected: bool = False        # a first call its library refuses skips the shape, no error row
 
 
 @dataclasses.dataclass
 class Bound:
     """One convolution bound to one input set."""
     forward: Callable[[], Tensor]     # computes y from the bound inputs
-    leaves: Tuple[Tensor, Tensor]     # what a training step differentiates: (u, the filter)
+    leaves: Tuple[Tensor, ...]        # what a training step differentiates: u, the filter, the terms
 
 
 @dataclasses.dataclass
@@ -77,9 +92,12 @@ class Convolution:
     family: str
     precision: Optional[str]
     entry: str                  # methods with the same entry, backend and kernel run the same code
-    bind: Callable[[Tensor, Tensor, bool], Bound]   # (u, k, training) -> Bound
+    bind: Callable[..., Bound]  # (u, k, training, **terms) -> Bound
     describe: Describe
     flops: Flops
+    unavailable: Optional[str] = None
+    first_call: Optional[str] = None
+    skip_rejected: bool = False
 
 
 # ----------------------------------------------------------------------------------- torch.fft
@@ -92,10 +110,58 @@ def reference_conv(u: Tensor, k: Tensor) -> Tensor:
     return torch.fft.irfft(u_f * k_f, n=2 * L)[..., :L]
 
 
-def per_call_filter_fft_conv(u: Tensor, k: Tensor) -> Tensor:
-    """rfft(n=2L) without explicit padding, the filter transformed in the call."""
-    n = 2 * u.shape[-1]
-    return torch.fft.irfft(torch.fft.rfft(u, n=n) * torch.fft.rfft(k, n=n), n=n)[..., :u.shape[-1]]
+def bidirectional_reference_conv(u: Tensor, k: Tensor) -> Tensor:
+    """A (C, 2, L) filter's convolution as safari and Monarch Mixer write it: one spectrum,
+    the causal half's plus the conjugate of the anti-causal half's (its taps at negative lags)."""
+    L = u.shape[-1]
+    k_f = torch.fft.rfft(k[:, 0], n=2 * L) + torch.fft.rfft(k[:, 1], n=2 * L).conj()
+    return torch.fft.irfft(torch.fft.rfft(u, n=2 * L) * k_f, n=2 * L)[..., :L]
+
+
+def reference_operator(u: Tensor, k: Tensor, D: Optional[Tensor] = None,
+                       pregate: Optional[Tensor] = None, postgate: Optional[Tensor] = None) -> Tensor:
+    """The reference for the Hyena operators, as users write them in torch.fft today:
+    x = pregate ⊙ u; a grouped filter repeated over its channels (repeat_interleave); then
+    postgate ⊙ (conv(x, k) + D ⊙ x)."""
+    x = u if pregate is None else pregate * u
+    if k.shape[0] != x.shape[-2]:
+        k = k.repeat_interleave(x.shape[-2] // k.shape[0], 0)
+    y = bidirectional_reference_conv(x, k) if k.dim() == 3 else reference_conv(x, k)
+    if D is not None:
+        y = y + D.unsqueeze(-1) * x
+    return y if postgate is None else postgate * y
+
+
+def filter_spectrum(k: Tensor, n: int) -> Tensor:
+    """rfft(k, n) of a (G, L) filter bank; of a bidirectional (G, 2, L) one, both halves' in one,
+    rfft(k[:, 0], n) + conj(rfft(k[:, 1], n))."""
+    if k.dim() == 3:
+        return torch.fft.rfft(k[:, 0], n=n) + torch.fft.rfft(k[:, 1], n=n).conj()
+    return torch.fft.rfft(k, n=n)
+
+
+def spectrum_operator(u: Tensor, k_f: Tensor, D: Optional[Tensor] = None,
+                      pregate: Optional[Tensor] = None, postgate: Optional[Tensor] = None) -> Tensor:
+    """The operator from the filter spectrum k_f (G, L+1): rfft(x, n=2L) without explicit
+    padding, times the spectrum (G < C: each group's channels broadcast their filter's row, no
+    copy), irfft, the first L; the gates and D around it as in reference_operator."""
+    x = u if pregate is None else pregate * u
+    L = x.shape[-1]
+    x_f = torch.fft.rfft(x, n=2 * L)
+    groups = k_f.shape[0]
+    if groups == x.shape[-2]:
+        y_f = x_f * k_f
+    else:
+        y_f = (x_f.unflatten(-2, (groups, -1)) * k_f.unsqueeze(-2)).flatten(-3, -2)
+    y = torch.fft.irfft(y_f, n=2 * L)[..., :L]
+    if D is not None:
+        y = y + D.unsqueeze(-1) * x
+    return y if postgate is None else postgate * y
+
+
+def per_call_spectrum_operator(u: Tensor, k: Tensor, **terms: Tensor) -> Tensor:
+    """spectrum_operator with the filter transformed in the call."""
+    return spectrum_operator(u, filter_spectrum(k, 2 * u.shape[-1]), **terms)
 
 
 def torch_fft_flops(B: int, C: int, L: int, *, filter_fft: bool, backward: bool) -> float:
@@ -121,34 +187,66 @@ def torch_fft_flops(B: int, C: int, L: int, *, filter_fft: bool, backward: bool)
     return flops
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch.bfloat16 -> 'bfloat16' (as --io-dtype names it)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def is_half(t: Tensor) -> bool:
+    return t.dtype in (torch.bfloat16, torch.float16)
+
+
+def _float32(t: Tensor) -> Tensor:
+    return t.float() if is_half(t) else t   # (a cached spectrum, complex64, stays as it is)
+
+
+def in_float32(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """fn for half-precision tensors, as users write it for torch.fft: computed in float32,
+    the result cast back to u's dtype (differentiable: the grads come back cast down)."""
+    def upcast(u: Tensor, k: Tensor, **terms: Tensor) -> Tensor:
+        return fn(_float32(u), _float32(k),
+                  **{name: _float32(t) for name, t in terms.items()}).to(u.dtype)
+    return upcast
+
+
 def _leaf(t: Tensor) -> Tensor:
     """A leaf requiring grad that shares the buffer's storage (no extra copy)."""
     return t.detach().requires_grad_(True)
 
 
-def bind_function(fn: Callable[[Tensor, Tensor], Tensor]) -> Callable[..., Bound]:
-    """bind(u, k, training) for y = fn(u, k); training binds leaves requiring grad."""
-    def bind(u: Tensor, k: Tensor, training: bool) -> Bound:
+def bind_function(fn: Callable[..., Tensor]) -> Callable[..., Bound]:
+    """bind(u, k, training, **terms) for y = fn(u, k, **terms); training binds leaves
+    requiring grad."""
+    def bind(u: Tensor, k: Tensor, training: bool, **terms: Tensor) -> Bound:
         if training:
             u, k = _leaf(u), _leaf(k)
-        return Bound(lambda: fn(u, k), (u, k))
+            terms = {name: _leaf(t) for name, t in terms.items()}
+        return Bound(lambda: fn(u, k, **terms), (u, k, *terms.values()))
     return bind
 
 
-def _bind_tuned(u: Tensor, k: Tensor, training: bool) -> Bound:
+def bind_torch_fft(fn: Callable[..., Tensor]) -> Callable[..., Bound]:
+    """bind_function for a torch.fft computation: half-precision I/O is computed in float32
+    (chosen here, so that a float32 call runs fn itself)."""
+    def bind(u: Tensor, k: Tensor, training: bool, **terms: Tensor) -> Bound:
+        return bind_function(in_float32(fn) if is_half(u) else fn)(u, k, training, **terms)
+    return bind
+
+
+def _bind_tuned(u: Tensor, k: Tensor, training: bool, **terms: Tensor) -> Bound:
     if training:   # the filter spectrum needs a gradient, so it is computed per call
-        return bind_function(per_call_filter_fft_conv)(u, k, True)
-    L = u.shape[-1]
-    k_f = torch.fft.rfft(k, n=2 * L)   # the cached filter spectrum: outside the timed call
-    return Bound(lambda: torch.fft.irfft(torch.fft.rfft(u, n=2 * L) * k_f, n=2 * L)[..., :L],
-                 (u, k))
+        return bind_torch_fft(per_call_spectrum_operator)(u, k, True, **terms)
+    k_f = filter_spectrum(k.float(), 2 * u.shape[-1])   # cached: outside the timed call
+    conv = in_float32(spectrum_operator) if is_half(u) else spectrum_operator
+    return Bound(lambda: conv(u, k_f, **terms), (u, k, *terms.values()))
 
 
-def _bind_compiled_reference() -> Callable[..., Bound]:
-    compiled: Dict[str, Callable] = {}
+def _bind_compiled(fn: Callable[..., Tensor]) -> Callable[..., Bound]:
+    compiled: Dict[bool, Callable] = {}   # by half-precision I/O: the casts are in the graph
 
-    def bind(u: Tensor, k: Tensor, training: bool) -> Bound:
-        if "fn" not in compiled:
+    def bind(u: Tensor, k: Tensor, training: bool, **terms: Tensor) -> Bound:
+        half = is_half(u)
+        if half not in compiled:
             # Static shapes: each swept shape gets its own specialised graph (dynamo would
             # otherwise switch to a dynamic-shape graph at the second shape).
             try:
@@ -158,8 +256,8 @@ def _bind_compiled_reference() -> Callable[..., Bound]:
                         setattr(dynamo.config, knob, max(64, getattr(dynamo.config, knob)))
             except Exception:  # noqa: BLE001
                 pass
-            compiled["fn"] = torch.compile(reference_conv, dynamic=False)
-        return bind_function(compiled["fn"])(u, k, training)
+            compiled[half] = torch.compile(in_float32(fn) if half else fn, dynamic=False)
+        return bind_function(compiled[half])(u, k, training, **terms)
     return bind
 
 
@@ -167,7 +265,7 @@ def _bind_compiled_reference() -> Callable[..., Bound]:
 
 def _bind_module(u: Tensor, k: Tensor, training: bool) -> Bound:
     B, C, L = u.shape
-    module = mf.FFTConv(C, L).to(device=u.device)
+    module = mf.FFTConv(C, L, groups=k.shape[0], bidirectional=k.dim() == 3).to(device=u.device)
     with torch.no_grad():
         module.filter.copy_(k.reshape(module.filter.shape))
     if training:
@@ -195,10 +293,12 @@ def _monarch_flops(B: int, C: int, L: int, backward: bool, info: Dict[str, Any])
     return float(forward)
 
 
-def _explain(precision: Optional[str]) -> Describe:
-    def describe(u: Tensor, k: Tensor) -> Dict[str, Any]:
+def _explain(precision: Optional[str], operator: Operator = PLAIN) -> Describe:
+    options = {"bidirectional": True} if operator.bidirectional else {}
+
+    def describe(u: Tensor, k: Tensor, **terms: Tensor) -> Dict[str, Any]:
         try:
-            info = mf.explain(u, k, precision=precision)
+            info = mf.explain(u, k, precision=precision, **options, **terms)
             return dict(info) if isinstance(info, dict) else {"backend": str(info)}
         except Exception as e:  # noqa: BLE001
             return {"backend": "?", "precision": precision,
@@ -209,23 +309,21 @@ def _explain(precision: Optional[str]) -> Describe:
 # ---------------------------------------------------------------------------- training steps
 
 def grad_step(bound: Bound, grad_y: Tensor) -> Callable[[], Any]:
-    """y, then torch.autograd.grad(y, (u, k), grad_y): fresh grads, nothing accumulated."""
+    """y, then torch.autograd.grad(y, (u, k, *terms), grad_y): fresh grads, nothing
+    accumulated. Returns (y, grad_u, grad_k, *the terms' grads)."""
     def call():
         y = bound.forward()
-        grad_u, grad_k = torch.autograd.grad(y, bound.leaves, grad_y)
-        return y, grad_u, grad_k
+        return (y, *torch.autograd.grad(y, bound.leaves, grad_y))
     return call
 
 
 def accumulate_step(bound: Bound, grad_y: Tensor) -> Callable[[], Any]:
     """y, then y.backward(grad_y): the grads add into the leaves' .grad, kept across calls.
-    Returns the .grad tensors, which hold the true grads after the first call only."""
-    u, k = bound.leaves
-
+    Returns (y, *the leaves' .grad), which hold the true grads after the first call only."""
     def call():
         y = bound.forward()
         y.backward(grad_y)
-        return y, u.grad, k.grad
+        return (y, *(leaf.grad for leaf in bound.leaves))
     return call
 
 
@@ -240,19 +338,29 @@ def as_method(conv: Convolution, train_step: Optional[str] = None) -> Method:
     """The forward-only method of `conv` (train_step None), or one of its training steps."""
     suffix, make_step = TRAIN_STEPS[train_step] if train_step else ("", None)
 
-    def build(u: Tensor, k: Tensor, grad_y: Optional[Tensor]) -> Callable[[], Any]:
+    def build(u: Tensor, k: Tensor, grad_y: Optional[Tensor], **terms: Tensor) -> Callable[[], Any]:
         if grad_y is None or make_step is None:
-            return conv.bind(u, k, False).forward
-        return make_step(conv.bind(u, k, True), grad_y)
+            return conv.bind(u, k, False, **terms).forward
+        return make_step(conv.bind(u, k, True, **terms), grad_y)
     return Method(conv.name + suffix, conv.family, conv.precision, conv.entry, build,
-                  conv.describe, conv.flops, train_step)
+                  conv.describe, conv.flops, train_step, conv.unavailable, conv.first_call,
+                  conv.skip_rejected)
 
 
 def _nominal(backend: str, kernel: str) -> Describe:
-    return lambda u, k: {"backend": backend, "kernel": kernel, "precision": "fp32"}
+    def describe(u: Tensor, k: Tensor, **terms: Tensor) -> Dict[str, Any]:
+        info = {"backend": backend, "kernel": kernel, "precision": "fp32"}
+        if is_half(u):
+            info["reason"] = (f"torch.fft transforms no bfloat16 (float16 only at powers of two, "
+                              f"on a GPU): the {dtype_name(u.dtype)} inputs are cast to float32 and y "
+                              f"back, as users write it")
+        return info
+    return describe
 
 
-def _torch_fft_flops(filter_fft_forward: bool) -> Flops:
+def _torch_fft_flops(filter_fft_forward: bool, operator: Operator) -> Flops:
+    if operator is not PLAIN:   # torch_fft_flops counts the plain convolution only
+        return lambda *args: None
     # A per-call filter FFT in training either way: its gradient is needed.
     return lambda B, C, L, bwd, info: torch_fft_flops(B, C, L, filter_fft=filter_fft_forward or bwd,
                                                   backward=bwd)
@@ -266,32 +374,112 @@ def fft_library(device: str) -> str:
     return "MKL" if torch.backends.mkl.is_available() else "pocketfft"
 
 
-def convolutions(device: str, *, compile: bool = False) -> List[Convolution]:
-    """Every way of computing y that the run compares on `device`, in table order."""
+def convolutions(device: str, *, compile: bool = False,
+                 operator: Operator = PLAIN) -> List[Convolution]:
+    """Every way of computing y that the run compares on `device`, in table order; those with
+    no form of `operator` unavailable, saying why."""
     library = fft_library(device)
     tuned = library.lower()
+
+    def lacks_operator(why: str, lacking: bool = operator is not PLAIN) -> Optional[str]:
+        return f"no --operator {operator.name} form: {why}" if lacking else None
+
+    reference = reference_conv if operator is PLAIN else reference_operator
+    written = "" if operator is PLAIN else f", the {operator.name} operator as users write it"
     convs = [
-        Convolution("reference", "reference", None, "reference_conv", bind_function(reference_conv),
-                    _nominal("torch.fft", f"{library} rfft+irfft, padded"), _torch_fft_flops(True)),
+        Convolution("reference", "reference", None, reference.__name__, bind_torch_fft(reference),
+                    _nominal("torch.fft", f"{library} rfft+irfft, padded{written}"),
+                    _torch_fft_flops(True, operator)),
         Convolution(f"{tuned}-tuned", tuned, None, "tuned torch.fft", _bind_tuned,
-                    _nominal("torch.fft", f"{library} rfft(n=2L) + cached filter spectrum"),
-                    _torch_fft_flops(False)),
+                    _nominal("torch.fft", f"{library} rfft(n=2L) + cached filter spectrum{written}"),
+                    _torch_fft_flops(False, operator)),
     ]
     if compile:
-        convs.append(Convolution("compile-reference", "compile", None, "torch.compile(reference_conv)",
-                                 _bind_compiled_reference(),
-                                 _nominal("torch.compile", "inductor(reference)"),
-                                 _torch_fft_flops(True)))
+        convs.append(Convolution("compile-reference", "compile", None,
+                                 f"torch.compile({reference.__name__})", _bind_compiled(reference),
+                                 _nominal("torch.compile", f"inductor(reference){written}"),
+                                 _torch_fft_flops(True, operator),
+                                 first_call="compiles the graph for the shape: made before the "
+                                            "warm-up, left out of every timing (first_call_s)"))
+    options = {"bidirectional": True} if operator.bidirectional else {}
     for p in PRECISIONS:
-        fftconv_p = (lambda p: lambda u, k: mf.fftconv(u, k, precision=p))(p)
+        fftconv_p = (lambda p: lambda u, k, **terms: mf.fftconv(u, k, precision=p, **options,
+                                                                 **terms))(p)
         convs.append(Convolution(f"monarch[{p}]", "monarch", p, "monarch_fftconv.fftconv",
-                                 bind_function(fftconv_p), _explain(p), _monarch_flops))
+                                 bind_function(fftconv_p), _explain(p, operator), _monarch_flops))
     convs.append(Convolution("monarch-module", "monarch", None, "monarch_fftconv.FFTConv",
-                             _bind_module, _explain(None), _monarch_flops))
+                             _bind_module, _explain(None, operator), _monarch_flops,
+                             unavailable=lacks_operator("FFTConv takes no gates or D (monarch[p] "
+                                                        "times them)", operator.gated)))
+    convs.append(cudnn_convolution(device, lacks_operator(
+        "cudnn.ops.fft_causal_conv1d takes one causal filter per channel, no gates or D")))
     for p in TENSOR_CORE_PRECISIONS:
         convs.append(Convolution(f"monarch-tc[{p}]", "monarch", p, "monarch_fftconv.ops.fftconv_op",
-                                 _bind_tensor_core(p), _describe_tensor_core(p), _monarch_flops))
+                                 _bind_tensor_core(p), _describe_tensor_core(p), _monarch_flops,
+                                 unavailable=lacks_operator("the op takes one causal filter per "
+                                                            "channel, no gates or D")))
     return convs
+
+
+# ----------------------------------------------------------------------------- cuDNN (issue #32)
+
+# The production peer: cuDNN's FFT causal convolution, y[t] = Σ_j weight[j]·x[t−j] over x (B, C, L)
+# and weight (C, K) of one dtype, through the frontend's torch wrapper (it pads lengths that are
+# not powers of two itself, and is differentiable by torch.autograd). cuDNN 9.26.0 is the first
+# with it; backend_version() encodes major·10000 + minor·100 + patch.
+CUDNN_MIN_VERSION = 92600
+CUDNN_INSTALL = "pip install nvidia-cudnn-cu13 nvidia-cudnn-frontend"
+CUDNN_DEVICES = ("cuda",)   # where cuDNN runs (a test widens it to run its CPU double)
+CUDNN_FIRST_CALL = ("JIT-compiles cuDNN's kernels for the shape (8-42 s): made before the warm-up, "
+                    "left out of every timing (first_call_s)")
+
+
+def cudnn_version_name(version: int) -> str:
+    """92600 -> '9.26.0'."""
+    return f"{version // 10000}.{version // 100 % 100}.{version % 100}"
+
+
+def load_cudnn(device: str) -> Tuple[Any, Optional[str]]:
+    """(cuDNN's frontend module, None) when it can run the FFT causal convolution on `device`,
+    else (None, why not): never raises, so that a missing peer costs a line, not the run."""
+    if device not in CUDNN_DEVICES:
+        return None, f"cuDNN runs on CUDA devices only, this run is on {device}"
+    try:
+        import cudnn
+    except ImportError as e:   # "No module named 'cudnn'"
+        return None, f"{str(e)[:1].lower()}{str(e)[1:]}; {CUDNN_INSTALL}"
+    except Exception as e:  # noqa: BLE001 -- e.g. a libcudnn the module cannot load
+        return None, f"import cudnn failed ({type(e).__name__}: {e}); {CUDNN_INSTALL}"
+    try:
+        version = int(cudnn.backend_version())
+    except Exception as e:  # noqa: BLE001
+        return None, f"cudnn.backend_version() failed ({type(e).__name__}: {e}); {CUDNN_INSTALL}"
+    if version < CUDNN_MIN_VERSION:
+        return None, (f"cuDNN {cudnn_version_name(version)} is older than "
+                      f"{cudnn_version_name(CUDNN_MIN_VERSION)}, the first with the FFT causal "
+                      f"convolution; pip install -U nvidia-cudnn-cu13")
+    if not callable(getattr(getattr(cudnn, "ops", None), "fft_causal_conv1d", None)):
+        return None, ("this nvidia-cudnn-frontend has no cudnn.ops.fft_causal_conv1d; "
+                      "pip install -U nvidia-cudnn-frontend")
+    return cudnn, None
+
+
+def cudnn_convolution(device: str, lacks_operator: Optional[str] = None) -> Convolution:
+    """The cudnn method: cudnn.ops.fft_causal_conv1d(u, k) as a user calls it (the tensors in the
+    I/O dtype as they are), or, where cuDNN cannot run it (or has no form of the run's operator:
+    `lacks_operator` says why), the method with why not."""
+    cudnn, unavailable = (None, lacks_operator) if lacks_operator else load_cudnn(device)
+
+    def bind(u: Tensor, k: Tensor, training: bool) -> Bound:
+        return bind_function(lambda x, weight: cudnn.ops.fft_causal_conv1d(x, weight))(u, k, training)
+
+    def describe(u: Tensor, k: Tensor, **terms: Tensor) -> Dict[str, Any]:
+        version = cudnn_version_name(int(cudnn.backend_version())) if cudnn is not None else "?"
+        return {"backend": "cuDNN", "kernel": f"cudnn.ops.fft_causal_conv1d (cuDNN {version})",
+                "precision": None}
+    return Convolution("cudnn", "cudnn", None, "cudnn.ops.fft_causal_conv1d", bind, describe,
+                       lambda *args: None, unavailable=unavailable, first_call=CUDNN_FIRST_CALL,
+                       skip_rejected=True)
 
 
 # The tensor-core kernels themselves, through the op, which runs the precision it is given:
@@ -316,7 +504,7 @@ def _describe_tensor_core(precision: str) -> Describe:
     """explain()'s description, except where explain() names the fp32 kernel only because
     fp32_kernel_is_faster routes the call there: the op runs the tensor-core kernel, whose name
     and flops the row then carries."""
-    def describe(u: Tensor, k: Tensor) -> Dict[str, Any]:
+    def describe(u: Tensor, k: Tensor, **terms: Tensor) -> Dict[str, Any]:
         info = _explain(precision)(u, k)
         plan = plan_for(u.shape[-1])
         if info.get("reason") == mf.backends.fp32_kernel_is_faster(precision, True, plan.fft_size):
@@ -332,11 +520,12 @@ def _describe_tensor_core(precision: str) -> Describe:
 
 
 def make_methods(device: str, *, compile: bool = False, backward: bool = False,
-                 only: Optional[Sequence[str]] = None) -> List[Method]:
+                 only: Optional[Sequence[str]] = None, operator: Operator = PLAIN) -> List[Method]:
     """All methods of a run on `device`, in table order (--methods `only` keeps that order):
     forward only, or with `backward` each convolution's training step by autograd.grad, then
-    all by y.backward with accumulation."""
-    convs = convolutions(device, compile=compile)
+    all by y.backward with accumulation. A method that cannot run here is in the list, its
+    `unavailable` saying why: the run reports it as skipped."""
+    convs = convolutions(device, compile=compile, operator=operator)
     if backward:
         methods = [as_method(c, step) for step in TRAIN_STEPS for c in convs]
     else:

@@ -26,9 +26,9 @@ CPU_NOTE = ("CPU FIGURES, NOT GPU ONES: no CUDA device was used, so this run tim
             "monarch_fftconv's CPU path (the backend column says which) against torch.fft on the "
             "host (time.perf_counter medians). These numbers say nothing about GPU performance.")
 
-CSV_FIELDS = ["shape", "B", "C", "L", "pass", "device", "method", "family", "entry", "train_step",
+CSV_FIELDS = ["shape", "B", "C", "L", "pass", "io_dtype", "operator", "device", "method", "family", "entry", "train_step",
               "backend", "kernel", "same_computation_as", "requested_precision", "precision",
-              "status", "warmup_calls", "warmup_s", "warmup_settled",
+              "status", "warmup_calls", "warmup_s", "warmup_settled", "first_call_s",
               "median_ms", "q1_ms", "q3_ms", "iqr_ms", "min_ms", "max_ms",
               "latency_median_ms", "latency_q1_ms", "latency_q3_ms", "latency_iqr_ms",
               "latency_min_ms", "latency_max_ms", "reps", "n_buffers", "l2_flush",
@@ -37,6 +37,8 @@ CSV_FIELDS = ["shape", "B", "C", "L", "pass", "device", "method", "family", "ent
               "latency_speedup_vs_reference", "min_bytes", "gbps", "flops", "tflops",
               "rel_err", "max_abs_err", "allclose", "error_budget", "within_error_budget",
               "grad_u_rel_err", "grad_u_allclose", "grad_k_rel_err", "grad_k_allclose",
+              "grad_D_rel_err", "grad_D_allclose", "grad_pregate_rel_err", "grad_pregate_allclose",
+              "grad_postgate_rel_err", "grad_postgate_allclose",
               "peak_extra_mb", "kernel_launches", "memops",
               "energy_mj", "fft_size", "factors", "reason", "error"]
 

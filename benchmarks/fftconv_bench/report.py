@@ -6,7 +6,7 @@ import math
 import sys
 from typing import Any, Dict, List, Sequence
 
-from fftconv_bench.guard import ATOL, RTOL, is_accurate
+from fftconv_bench.guard import ATOL, RTOL, grad_names, is_accurate
 from fftconv_bench.outputs import CPU_NOTE
 
 RULE = "=" * 100
@@ -55,12 +55,13 @@ def check_legend(max_spread: float) -> str:
 def _accuracy_cells(row: Dict[str, Any]) -> List[str]:
     """rel err (with the grads' in brackets), allclose (y/grads), error budget."""
     err = format_value(row.get("rel_err"), ".2e")
-    if "grad_u_rel_err" in row:
-        err += (f" (du {format_value(row['grad_u_rel_err'], '.1e')}, "
-                f"dk {format_value(row['grad_k_rel_err'], '.1e')})")
+    grads = grad_names(row)
+    if grads:
+        err += " (" + ", ".join(f"d{name} {format_value(row[f'grad_{name}_rel_err'], '.1e')}"
+                                for name in grads) + ")"
     allclose = "yes" if row.get("allclose") else "NO"
-    if "grad_u_allclose" in row:
-        allclose += "/" + ("yes" if row["grad_u_allclose"] and row["grad_k_allclose"] else "NO")
+    if grads:
+        allclose += "/" + ("yes" if all(row[f"grad_{name}_allclose"] for name in grads) else "NO")
     budget = "-"
     if row.get("error_budget") is not None:
         budget = (("ok" if row.get("within_error_budget") else "OVER")
@@ -110,7 +111,9 @@ def format_table(rows: Sequence[Dict[str, Any]], max_spread: float) -> str:
     if not rows:
         return ""
     r0 = rows[0]
-    head = (f"{r0['shape']} (BxCxL, float32)  pass={r0['pass']}  reps={r0['reps']}  "
+    operator = r0.get("operator", "plain")
+    head = (f"{r0['shape']} (BxCxL, {r0.get('io_dtype', 'float32')})"
+            f"{'' if operator == 'plain' else f'  operator={operator}'}  pass={r0['pass']}  reps={r0['reps']}  "
             f"buffers={r0['n_buffers']}{' +L2 flush' if r0['l2_flush'] else ''}"
             f"{' (inputs cache-resident: --quick)' if r0.get('cache_resident_inputs') else ''}  "
             f"memory floor={format_value(r0['floor_ms'], '.4f')} ms")
@@ -135,6 +138,15 @@ def format_table(rows: Sequence[Dict[str, Any]], max_spread: float) -> str:
                    "medians may hold first-call costs)")
     out.extend(f"  ! {r['method']}: {r['error']}" for r in rows if r["status"] != "ok")
     return "\n".join(out)
+
+
+def skip_lines(skipped: Sequence[Dict[str, Any]]) -> List[str]:
+    """One line per reason: the methods it keeps from running, e.g. 'cudnn, cudnn.backward:
+    skipped (no module named 'cudnn'; pip install ...)'."""
+    methods_by_reason: Dict[str, List[str]] = {}
+    for skip in skipped:
+        methods_by_reason.setdefault(skip["reason"], []).append(skip["method"])
+    return [f"{', '.join(methods)}: skipped ({reason})" for reason, methods in methods_by_reason.items()]
 
 
 def row_summary(row: Dict[str, Any]) -> str:
@@ -170,6 +182,15 @@ class Progress:
             self.bar.update(1)
         else:
             print(" " + row_summary(row), file=sys.stderr, flush=True)
+
+    def skip(self, line: str) -> None:
+        """The started method was skipped: `line` says why."""
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.write(line)
+        else:
+            print(" skipped", file=sys.stderr, flush=True)
+            print(line, flush=True)
 
     def write(self, text: str) -> None:
         if self.bar is not None:
