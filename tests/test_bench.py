@@ -372,15 +372,32 @@ def test_plots_say_what_they_leave_out(bench):
     assert plots._label(rows, "monarch[fp32]") == "monarch[fp32] = monarch[bf16]"
 
 
+def _same_code_row(method, entry, kernel, status="ok", median_ms=1.0):
+    return {"method": method, "entry": entry, "train_step": None, "backend": "torch.fft",
+            "kernel": kernel, "status": status, "median_ms": median_ms,
+            "latency_median_ms": median_ms, "validity": "OK"}
+
+
 def test_rows_that_run_the_same_code_are_marked(bench):
-    def row(method, entry, kernel, status="ok"):
-        return {"method": method, "entry": entry, "train_step": None, "backend": "torch.fft",
-                "kernel": kernel, "status": status}
-    rows = [row("monarch[fp32]", "fftconv", "k32"), row("monarch[tf32]", "fftconv", "k32"),
+    row = _same_code_row
+    rows = [row("monarch[fp32]", "fftconv", "k32"), row("monarch[tf32]", "fftconv", "k32", median_ms=1.2),
             row("monarch[bf16]", "fftconv", "tc"), row("monarch[fp16]", "fftconv", "k32", "error"),
             row("monarch-module", "FFTConv", "k32")]
     bench.guard.mark_same_computations(rows)
     assert [r["same_computation_as"] for r in rows] == [None, "monarch[fp32]", None, None, None]
+    assert all(r["validity"] == "OK" for r in rows)  # 1.2 against 1.0: within the 25% spread
+
+
+def test_the_same_code_timed_far_apart_makes_both_rows_noisy(bench):
+    """One computation timed 0.59 and 1.75 ms in one run (another process started between the
+    rows): neither time can be trusted, so neither row gets a speedup."""
+    rows = [_same_code_row("reference", "reference", "ref"), _same_code_row("monarch[fp32]", "fftconv", "k32", median_ms=0.59),
+            _same_code_row("monarch[bf16]", "fftconv", "k32", median_ms=1.75)]
+    rows[0]["family"] = "reference"
+    bench.guard.mark_same_computations(rows, max_spread=0.25)
+    bench.guard.assign_speedups(rows)
+    assert [r["validity"] for r in rows] == ["OK", "NOISY", "NOISY"]
+    assert "machine changed" in rows[1]["noisy_because"] and rows[1]["speedup_vs_reference"] is None
 
 
 def test_on_cpu_the_precisions_are_one_computation(bench, tmp_path):

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 from fftconv_bench.methods import ERROR_BUDGETS, reference_conv
-from fftconv_bench.timing import MAX_SPREAD
+from fftconv_bench.timing import MAX_SPREAD, relative_gap
 
 ATOL = RTOL = 1e-2
 # Storing y in a 16-bit I/O dtype rounds it by up to half an ulp, a relative error of 2^-8
@@ -209,18 +209,28 @@ def assign_speedups(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return list(rows)
 
 
-def mark_same_computations(rows: Sequence[Dict[str, Any]]) -> None:
+def mark_same_computations(rows: Sequence[Dict[str, Any]], max_spread: float = MAX_SPREAD) -> None:
     """same_computation_as on every row of one shape that runs what an earlier row runs: the
     same entry point (precision aside), training step, backend and kernel. On the CPU every
     monarch precision runs the same torch.fft code, as on the GPU a precision that its policy
-    sends to the fp32 kernel runs that kernel: their times differ by noise alone."""
-    first: Dict[tuple, str] = {}
+    sends to the fp32 kernel runs that kernel: their times should differ by noise alone. Where
+    they differ by more than `max_spread`, the machine changed between the two rows (another
+    process started, a clock moved): both become NOISY, since neither can say which was right."""
+    first: Dict[tuple, Dict[str, Any]] = {}
     for r in rows:
         r["same_computation_as"] = None
         if r["status"] != "ok" or not r.get("kernel"):
             continue
         key = (r.get("entry"), r.get("train_step"), r.get("backend"), r.get("kernel"))
-        if key in first:
-            r["same_computation_as"] = first[key]
-        else:
-            first[key] = r["method"]
+        if key not in first:
+            first[key] = r
+            continue
+        twin = first[key]
+        r["same_computation_as"] = twin["method"]
+        if relative_gap(r["median_ms"], twin["median_ms"]) > max_spread:
+            why = (f"the same code as {twin['method']} timed {r['median_ms']:.4g} against "
+                   f"{twin['median_ms']:.4g} ms (the machine changed between the rows)")
+            for row in (r, twin):
+                if row.get("validity") in TRUSTED:
+                    row["validity"] = "NOISY"
+                row["noisy_because"] = "; ".join(filter(None, (row.get("noisy_because"), why)))

@@ -262,8 +262,8 @@ def run_shape(shape: Tuple[int, int, int], methods: Sequence[Method], settings: 
                 skipped.append(skip)
             progress.skip(f"{m.name}: skipped at {skip['shape']} ({skip['reason']})")
             continue
+        guard.mark_same_computations(rows, settings.max_spread)  # may make rows NOISY: first
         guard.assign_speedups(rows)
-        guard.mark_same_computations(rows)
         log.add(rows[-1])
         progress.finish(rows[-1])
     del inputs
