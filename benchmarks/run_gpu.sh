@@ -10,6 +10,8 @@
 #   INSTALL_CHECK=1 bash benchmarks/run_gpu.sh  # also a wheel install and the AOT build, in fresh venvs
 #   EXAMPLE=1 bash benchmarks/run_gpu.sh        # also examples/train_hyena.py (EXAMPLE_ARGS)
 #   SKIP_LONG=1 bash benchmarks/run_gpu.sh      # no long-sequence run (--preset long, forward)
+#   OPERATORS=1 bash benchmarks/run_gpu.sh      # also the operator rows (gated, grouped, bidirectional)
+#                                               # and bf16 I/O, forward and fwd+bwd, at OP_SHAPES
 # Results: $OUT/{gpu.txt,build.log,tests.log,fuzz.log,host.log,bench_fwd.log,bench_bwd.log,
 #                bench_long.log,install.log,bench.tgz,hyena/}, and $OUT/bench_json/{fwd,bwd,long}.json:
 # each benchmark's results.json, kept only when that benchmark finished. They are the input of
@@ -70,6 +72,19 @@ if [ -z "${SKIP_BWD:-}" ] && [ -z "${SKIP_LONG:-}" ]; then
   echo "== benchmark: long sequences, forward (--preset long: L = 16384 .. 4M)"
   timeout 300 python3 benchmarks/bench_cufft.py --preset long --out /tmp/bench_long ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_long.log"
   keep_json long /tmp/bench_long "${PIPESTATUS[0]}"
+fi
+if [ -n "${OPERATORS:-}" ]; then
+  # Not table JSON: readme_tables takes plain fp32-I/O runs. Logs only.
+  for pass in "" --backward; do
+    for op in gated grouped bidirectional; do
+      echo "== benchmark: --operator $op $pass"
+      timeout 200 python3 benchmarks/bench_cufft.py --operator "$op" $pass --shapes "${OP_SHAPES:-16x256x8192}" \
+        --no-plots --out "/tmp/bench_op_${op}${pass:+_bwd}" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_op_${op}${pass:+_bwd}.log"
+    done
+    echo "== benchmark: --io-dtype bfloat16 $pass"
+    timeout 200 python3 benchmarks/bench_cufft.py --io-dtype bfloat16 $pass --shapes "${OP_SHAPES:-16x256x8192}" \
+      --no-plots --out "/tmp/bench_bf16io${pass:+_bwd}" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_bf16io${pass:+_bwd}.log"
+  done
 fi
 [ "${#BENCH_DIRS[@]}" -gt 0 ] && tar czf "$OUT/bench.tgz" -C /tmp "${BENCH_DIRS[@]}"
 
