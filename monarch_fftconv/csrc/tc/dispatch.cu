@@ -20,6 +20,24 @@ using LaunchFn = cudaError_t (*)(const ConvForwardParams&, cudaStream_t);
 
 }  // namespace tc
 
+namespace engine {
+// Defined in tc/engine_kernel.cuh; instantiated in tc/engine_instances.cu.
+template <Precision P, IOType IO>
+cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream);
+
+// The tensor-core engine (docs/design.md, "The next tensor-core engine"), on request only
+// (MONARCH_FFTCONV_TC_KERNEL=engine): split 128 x 128, bf16/fp16 operands, fp32 I/O so far.
+// Any other call under the request keeps the kernel it would take without it.
+inline tc::LaunchFn pick(const ConvForwardParams& p) {
+  if (p.io_type != IOType::kFloat32) return nullptr;
+  switch (p.precision) {
+    case Precision::kBF16: return &launch<Precision::kBF16, IOType::kFloat32>;
+    case Precision::kFP16: return &launch<Precision::kFP16, IOType::kFloat32>;
+    default: return nullptr;
+  }
+}
+}  // namespace engine
+
 namespace sm90 {
 // Defined in tc/sm90_kernel.cuh; instantiated in tc/sm90_instances.cu.
 template <Precision P, IOType IO, int SeqWarpgroups>
@@ -50,6 +68,7 @@ tc::LaunchFn pick(const ConvForwardParams& p) {
   if (p.n1 != 128 || p.n2 != 128) return nullptr;
   const char* requested = std::getenv("MONARCH_FFTCONV_TC_KERNEL");
   if (requested == nullptr) return nullptr;
+  if (std::strcmp(requested, "engine") == 0) return engine::pick(p);
   if (std::strcmp(requested, "sm90") == 0) return pick_precision<2>(p.precision, p.io_type);
   if (std::strcmp(requested, "sm90-2seq") == 0) return pick_precision<1>(p.precision, p.io_type);
   return nullptr;

@@ -1,0 +1,14 @@
+// monarch_fftconv: instances of the Hopper tensor-core engine's forward, tc/engine_kernel.cuh:
+// split 128 x 128, bf16 and fp16 operands, fp32 I/O.
+// CUDA + CuTe headers only: never include torch here.
+
+#include "tc/engine_kernel.cuh"
+
+namespace monarch_fftconv {
+namespace engine {
+
+template cudaError_t launch<Precision::kBF16, IOType::kFloat32>(const ConvForwardParams&, cudaStream_t);
+template cudaError_t launch<Precision::kFP16, IOType::kFloat32>(const ConvForwardParams&, cudaStream_t);
+
+}  // namespace engine
+}  // namespace monarch_fftconv

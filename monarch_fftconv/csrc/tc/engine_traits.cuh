@@ -1,0 +1,148 @@
+// monarch_fftconv: the traits of the Hopper tensor-core engine (tc/engine_kernel.cuh; design in
+// docs/design.md, "The next tensor-core engine"): its wgmma operations, and EngineTraits, the one
+// home of its constants and its shared-memory layout. Split 128 x 128 (N = 16384) only, so far.
+//
+// CUDA + CuTe headers only: never include torch here.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+
+#include "fftconv.h"
+#include "common/limits.cuh"
+#include "tc/io_traits.cuh"
+
+namespace monarch_fftconv {
+namespace engine {
+
+using namespace cute;
+using GM = GMMA::Major;
+using GS = GMMA::ScaleIn;
+
+// The operand type and the three wgmma shapes the engine issues (fp32 accumulators):
+//   Wide:  m64 n128 k16, both operands in shared memory (stage 1);
+//   Narrow: m64 n64 k16, both in shared memory (inverse 1);
+//   Chained: m64 n64 k16, A from registers (stage 2, inverse 2: the previous accumulator).
+template <Precision P> struct Ops;
+template <> struct Ops<Precision::kBF16> {
+  using T = cute::bfloat16_t;
+  template <GM A, GM B, GS S = GS::One> using Wide = SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<A, B, S>;
+  template <GM A, GM B, GS S = GS::One> using Narrow = SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<A, B, S>;
+  template <GS S = GS::One> using Chained = SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS<GM::K, GM::K, S>;
+  template <GM A, GM B> using WideAtom = SM90_64x128x16_F32BF16BF16_SS<A, B>;
+  template <GM A, GM B> using NarrowAtom = SM90_64x64x16_F32BF16BF16_SS<A, B>;
+};
+template <> struct Ops<Precision::kFP16> {
+  using T = cute::half_t;
+  template <GM A, GM B, GS S = GS::One> using Wide = SM90::GMMA::MMA_64x128x16_F32F16F16_SS<A, B, S>;
+  template <GM A, GM B, GS S = GS::One> using Narrow = SM90::GMMA::MMA_64x64x16_F32F16F16_SS<A, B, S>;
+  template <GS S = GS::One> using Chained = SM90::GMMA::MMA_64x64x16_F32F16F16_RS<GM::K, GM::K, S>;
+  template <GM A, GM B> using WideAtom = SM90_64x128x16_F32F16F16_SS<A, B>;
+  template <GM A, GM B> using NarrowAtom = SM90_64x64x16_F32F16F16_SS<A, B>;
+};
+
+// One unit of the producer's stream, published with its ring stage: which sequences of which
+// channel fill Zr and Zi, where Re and Im go, and whether the output is checked for non-finite
+// values (a packed pair: a flagged one is run again, one sequence at a time, as two unchecked
+// items). channel < 0 ends the stream.
+struct Item {
+  int32_t channel;
+  int32_t seq_re;  // batch index of Zr's sequence, also where Re is stored
+  int32_t seq_im;  // batch index of Zi's sequence, or -1 (zeros; Im is not stored)
+  int32_t checked;
+};
+
+// ---------------------------------------------------------------------------
+// The traits. Per job: one packed pair z = u_a + i·u_b (n1 = 128: a pair's 128 spectrum rows
+// are the job's, rows k1 < 64 in consumer warpgroup 0, k1 >= 64 in consumer warpgroup 1).
+//
+// Shared memory (operand type T unless said; GMMA 128-byte swizzles):
+//   f1c, f1s (128 k1, 64 r)  K-major  cos, sin(2 pi k1 r / 128): stage 1's A (rows of the tile);
+//                                      inverse 1 reads the same bytes as (r, k1), MN-major
+//   f2c, f2s (64 j, 128 s)   K-major  cos, sin(2 pi s j / 128), j < 64; f2s's j = 0 holds (-1)^s,
+//                                      column n2/2's cosines: stage 2 and inverse 2's B
+//   handoff  2 x (128 s, 128 k1) MN-major  inverse 2's output (re, im): inverse 1's B
+//   ring     2 stages x 2 x (128 s, 64 r) MN-major  Zr, Zi: stage 1's B
+//   filter   (65 k1, 128 k2) words of (re, im) in T, XOR-swizzled: the channel's half rows,
+//            (K + D/N)·2^e
+// ---------------------------------------------------------------------------
+template <Precision P_, IOType IO_>
+struct EngineTraits {
+  using Io = tc::IoTraits<IO_>;
+  using O = Ops<P_>;
+  using T = typename O::T;
+
+  using N1 = _128;         // stage-1 DFT: rows r (time) / k1 (frequency)
+  using N2 = _128;         // stage-2 DFT: columns s (time) / k2 (frequency)
+  using TileRows = _64;    // wgmma's M: a consumer warpgroup's rows k1, and the input rows r < n1/2
+  using HalfCols = _64;    // n2/2: the F2 half columns j, and a warpgroup's output columns s
+  static constexpr int kN1 = N1::value, kN2 = N2::value, kN = kN1 * kN2;
+  static constexpr int kTileRows = TileRows::value, kHalfCols = HalfCols::value;
+  static constexpr int kInputRows = kN1 / 2;      // u lives in rows r < 64 (L <= N/2)
+  static constexpr int kFilterRows = kN1 / 2 + 1;  // the contract's half rows k1 = 0 .. 64
+  static constexpr int kKStep = 16;                // wgmma's K for 16-bit operands
+
+  static constexpr int kWarpgroup = 128;
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = kWarpgroup * (1 + kConsumers);  // producer first, then consumers
+  static constexpr int kProducerRegs = 48;
+  static constexpr int kConsumerRegs = 232;
+  static_assert(kConsumers * kWarpgroup * kConsumerRegs + kWarpgroup * kProducerRegs <= 65536,
+                "the register file after setmaxnreg");
+  static constexpr int kStages = 2;  // the ring
+  static constexpr int kU8PerThread = 8;  // consecutive samples a producer thread loads and stores (16 B)
+
+  // Named barriers (0 is __syncthreads). rows_ready(w): warpgroup w's hand-off rows are stored;
+  // handoff_free(w): the partner has read them, w may write the next job's.
+  static constexpr int kBarProducer = 1;
+  static constexpr int barrier_rows_ready(int wg) { return 2 + wg; }
+  static constexpr int barrier_handoff_free(int wg) { return 4 + wg; }
+
+  // Shared-memory layouts, as (N or M, K) of the GEMMs that read them.
+  using LayoutF1 = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<N1, TileRows>{}));   // (k1, r)
+  using LayoutF1T = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<TileRows, N1>{})); // (r, k1)
+  using LayoutF2 = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<HalfCols, N2>{}));   // (j, s|k2)
+  using LayoutRing = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<N2, TileRows>{})); // (s, r)
+  using LayoutHandoff = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<N2, N1>{}));  // (s, k1)
+  static_assert(cosize(LayoutF1{}) == cosize(LayoutF1T{}), "inverse 1 reads F1's bytes transposed");
+
+  static constexpr int kF1Elems = kN1 * kTileRows;
+  static constexpr int kF2Elems = kHalfCols * kN2;
+  static constexpr int kRingElems = kN2 * kInputRows;
+  static constexpr int kHandoffElems = kN2 * kN1;
+
+  struct alignas(1024) Smem {
+    T f1c[kF1Elems];
+    T f1s[kF1Elems];
+    T f2c[kF2Elems];
+    T f2s[kF2Elems];
+    T handoff[2][kHandoffElems];         // re, im
+    T ring[kStages][2][kRingElems];      // stage, (Zr, Zi)
+    uint32_t filter[kFilterRows * kN2];  // (re, im) words
+    uint64_t full[kStages], empty[kStages], done[kStages];
+    uint64_t filter_full, filter_free;
+    Item item[kStages];
+    uint32_t nonfinite[kStages];         // the checked item's flag
+    float filter_unscale;                // 2^-e
+    float peak[kWarpgroup / 32];         // the producer's reduction of the filter's largest component
+  };
+  static constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // + the base's alignment slack
+
+  static_assert(sizeof(T) == 2, "GMMA operands here are 16-bit");
+  static_assert(kSmemBytes <= max_smem_per_cta(1), "one CTA per SM, within 227 KB");
+  static_assert(kN1 == 128 && kN2 == 128, "split 128 x 128: one pair a job");
+  static_assert(kTileRows * kConsumers == kN1, "a tile per consumer warpgroup covers a pair's rows");
+};
+
+// The resident filter's word of (k1, k2), k1 <= n1/2: row-dependent XOR on bits 0, 3, 4 of the
+// column, so that a warp's reads (rows g = lane/4, columns 2q + e + 8j) spread over the banks.
+template <int kN2>
+__device__ __forceinline__ int filter_word(int k1, int k2) {
+  return k1 * kN2 + (k2 ^ ((k1 & 1) | ((k1 & 6) << 2)));
+}
+
+}  // namespace engine
+}  // namespace monarch_fftconv

@@ -1,0 +1,94 @@
+"""The Hopper tensor-core engine's forward (docs/design.md, "The next tensor-core engine"), run on
+request (MONARCH_FFTCONV_TC_KERNEL=engine) at N = 16384, bf16 and fp16 operands, fp32 I/O:
+the float64 budget with an odd batch (the last pair's partner is zeros) and L not a multiple
+of 128, the skip term folded into the spectrum, the NaN rule (a poisoned sequence does not
+reach its pair partner; the other pairs are bitwise unchanged), determinism, and that the
+request reaches the engine. Skipped without a GPU."""
+
+import pytest
+import torch
+
+import monarch_fftconv as mf
+from monarch_fftconv.backends import BACKEND_ENV
+
+from helpers import BUDGETS, randn, reference, rel_l2, requires_cuda
+from test_cuda import poisoned_call
+
+pytestmark = requires_cuda
+
+DEVICE = "cuda"
+KERNEL_ENV = "MONARCH_FFTCONV_TC_KERNEL"
+PRECISIONS = ["bf16", "fp16"]
+
+
+@pytest.fixture
+def engine(monkeypatch):
+    """The engine, through the ops (MONARCH_FFTCONV_BACKEND=portable): calls that fill the GPU
+    would otherwise take the fp32 kernel."""
+    monkeypatch.setenv(KERNEL_ENV, "engine")
+    monkeypatch.setenv(BACKEND_ENV, "portable")
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("length", [8192, 8191])
+def test_budget_odd_batch(length, precision, engine, gen):
+    u, k = randn(gen, 3, 5, length, device=DEVICE), randn(gen, 5, length, device=DEVICE)
+    d = randn(gen, 5, device=DEVICE)
+    y = poisoned_call(lambda: mf.fftconv(u, k, D=d, precision=precision), u)
+    assert torch.isfinite(y).all(), "unwritten (NaN) outputs"
+    assert rel_l2(y, reference(u, k, d)) <= BUDGETS[precision]
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_budget_small_filter(precision, engine, gen):
+    """The benchmark's filter scale (randn/sqrt(L)): the per-channel 2^e keeps fp16's spectrum normal."""
+    length = 8192
+    u, k = randn(gen, 3, 5, length, device=DEVICE), randn(gen, 5, length, device=DEVICE) / length**0.5
+    assert rel_l2(mf.fftconv(u, k, precision=precision), reference(u, k)) <= BUDGETS[precision]
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_request_reaches_the_engine(precision, monkeypatch, gen):
+    u, k = randn(gen, 4, 6, 8192, device=DEVICE), randn(gen, 6, 8192, device=DEVICE)
+    monkeypatch.setenv(BACKEND_ENV, "portable")
+    monkeypatch.setenv(KERNEL_ENV, "sm80")
+    old = mf.fftconv(u, k, precision=precision)
+    monkeypatch.setenv(KERNEL_ENV, "engine")
+    new = mf.fftconv(u, k, precision=precision)
+    assert not torch.equal(old, new), "the request did not reach the engine"
+    assert rel_l2(new, old) <= BUDGETS[precision]
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("poison", [float("nan"), float("inf")])
+def test_a_nonfinite_sequence_stays_alone(poison, precision, engine, gen):
+    """Batch entries (0, 1), (2, 3), (4) pair up; a NaN/Inf in entry 1 of channel 2 is rerun
+    unpacked: entry 0 stays finite and within the budget, every other pair is bitwise unchanged."""
+    length = 8191
+    u, k = randn(gen, 5, 3, length, device=DEVICE), randn(gen, 3, length, device=DEVICE)
+    clean = mf.fftconv(u, k, precision=precision)
+    u[1, 2, 1234] = poison
+    dirty = mf.fftconv(u, k, precision=precision)
+    assert not torch.isfinite(dirty[1, 2]).all()
+    assert torch.isfinite(dirty[0, 2]).all(), "the poison reached the pair partner"
+    assert rel_l2(dirty[0, 2], reference(u[0, 2], k[2])) <= BUDGETS[precision]
+    mask = torch.ones(5, 3, dtype=torch.bool)
+    mask[0, 2] = mask[1, 2] = False
+    assert torch.equal(dirty[mask], clean[mask])
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_deterministic(precision, engine, gen):
+    u, k = randn(gen, 3, 5, 8192, device=DEVICE), randn(gen, 5, 8192, device=DEVICE)
+    first = mf.fftconv(u, k, precision=precision)
+    for _ in range(3):
+        assert torch.equal(mf.fftconv(u, k, precision=precision), first)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_many_jobs_per_cta(precision, engine, gen):
+    """More jobs than SMs: each CTA walks a channel-major range and changes channel (filter reloads)."""
+    u, k = randn(gen, 8, 96, 8192, device=DEVICE), randn(gen, 96, 8192, device=DEVICE)
+    y = poisoned_call(lambda: mf.fftconv(u, k, precision=precision), u)
+    assert torch.isfinite(y).all(), "unwritten (NaN) outputs"
+    assert rel_l2(y, reference(u, k)) <= BUDGETS[precision]
