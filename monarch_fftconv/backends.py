@@ -281,13 +281,20 @@ BACKEND_CHOICES = ("auto", "portable")
 _decisions: dict[tuple, Backend] = {}
 
 # Which tensor-core kernel runs the 128x128 split (N = 16384) in bf16/fp16: the mma.sync kernel by
-# default, the Hopper wgmma kernel on request ("sm90"; it measured slower so far, docs/performance.md).
-# The binding reads the same variable per call; here it only names the kernel in explain().
+# default, the Hopper wgmma kernel on request ("sm90"; it measured slower so far, docs/performance.md),
+# the tensor-core engine on request ("engine"; fp32 I/O only, compiled but not yet run on a GPU:
+# docs/design.md, "The next tensor-core engine"). The binding reads the same variable per call
+# (tc/dispatch.cu); here it only names the kernel in explain().
 TC_KERNEL_ENV = "MONARCH_FFTCONV_TC_KERNEL"
 
 
-def _tensor_core_kernel(plan: MonarchPlan, precision: str) -> str:
-    if plan.factors == (128, 128) and precision in ("bf16", "fp16") and os.environ.get(TC_KERNEL_ENV, "").startswith("sm90"):
+def _tensor_core_kernel(plan: MonarchPlan, precision: str, dtype: torch.dtype) -> str:
+    requested = os.environ.get(TC_KERNEL_ENV, "")
+    if plan.factors != (128, 128) or precision not in ("bf16", "fp16"):
+        return "the mma.sync kernel"
+    if requested == "engine" and dtype == torch.float32:
+        return "the tensor-core engine (on request; not yet run on a GPU)"
+    if requested.startswith("sm90"):
         return "the Hopper wgmma kernel"
     return "the mma.sync kernel"
 
@@ -392,14 +399,14 @@ def _decide(
                          f"{precision}, more accurate than asked")
     if (why := fp32_kernel_is_faster(precision, fills, plan.fft_size)) is not None:
         return FusedFP32("cuda-fp32", f"fused fp32 radix FFT conv, N={plan.fft_size}", why, runs_as="fp32")
-    return tensor_core_backend(plan, precision)
+    return tensor_core_backend(plan, precision, dtype)
 
 
-def tensor_core_backend(plan: MonarchPlan, precision: str) -> FusedTensorCore:
+def tensor_core_backend(plan: MonarchPlan, precision: str, dtype: torch.dtype = torch.float32) -> FusedTensorCore:
     """The fused tensor-core kernel of `precision` at a split it covers: what a call takes unless
     `fp32_kernel_is_faster` sends it to the fp32 kernel (the benchmark's monarch-tc methods run it
     regardless, through the op)."""
     factors = "x".join(map(str, plan.factors))
     return FusedTensorCore("cuda-tensor-core", f"fused Monarch {factors} on tensor cores, {precision} operands, "
-                           f"{_tensor_core_kernel(plan, precision)}",
+                           f"{_tensor_core_kernel(plan, precision, dtype)}",
                            "the fused tensor-core kernel covers this call")

@@ -197,6 +197,23 @@ def hopper_kernels(monkeypatch):
 H200_SMS = 132
 
 
+@pytest.mark.parametrize("request_, dtype, kernel", [
+    (None, torch.float32, "the mma.sync kernel"),
+    ("sm90", torch.float32, "the Hopper wgmma kernel"),
+    ("engine", torch.float32, "the tensor-core engine"),
+    ("engine", torch.bfloat16, "the mma.sync kernel"),  # the engine takes fp32 I/O only: dispatch.cu
+])
+def test_explain_names_the_requested_tensor_core_kernel(hopper_kernels, monkeypatch, request_, dtype, kernel):
+    """A small bf16 call at N = 16384 (it takes the tensor cores) names the kernel that
+    MONARCH_FFTCONV_TC_KERNEL selects in tc/dispatch.cu, and the decision follows the variable."""
+    if request_ is None:
+        monkeypatch.delenv(hopper_kernels.TC_KERNEL_ENV, raising=False)
+    else:
+        monkeypatch.setenv(hopper_kernels.TC_KERNEL_ENV, request_)
+    backend = hopper_kernels.select_backend(torch.device("cuda", 0), dtype, "bf16", plan_for(8192), sequences=7)
+    assert backend.name == "cuda-tensor-core" and kernel in backend.kernel
+
+
 @pytest.mark.parametrize("precision, name", [("fp32", "cuda-fp32"), ("bf16", "cuda-tensor-core")])
 def test_gpu_calls_a_kernel_covers_take_it(hopper_kernels, precision, name):
 
