@@ -215,7 +215,8 @@ def mark_same_computations(rows: Sequence[Dict[str, Any]], max_spread: float = M
     monarch precision runs the same torch.fft code, as on the GPU a precision that its policy
     sends to the fp32 kernel runs that kernel: their times should differ by noise alone. Where
     they differ by more than `max_spread`, the machine changed between the two rows (another
-    process started, a clock moved): both become NOISY, since neither can say which was right."""
+    process started, a clock moved): the later row becomes NOISY and says so. The earlier one
+    was logged as it finished (results.jsonl) and stays as logged; the reason names it."""
     first: Dict[tuple, Dict[str, Any]] = {}
     for r in rows:
         r["same_computation_as"] = None
@@ -230,7 +231,6 @@ def mark_same_computations(rows: Sequence[Dict[str, Any]], max_spread: float = M
         if relative_gap(r["median_ms"], twin["median_ms"]) > max_spread:
             why = (f"the same code as {twin['method']} timed {r['median_ms']:.4g} against "
                    f"{twin['median_ms']:.4g} ms (the machine changed between the rows)")
-            for row in (r, twin):
-                if row.get("validity") in TRUSTED:
-                    row["validity"] = "NOISY"
-                row["noisy_because"] = "; ".join(filter(None, (row.get("noisy_because"), why)))
+            if r.get("validity") in TRUSTED:
+                r["validity"] = "NOISY"
+            r["noisy_because"] = "; ".join(filter(None, (r.get("noisy_because"), why)))
