@@ -155,7 +155,8 @@ def _finish_axes(ax, B: int, C: int, ylabel: str) -> None:
     ax.set_title(f"B={B}, C={C}", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
+        ax.margins(y=0.35)  # headroom, where loc="best" puts the legend clear of the points
+        ax.legend(fontsize=7, loc="best")
     else:   # e.g. every row NOISY: no speedup to draw
         ax.text(0.5, 0.5, "no trusted rows to draw", transform=ax.transAxes, ha="center")
 
@@ -182,6 +183,10 @@ def plot_speedup(out_dir, rows, meta) -> List[str]:
             for m, style, pts in _series(grp, _has_speedup):
                 ax.plot([r["L"] for r in pts], [r["speedup_vs_reference"] for r in pts],
                         marker="o", ms=4, label=_label(grp, m), **style)
+                for r in pts:  # the value itself: a narrow range leaves the log axis one tick
+                    ax.annotate(f"{r['speedup_vs_reference']:.2f}x", (r["L"], r["speedup_vs_reference"]),
+                                textcoords="offset points", xytext=(4, 3), fontsize=7,
+                                color=style.get("color"))
             ax.axhline(1.0, color="k", lw=1, ls="--")
             ax.set_yscale("log", base=2)
             ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
