@@ -250,10 +250,7 @@ __device__ void producer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
       load_plane<Cfg>(p, item.seq_re, item.channel, vec_ok, smem_address(sm.ring[stage][0]), pt);
       load_plane<Cfg>(p, item.seq_im, item.channel, vec_ok, smem_address(sm.ring[stage][1]), pt);
     }
-    if (pt == 0) {
-      sm.item[stage] = item;
-      sm.nonfinite[stage] = 0;
-    }
+    if (pt == 0) sm.item[stage] = item;
     fence_proxy_async();  // the planes, for stage 1's wgmma
     mbar_arrive(&sm.full[stage]);
     ++emitted;
@@ -267,11 +264,16 @@ __device__ void producer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
     return stage;
   };
   // After the item that follows it is out: the checked item's flag; a non-finite output of a
-  // pair of two sequences is computed again, each sequence alone.
+  // pair of two sequences is computed again, each sequence alone. The flag is cleared here,
+  // once every producer thread has read it, not when its stage is next emitted: a rerun is
+  // emitted into the stage of the checked item after it, whose flag is still to be read.
   auto settle = [&](int stage, Item item) {
     mbar_wait(&sm.done[stage], done_waits[stage] & 1);
     ++done_waits[stage];
-    if (*reinterpret_cast<volatile uint32_t*>(&sm.nonfinite[stage]) != 0 && item.seq_im >= 0) {
+    const bool flagged = *reinterpret_cast<volatile uint32_t*>(&sm.nonfinite[stage]) != 0;
+    named_sync(Cfg::kBarProducer, Cfg::kWarpgroup);
+    if (pt == 0) sm.nonfinite[stage] = 0;  // published to the consumers by the next full arrive
+    if (flagged && item.seq_im >= 0) {
       emit(Item{item.channel, item.seq_re, -1, 0});
       emit(Item{item.channel, item.seq_im, -1, 0});
     }
@@ -721,6 +723,7 @@ __global__ void __launch_bounds__(EngineTraits<P, IO>::kThreads, 1) engine_forwa
     }
     mbar_init(&sm.filter_full, Cfg::kWarpgroup);
     mbar_init(&sm.filter_free, 4 * Cfg::kConsumers);
+    for (int s = 0; s < Cfg::kStages; ++s) sm.nonfinite[s] = 0;  // cleared again as each is read
   }
   fence_proxy_async();  // the tables, for the wgmma
   __syncthreads();
