@@ -668,6 +668,9 @@ __device__ void consumer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
     }
     fence_proxy_async();
     named_arrive(Cfg::barrier_rows_ready(wg), 2 * Cfg::kWarpgroup);
+    // wgmma orders no shared-memory writes of the other warps: inverse 1's own k steps read
+    // every warp's rows, so the warpgroup meets first (the rule of sm90_gmma.cuh).
+    named_sync(Cfg::barrier_own_rows(wg), Cfg::kWarpgroup);
     float yr[32], yi[32];
     inverse1<Cfg>(sF1cT, sF1sT, sHrHalf, sHiHalf, wg, yr, yi);
     named_arrive(Cfg::barrier_handoff_free(1 - wg), 2 * Cfg::kWarpgroup);

@@ -96,10 +96,12 @@ struct EngineTraits {
   static constexpr int kU8PerThread = 8;  // consecutive samples a producer thread loads and stores (16 B)
 
   // Named barriers (0 is __syncthreads). rows_ready(w): warpgroup w's hand-off rows are stored;
-  // handoff_free(w): the partner has read them, w may write the next job's.
+  // handoff_free(w): the partner has read them, w may write the next job's; own_rows(w): all of
+  // w's warps have stored (and fenced) their rows, before w's own wgmma reads them.
   static constexpr int kBarProducer = 1;
   static constexpr int barrier_rows_ready(int wg) { return 2 + wg; }
   static constexpr int barrier_handoff_free(int wg) { return 4 + wg; }
+  static constexpr int barrier_own_rows(int wg) { return 6 + wg; }
 
   // Shared-memory layouts, as (N or M, K) of the GEMMs that read them.
   using LayoutF1 = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<N1, TileRows>{}));   // (k1, r)
