@@ -684,6 +684,9 @@ __device__ void consumer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
     }
     ++taken;
   }
+  // The partner's arrive after its last inverse 1 gave one more credit than there were jobs:
+  // take it, so that no named barrier is left half arrived at exit.
+  named_sync(Cfg::barrier_handoff_free(wg), 2 * Cfg::kWarpgroup);
 }
 
 // The DFT tables, once per CTA, from sincospi in double with the angle reduced in integers.
