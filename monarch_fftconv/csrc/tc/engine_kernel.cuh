@@ -202,6 +202,7 @@ __device__ __forceinline__ void load_filter(const ConvForwardParams& p, int c, t
   const float2* spec = reinterpret_cast<const float2*>(p.filter_spectrum) + c * int64_t(kWords);
   const float skip = p.skip != nullptr ? __ldg(p.skip + c) / float(Cfg::kN) : 0.0f;
   float peak = 0.0f;
+#pragma unroll 1
   for (int i = pt; i < kWords; i += Cfg::kWarpgroup) {
     const float2 k = __ldg(spec + i);
     peak = fmaxf(peak, fmaxf(fabsf(k.x + skip), fabsf(k.y)));  // fmaxf drops NaN: checked below
@@ -219,6 +220,7 @@ __device__ __forceinline__ void load_filter(const ConvForwardParams& p, int c, t
     e = 1 - x;
   }
   const float scale = ldexpf(1.0f, e);
+#pragma unroll 1
   for (int i = pt; i < kWords; i += Cfg::kWarpgroup) {
     const float2 k = __ldg(spec + i);
     const int k1 = i / Cfg::kN2, k2 = i % Cfg::kN2;
@@ -236,7 +238,7 @@ __device__ void producer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
   const bool vec_ok = (reinterpret_cast<uintptr_t>(p.u) % 16) == 0 && p.u_batch_stride % 4 == 0 &&
                       p.u_channel_stride % 4 == 0;
   uint32_t emitted = 0;          // items out: item n in stage n % 2
-  uint32_t done_waits[2] = {0, 0};
+  uint32_t done_parity = 0;      // bit s: the parity of done[s]'s next phase (a register, not a local array)
   uint32_t filter_loads = 0;
   int resident = -1;
 
@@ -265,8 +267,8 @@ __device__ void producer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
   // once every producer thread has read it, not when its stage is next emitted: a rerun is
   // emitted into the stage of the checked item after it, whose flag is still to be read.
   auto settle = [&](int stage, Item item) {
-    mbar_wait(&sm.done[stage], done_waits[stage] & 1);
-    ++done_waits[stage];
+    mbar_wait(&sm.done[stage], (done_parity >> stage) & 1);
+    done_parity ^= 1u << stage;
     const bool flagged = *reinterpret_cast<volatile uint32_t*>(&sm.nonfinite[stage]) != 0;
     named_sync(Cfg::kBarProducer, Cfg::kWarpgroup);
     if (pt == 0) sm.nonfinite[stage] = 0;  // published to the consumers by the next full arrive
@@ -276,17 +278,15 @@ __device__ void producer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
     }
   };
 
-  int pending_stage = -1;
-  Item pending{};
+  int pending_stage = -1;  // the previous job's: its item is made again from its index
+  int job = job_begin;
 #pragma unroll 1
-  for (int job = job_begin; job < job_end; ++job) {
-    const Item item = job_item(job, batch);
-    const int stage = emit(item);
-    if (pending_stage >= 0) settle(pending_stage, pending);
+  for (; job < job_end; ++job) {
+    const int stage = emit(job_item(job, batch));
+    if (pending_stage >= 0) settle(pending_stage, job_item(job - 1, batch));
     pending_stage = stage;
-    pending = item;
   }
-  if (pending_stage >= 0) settle(pending_stage, pending);
+  if (pending_stage >= 0) settle(pending_stage, job_item(job - 1, batch));
   emit(Item{-1, -1, -1, 0});
 }
 
