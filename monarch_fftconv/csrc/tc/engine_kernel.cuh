@@ -31,7 +31,6 @@ namespace engine {
 using namespace cute;
 using sm90::pack2;
 using sm90::st_shared;
-using sm90::swizzled_offset;
 
 // ---------------------------------------------------------------------------
 // Synchronisation: mbarriers (the ring, the filter, the non-finite flags), named barriers
@@ -174,7 +173,6 @@ __device__ __forceinline__ void load_plane(const ConvForwardParams& p, int seq, 
   using T = typename Cfg::T;
   constexpr int kChunksPerRow = Cfg::kN2 / Cfg::kU8PerThread;  // 16
   constexpr int kChunks = Cfg::kInputRows * kChunksPerRow;      // 1024
-  const typename Cfg::LayoutRing ring{};
   const int L = int(p.seq_len);
   const float* u = static_cast<const float*>(p.u) + (seq >= 0 ? seq * p.u_batch_stride + c * p.u_channel_stride : 0);
 #pragma unroll 1
@@ -190,7 +188,7 @@ __device__ __forceinline__ void load_plane(const ConvForwardParams& p, int seq, 
 #pragma unroll
       for (int i = 0; i < 8; ++i) v[i] = (seq >= 0 && t0 + i < L) ? __ldg(u + t0 + i) : 0.0f;
     }
-    st_shared_v4(plane + 2 * swizzled_offset(ring, s0, r),
+    st_shared_v4(plane + 2 * Cfg::ring_offset(s0, r),
                  make_uint4(pack2<T>(v[0], v[1]), pack2<T>(v[2], v[3]), pack2<T>(v[4], v[5]), pack2<T>(v[6], v[7])));
   }
 }
@@ -204,6 +202,7 @@ __device__ __forceinline__ void load_filter(const ConvForwardParams& p, int c, t
   const float2* spec = reinterpret_cast<const float2*>(p.filter_spectrum) + c * int64_t(kWords);
   const float skip = p.skip != nullptr ? __ldg(p.skip + c) / float(Cfg::kN) : 0.0f;
   float peak = 0.0f;
+#pragma unroll 1
   for (int i = pt; i < kWords; i += Cfg::kWarpgroup) {
     const float2 k = __ldg(spec + i);
     peak = fmaxf(peak, fmaxf(fabsf(k.x + skip), fabsf(k.y)));  // fmaxf drops NaN: checked below
@@ -221,6 +220,7 @@ __device__ __forceinline__ void load_filter(const ConvForwardParams& p, int c, t
     e = 1 - x;
   }
   const float scale = ldexpf(1.0f, e);
+#pragma unroll 1
   for (int i = pt; i < kWords; i += Cfg::kWarpgroup) {
     const float2 k = __ldg(spec + i);
     const int k1 = i / Cfg::kN2, k2 = i % Cfg::kN2;
@@ -235,11 +235,10 @@ template <class Cfg>
 __device__ void producer(const ConvForwardParams& p, typename Cfg::Smem& sm, int job_begin, int job_end) {
   const int pt = threadIdx.x % Cfg::kWarpgroup;
   const int batch = int(p.batch);    // 32-bit: the dispatch holds batch·channels below 2^31
-  const int pairs = (batch + 1) / 2;  // J: jobs per channel
   const bool vec_ok = (reinterpret_cast<uintptr_t>(p.u) % 16) == 0 && p.u_batch_stride % 4 == 0 &&
                       p.u_channel_stride % 4 == 0;
   uint32_t emitted = 0;          // items out: item n in stage n % 2
-  uint32_t done_waits[2] = {0, 0};
+  uint32_t done_parity = 0;      // bit s: the parity of done[s]'s next phase (a register, not a local array)
   uint32_t filter_loads = 0;
   int resident = -1;
 
@@ -250,10 +249,7 @@ __device__ void producer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
       load_plane<Cfg>(p, item.seq_re, item.channel, vec_ok, smem_address(sm.ring[stage][0]), pt);
       load_plane<Cfg>(p, item.seq_im, item.channel, vec_ok, smem_address(sm.ring[stage][1]), pt);
     }
-    if (pt == 0) {
-      sm.item[stage] = item;
-      sm.nonfinite[stage] = 0;
-    }
+    if (pt == 0) sm.item[stage] = item;
     fence_proxy_async();  // the planes, for stage 1's wgmma
     mbar_arrive(&sm.full[stage]);
     ++emitted;
@@ -267,28 +263,30 @@ __device__ void producer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
     return stage;
   };
   // After the item that follows it is out: the checked item's flag; a non-finite output of a
-  // pair of two sequences is computed again, each sequence alone.
+  // pair of two sequences is computed again, each sequence alone. The flag is cleared here,
+  // once every producer thread has read it, not when its stage is next emitted: a rerun is
+  // emitted into the stage of the checked item after it, whose flag is still to be read.
   auto settle = [&](int stage, Item item) {
-    mbar_wait(&sm.done[stage], done_waits[stage] & 1);
-    ++done_waits[stage];
-    if (*reinterpret_cast<volatile uint32_t*>(&sm.nonfinite[stage]) != 0 && item.seq_im >= 0) {
+    mbar_wait(&sm.done[stage], (done_parity >> stage) & 1);
+    done_parity ^= 1u << stage;
+    const bool flagged = *reinterpret_cast<volatile uint32_t*>(&sm.nonfinite[stage]) != 0;
+    named_sync(Cfg::kBarProducer, Cfg::kWarpgroup);
+    if (pt == 0) sm.nonfinite[stage] = 0;  // published to the consumers by the next full arrive
+    if (flagged && item.seq_im >= 0) {
       emit(Item{item.channel, item.seq_re, -1, 0});
       emit(Item{item.channel, item.seq_im, -1, 0});
     }
   };
 
-  int pending_stage = -1;
-  Item pending{};
+  int pending_stage = -1;  // the previous job's: its item is made again from its index
+  int job = job_begin;
 #pragma unroll 1
-  for (int job = job_begin; job < job_end; ++job) {
-    const int c = job / pairs, a = 2 * (job % pairs);
-    const Item item{c, a, a + 1 < batch ? a + 1 : -1, 1};
-    const int stage = emit(item);
-    if (pending_stage >= 0) settle(pending_stage, pending);
+  for (; job < job_end; ++job) {
+    const int stage = emit(job_item(job, batch));
+    if (pending_stage >= 0) settle(pending_stage, job_item(job - 1, batch));
     pending_stage = stage;
-    pending = item;
   }
-  if (pending_stage >= 0) settle(pending_stage, pending);
+  if (pending_stage >= 0) settle(pending_stage, job_item(job - 1, batch));
   emit(Item{-1, -1, -1, 0});
 }
 
@@ -357,11 +355,11 @@ __device__ __forceinline__ void twiddle_to_operand(const float (&re)[64], const 
     const float2 step1 = omega<Cfg::kN>(k1), step8 = omega<Cfg::kN>(8 * k1);
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-      const int i = 4 * j + 2 * h;
+      const int i = acc_value(j, h, 0);
       const float2 z0 = cmul(make_float2(re[i], im[i]), cur);
       const float2 z1 = cmul(make_float2(re[i + 1], im[i + 1]), cmul(cur, step1));
-      ar[2 * j + h] = pack2<T>(z0.x, z1.x);
-      ai[2 * j + h] = pack2<T>(z0.y, z1.y);
+      ar[operand_register(j, h)] = pack2<T>(z0.x, z1.x);
+      ai[operand_register(j, h)] = pack2<T>(z0.y, z1.y);
       cur = cmul(cur, step8);
     }
   }
@@ -394,21 +392,16 @@ __device__ __forceinline__ void half_column_products(const uint32_t (&r)[32], co
   fence_regs(pc); fence_regs(qs); fence_regs(qc); fence_regs(ps);
 }
 
-// The resident filter's row k1, any k1: rows above n1/2 are read as conj K[n1 - k1][n2 - 1 - k2],
-// and n2 - 1 - k2 = k2 ^ (n2 - 1), so a row is a base, an XOR mask on the column and a sign.
+// The resident filter's row k1, any k1 (filter_read_mask: the mirrored rows above n1/2).
 template <class Cfg>
 struct FilterRow {
   const uint32_t* row;
   int mask;
   float im_sign;
-  __device__ __forceinline__ FilterRow(const uint32_t* filter, int k1) {
-    const bool mirrored = k1 > Cfg::kN1 / 2;
-    const int stored = mirrored ? Cfg::kN1 - k1 : k1;
-    row = filter + stored * Cfg::kN2;
-    mask = filter_word<Cfg::kN2>(stored, 0) - stored * Cfg::kN2;  // the row's swizzle: column 0's XOR
-    if (mirrored) mask ^= Cfg::kN2 - 1;
-    im_sign = mirrored ? -1.0f : 1.0f;
-  }
+  __device__ __forceinline__ FilterRow(const uint32_t* filter, int k1)
+      : row(filter + filter_stored_row<Cfg::kN1>(k1) * Cfg::kN2),
+        mask(filter_read_mask<Cfg::kN1, Cfg::kN2>(k1)),
+        im_sign(filter_mirrored<Cfg::kN1>(k1) ? -1.0f : 1.0f) {}
   __device__ __forceinline__ float2 at(int k2) const {
     const float2 k = unpack2<typename Cfg::T>(row[k2 ^ mask]);
     return make_float2(k.x, im_sign * k.y);
@@ -433,38 +426,35 @@ __device__ __forceinline__ void filter_to_operand(const float (&pc)[32], const f
       uint32_t direct[2];
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int v = 4 * j + 2 * h + e, c = 8 * j + 2 * ln.q + e;
+        const int v = acc_value(j, h, e), c = acc_col(ln.q, j, e);
         float2 x = make_float2(pc[v] + qs[v], qc[v] - ps[v]);       // X[c]
         float2 xm = make_float2(pc[v] - qs[v], qc[v] + ps[v]);      // X[n2 - c]
-        int cm = Cfg::kN2 - c;
+        const int cm = mirror_column<Cfg::kN2>(c);
         if (c == 0) {                                                 // X[0], X[n2/2]
           x = make_float2(pc[v], qc[v]);
           xm = make_float2(ps[v], qs[v]);
-          cm = Cfg::kN2 / 2;
         }
         const float2 y = cmul(x, filter_row.at(c));
         const float2 ym = cmul(xm, filter_row.at(cm));
         direct[e] = pack2<T>(y.x, y.y);
         mirror[j][h][e] = pack2<T>(ym.x, ym.y);
       }
-      pr[2 * j + h] = re_plane(direct[0], direct[1]);
-      pi[2 * j + h] = im_plane(direct[0], direct[1]);
+      pr[operand_register(j, h)] = re_plane(direct[0], direct[1]);
+      pi[operand_register(j, h)] = im_plane(direct[0], direct[1]);
     }
   }
-  // Operand column 8m + 2q + e (m = 8..15) is the mirror of lane (4 - q) % 4's column at
-  // j = 15 - m (e = 0) or of lane 3 - q's (e = 1); lane q = 0's even column is its own mirror at
-  // j = 16 - m (m = 8: column n2/2, made at j = 0).
+  // Operand column 8m + 2q + e (m = 8..15): mirror_lane, mirror_group, mirror_own_group.
   const int quad = ln.lane & ~3;
-  const int src_even = quad | ((4 - ln.q) & 3), src_odd = quad | (3 - ln.q);
+  const int src_even = quad | mirror_lane(ln.q, 0), src_odd = quad | mirror_lane(ln.q, 1);
 #pragma unroll
-  for (int m = 8; m < 16; ++m) {
+  for (int m = Cfg::kN2 / 16; m < Cfg::kN2 / 8; ++m) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      uint32_t w0 = __shfl_sync(0xffffffffu, mirror[15 - m][h][0], src_even);
-      const uint32_t w1 = __shfl_sync(0xffffffffu, mirror[15 - m][h][1], src_odd);
-      if (ln.q == 0) w0 = mirror[(16 - m) & 7][h][0];
-      pr[2 * m + h] = re_plane(w0, w1);
-      pi[2 * m + h] = im_plane(w0, w1);
+      uint32_t w0 = __shfl_sync(0xffffffffu, mirror[mirror_group<Cfg::kN2>(m)][h][0], src_even);
+      const uint32_t w1 = __shfl_sync(0xffffffffu, mirror[mirror_group<Cfg::kN2>(m)][h][1], src_odd);
+      if (ln.q == 0) w0 = mirror[mirror_own_group<Cfg::kN2>(m)][h][0];
+      pr[operand_register(m, h)] = re_plane(w0, w1);
+      pi[operand_register(m, h)] = im_plane(w0, w1);
     }
   }
 }
@@ -477,7 +467,6 @@ __device__ __forceinline__ void handoff_store(const float (&pc)[32], const float
                                               uint32_t handoff_im) {
   const Lane ln = lane_in.opaque();
   using T = typename Cfg::T;
-  const typename Cfg::LayoutHandoff layout{};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int k1 = Cfg::kTileRows * ln.wg + ln.row0 + 8 * h;
@@ -495,26 +484,26 @@ __device__ __forceinline__ void handoff_store(const float (&pc)[32], const float
       wm[1] = cmul_conj(down, up1);
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int v = 4 * j + 2 * h + e;
+        const int v = acc_value(j, h, e);
         a[e] = make_float2(pc[v] - qs[v], qc[v] + ps[v]);   // A'[c]
         am[e] = make_float2(pc[v] + qs[v], qc[v] - ps[v]);  // A'[n2 - c]
       }
-      const int c = 8 * j + 2 * ln.q;
+      const int c = acc_col(ln.q, j, 0);
       if (c == 0) {  // A'[0], A'[n2/2]
-        a[0] = make_float2(pc[4 * j + 2 * h], qc[4 * j + 2 * h]);
-        am[0] = make_float2(ps[4 * j + 2 * h], qs[4 * j + 2 * h]);
+        a[0] = make_float2(pc[acc_value(j, h, 0)], qc[acc_value(j, h, 0)]);
+        am[0] = make_float2(ps[acc_value(j, h, 0)], qs[acc_value(j, h, 0)]);
         const float2 w64 = omega<Cfg::kN>(-k1 * (Cfg::kN2 / 2));
         wm[0] = make_float2(w64.x * unscale, w64.y * unscale);
       }
       const float2 y0 = cmul(a[0], w[0]), y1 = cmul(a[1], w[1]);
-      const uint32_t at = 2 * swizzled_offset(layout, c, k1);  // s = c, c + 1: adjacent
+      const uint32_t at = 2 * Cfg::handoff_offset(c, k1);  // s = c, c + 1: adjacent
       st_shared(handoff_re + at, pack2<T>(y0.x, y1.x));
       st_shared(handoff_im + at, pack2<T>(y0.y, y1.y));
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int cm = (c == 0 && e == 0) ? Cfg::kN2 / 2 : Cfg::kN2 - c - e;
         const float2 ym = cmul(am[e], wm[e]);
-        const uint32_t atm = 2 * swizzled_offset(layout, cm, k1);
+        const int cm = (c == 0 && e == 0) ? Cfg::kN2 / 2 : Cfg::kN2 - c - e;
+        const uint32_t atm = 2 * Cfg::handoff_offset(cm, k1);
         st_shared_u16(handoff_re + atm, round1<T>(ym.x));
         st_shared_u16(handoff_im + atm, round1<T>(ym.y));
       }
@@ -579,8 +568,8 @@ __device__ __forceinline__ bool store_y(const float (&yr)[32], const float (&yi)
     const int r = ln.row0 + 8 * h;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const int v = 4 * j + 2 * h;
-      const int64_t t = int64_t(r) * Cfg::kN2 + Cfg::kHalfCols * ln.wg + 8 * j + 2 * ln.q;
+      const int v = acc_value(j, h, 0);
+      const int64_t t = int64_t(r) * Cfg::kN2 + Cfg::kHalfCols * ln.wg + acc_col(ln.q, j, 0);
       const bool pair = t + 1 < L && (reinterpret_cast<uintptr_t>(ya + t) & 7) == 0 &&
                         (yb == nullptr || (reinterpret_cast<uintptr_t>(yb + t) & 7) == 0);
       if (pair) {
@@ -610,7 +599,7 @@ __device__ __forceinline__ bool store_y(const float (&yr)[32], const float (&yi)
 template <class Cfg>
 __device__ void consumer(const ConvForwardParams& p, typename Cfg::Smem& sm, int wg) {
   const int lt = threadIdx.x % Cfg::kWarpgroup;
-  const Lane ln{wg, 16 * (lt / 32) + (lt % 32) / 4, lt % 4, lt % 32};
+  const Lane ln{wg, acc_row(lt, 0), lt % 4, lt % 32};
   const bool lane0 = ln.lane == 0;
 
   Tensor sF1c = make_tensor(make_smem_ptr(sm.f1c), typename Cfg::LayoutF1{});    // (k1, r)
@@ -666,6 +655,9 @@ __device__ void consumer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
     }
     fence_proxy_async();
     named_arrive(Cfg::barrier_rows_ready(wg), 2 * Cfg::kWarpgroup);
+    // wgmma orders no shared-memory writes of the other warps: inverse 1's own k steps read
+    // every warp's rows, so the warpgroup meets first (the rule of sm90_gmma.cuh).
+    named_sync(Cfg::barrier_own_rows(wg), Cfg::kWarpgroup);
     float yr[32], yi[32];
     inverse1<Cfg>(sF1cT, sF1sT, sHrHalf, sHiHalf, wg, yr, yi);
     named_arrive(Cfg::barrier_handoff_free(1 - wg), 2 * Cfg::kWarpgroup);
@@ -679,6 +671,9 @@ __device__ void consumer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
     }
     ++taken;
   }
+  // The partner's arrive after its last inverse 1 gave one more credit than there were jobs:
+  // take it, so that no named barrier is left half arrived at exit.
+  named_sync(Cfg::barrier_handoff_free(wg), 2 * Cfg::kWarpgroup);
 }
 
 // The DFT tables, once per CTA, from sincospi in double with the angle reduced in integers.
@@ -721,13 +716,14 @@ __global__ void __launch_bounds__(EngineTraits<P, IO>::kThreads, 1) engine_forwa
     }
     mbar_init(&sm.filter_full, Cfg::kWarpgroup);
     mbar_init(&sm.filter_free, 4 * Cfg::kConsumers);
+    for (int s = 0; s < Cfg::kStages; ++s) sm.nonfinite[s] = 0;  // cleared again as each is read
   }
   fence_proxy_async();  // the tables, for the wgmma
   __syncthreads();
 
   // The CTA's contiguous range of the T = C·J jobs, channel-major.
-  const int64_t jobs = p.channels * ((p.batch + 1) / 2);
-  const int begin = int(jobs * blockIdx.x / gridDim.x), end = int(jobs * (blockIdx.x + 1) / gridDim.x);
+  const int64_t jobs = p.channels * jobs_per_channel(p.batch);
+  const int begin = int(job_begin(jobs, blockIdx.x, gridDim.x)), end = int(job_begin(jobs, blockIdx.x + 1, gridDim.x));
   const int warpgroup = threadIdx.x / Cfg::kWarpgroup;
   if (warpgroup == 0) {
     regs_down<Cfg::kProducerRegs>();
@@ -745,7 +741,7 @@ cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream) {
   int ctas_per_sm = 0, sms = 0;
   cudaError_t err = residency<kernel>(Cfg::kThreads, Cfg::kSmemBytes, ctas_per_sm, sms);
   if (err != cudaSuccess) return err;
-  const int64_t jobs = p.channels * ((p.batch + 1) / 2);
+  const int64_t jobs = p.channels * jobs_per_channel(p.batch);
   const int64_t grid = jobs < int64_t(sms) ? jobs : int64_t(sms);
   if (grid == 0) return cudaSuccess;
   kernel<<<dim3(unsigned(grid)), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream>>>(p);

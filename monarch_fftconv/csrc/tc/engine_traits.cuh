@@ -56,6 +56,68 @@ struct Item {
 };
 
 // ---------------------------------------------------------------------------
+// The engine's integer index maps, host and device: tests/engine_layout_check.cu checks them on
+// the host against the PTX ISA's fragment layouts (written there independently) and CuTe's.
+// ---------------------------------------------------------------------------
+// The wgmma m64nNk16 fp32 accumulator: thread t of the warpgroup (q = t % 4) holds, as value
+// acc_value(j, h, e), row acc_row(t, h) and column acc_col(q, j, e).
+__host__ __device__ constexpr int acc_value(int j, int h, int e) { return 4 * j + 2 * h + e; }
+__host__ __device__ constexpr int acc_row(int t, int h) { return 16 * (t / 32) + (t % 32) / 4 + 8 * h; }
+__host__ __device__ constexpr int acc_col(int q, int j, int e) { return 8 * j + 2 * q + e; }
+// The chaining: the values acc_value(j, h, 0..1), packed (e = 0 low), are register
+// operand_register(j, h) of the next wgmma's register A operand (four a k step).
+__host__ __device__ constexpr int operand_register(int j, int h) { return 2 * j + h; }
+
+// The conjugate columns: stage 2's and inverse 2's column c in [0, n2/2) also gives column
+// mirror_column(c) (c = 0: the real column n2/2, from the sine slot).
+template <int kN2>
+__host__ __device__ constexpr int mirror_column(int c) { return c == 0 ? kN2 / 2 : kN2 - c; }
+// Inverse 2's A operand column 8m + 2q + e, m >= n2/16, is the mirror made by lane
+// mirror_lane(q, e) of the same quad at its column group mirror_group(m); but lane q = 0's even
+// column is its own mirror, at group mirror_own_group(m) (m = n2/16: column n2/2, made at c = 0).
+__host__ __device__ constexpr int mirror_lane(int q, int e) { return e == 0 ? (4 - q) & 3 : 3 - q; }
+template <int kN2>
+__host__ __device__ constexpr int mirror_group(int m) { return kN2 / 8 - 1 - m; }
+template <int kN2>
+__host__ __device__ constexpr int mirror_own_group(int m) { return (kN2 / 8 - m) % (kN2 / 16); }
+
+// The resident filter's word of (k1, k2), k1 <= n1/2: row-dependent XOR on bits 0, 3, 4 of the
+// column, so that a warp's reads (rows g = lane/4, columns 2q + e + 8j) spread over the banks.
+__host__ __device__ constexpr int filter_row_xor(int k1) { return (k1 & 1) | ((k1 & 6) << 2); }
+template <int kN2>
+__host__ __device__ constexpr int filter_word(int k1, int k2) {
+  return k1 * kN2 + (k2 ^ filter_row_xor(k1));
+}
+// Row k1 of all n1: rows above n1/2 are read as conj K[n1 - k1][n2 - 1 - k2], and
+// n2 - 1 - k2 = k2 ^ (n2 - 1), so a row is a stored row, an XOR mask on the column and a sign.
+template <int kN1>
+__host__ __device__ constexpr bool filter_mirrored(int k1) { return k1 > kN1 / 2; }
+template <int kN1>
+__host__ __device__ constexpr int filter_stored_row(int k1) { return filter_mirrored<kN1>(k1) ? kN1 - k1 : k1; }
+template <int kN1, int kN2>
+__host__ __device__ constexpr int filter_read_mask(int k1) {
+  return filter_row_xor(filter_stored_row<kN1>(k1)) ^ (filter_mirrored<kN1>(k1) ? kN2 - 1 : 0);
+}
+
+// The persistent schedule: jobs channel-major, job j is channel j / J, pairs (2i, 2i + 1) with
+// i = j % J, J = ceil(batch / 2); an odd batch's last partner is none (-1: zeros). CTA i of G
+// takes [job_begin(T, i, G), job_begin(T, i + 1, G)).
+__host__ __device__ constexpr int64_t jobs_per_channel(int64_t batch) { return (batch + 1) / 2; }
+__host__ __device__ constexpr int64_t job_begin(int64_t jobs, int64_t cta, int64_t ctas) { return jobs * cta / ctas; }
+__host__ __device__ constexpr Item job_item(int job, int batch) {
+  const int pairs = int(jobs_per_channel(batch)), a = 2 * (job % pairs);
+  return Item{job / pairs, a, a + 1 < batch ? a + 1 : -1, 1};
+}
+
+// Element offset of (i, j) in a GMMA 128-byte-swizzled layout of 16-bit elements, host and
+// device (sm90::swizzled_offset's rule): the layout's unswizzled offset, then the swizzle
+// (16-byte chunk ^= 128-byte row, mod 8), which the smem tensors apply to addresses.
+template <class SwizzledLayout>
+__host__ __device__ inline uint32_t sw128_offset(SwizzledLayout const& layout, int i, int j) {
+  return Swizzle<3, 3, 3>{}(uint32_t(layout.layout_b()(i, j)));
+}
+
+// ---------------------------------------------------------------------------
 // The traits. Per job: one packed pair z = u_a + i·u_b (n1 = 128: a pair's 128 spectrum rows
 // are the job's, rows k1 < 64 in consumer warpgroup 0, k1 >= 64 in consumer warpgroup 1).
 //
@@ -96,10 +158,12 @@ struct EngineTraits {
   static constexpr int kU8PerThread = 8;  // consecutive samples a producer thread loads and stores (16 B)
 
   // Named barriers (0 is __syncthreads). rows_ready(w): warpgroup w's hand-off rows are stored;
-  // handoff_free(w): the partner has read them, w may write the next job's.
+  // handoff_free(w): the partner has read them, w may write the next job's; own_rows(w): all of
+  // w's warps have stored (and fenced) their rows, before w's own wgmma reads them.
   static constexpr int kBarProducer = 1;
   static constexpr int barrier_rows_ready(int wg) { return 2 + wg; }
   static constexpr int barrier_handoff_free(int wg) { return 4 + wg; }
+  static constexpr int barrier_own_rows(int wg) { return 6 + wg; }
 
   // Shared-memory layouts, as (N or M, K) of the GEMMs that read them.
   using LayoutF1 = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<N1, TileRows>{}));   // (k1, r)
@@ -108,6 +172,10 @@ struct EngineTraits {
   using LayoutRing = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<N2, TileRows>{})); // (s, r)
   using LayoutHandoff = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<N2, N1>{}));  // (s, k1)
   static_assert(cosize(LayoutF1{}) == cosize(LayoutF1T{}), "inverse 1 reads F1's bytes transposed");
+
+  // The producer's and the hand-off's stores: element offsets into a ring plane and a hand-off plane.
+  __host__ __device__ static uint32_t ring_offset(int s, int r) { return sw128_offset(LayoutRing{}, s, r); }
+  __host__ __device__ static uint32_t handoff_offset(int s, int k1) { return sw128_offset(LayoutHandoff{}, s, k1); }
 
   static constexpr int kF1Elems = kN1 * kTileRows;
   static constexpr int kF2Elems = kHalfCols * kN2;
@@ -136,13 +204,6 @@ struct EngineTraits {
   static_assert(kN1 == 128 && kN2 == 128, "split 128 x 128: one pair a job");
   static_assert(kTileRows * kConsumers == kN1, "a tile per consumer warpgroup covers a pair's rows");
 };
-
-// The resident filter's word of (k1, k2), k1 <= n1/2: row-dependent XOR on bits 0, 3, 4 of the
-// column, so that a warp's reads (rows g = lane/4, columns 2q + e + 8j) spread over the banks.
-template <int kN2>
-__device__ __forceinline__ int filter_word(int k1, int k2) {
-  return k1 * kN2 + (k2 ^ ((k1 & 1) | ((k1 & 6) << 2)));
-}
 
 }  // namespace engine
 }  // namespace monarch_fftconv
