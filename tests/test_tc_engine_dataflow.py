@@ -383,7 +383,9 @@ def test_backward_matches_autograd(length, filter_len, batch, gen):
     ref_du, ref_dk, ref_d_skip = autograd_reference(u, dy, k, skip)
     assert rel_l2(du, ref_du) < 1e-12
     assert rel_l2(dk, ref_dk) < 1e-12
-    assert abs(d_skip - ref_d_skip) <= 1e-12 * abs(ref_d_skip)
+    # dD = Σ dy·u cancels: its rounding scales with the terms' magnitude, not with the sum's
+    # (a seed gave dD = 0.097 with an error of 1.9e-13). So the bound is taken from the terms.
+    assert abs(d_skip - ref_d_skip) <= 1e-12 * (dy * u).norm()
 
 
 def test_dk_cross_terms_fall_into_the_imaginary_part(gen):
