@@ -143,7 +143,9 @@ def inference_cache(model: nn.Module) -> Iterator[None]:
     bitwise comparison with the copy taken on entry. Never a silent result from an old filter.
     Calls that record a gradient for the filter and compiled graphs compute the spectrum as
     usual. Costs one copy of each filter, and one comparison (a device sync) on exit.
-    Blocks nest: an inner block on a layer already cached keeps the outer block's copy.
+    Blocks nest: an inner block on a layer already cached keeps the outer block's copy. The
+    cache belongs to the layers, not to the thread: other threads calling the same layers
+    inside the block use it too.
     """
     entered = []
     try:
