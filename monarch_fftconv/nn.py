@@ -94,8 +94,12 @@ class _FrozenFilter:
         self.snapshot = self.param.detach().clone()
         self.spectra: dict[tuple, Tensor] = {}
 
+    def _same_parameter(self) -> bool:
+        """The host-side facts: the layer's filter is the same Parameter, storage and version."""
+        return self.layer.filter is self.param and _host_facts(self.param) == self.facts
+
     def spectrum(self, backend: Backend, filt: Tensor, precision: str) -> Tensor:
-        if self.layer.filter is not self.param or _host_facts(self.param) != self.facts:
+        if not self._same_parameter():
             raise RuntimeError(
                 "FFTConv.filter changed inside an inference_cache() block, whose calls use the filter as it "
                 "was when the block began: leave the block before changing the filter, and enter it again")
@@ -107,10 +111,7 @@ class _FrozenFilter:
         return spectrum
 
     def check_unchanged(self) -> None:
-        live = self.layer.filter
-        same = (live is self.param and _host_facts(live) == self.facts
-                and torch.equal(_bits(live.detach()), _bits(self.snapshot)))
-        if not same:
+        if not (self._same_parameter() and torch.equal(_bits(self.param.detach()), _bits(self.snapshot))):
             raise RuntimeError(
                 "FFTConv.filter was written inside an inference_cache() block (e.g. through `.data`), whose "
                 "calls use the filter as it was when the block began: calls made after the write did not see "
@@ -147,20 +148,15 @@ def inference_cache(model: nn.Module) -> Iterator[None]:
     cache belongs to the layers, not to the thread: other threads calling the same layers
     inside the block use it too.
     """
-    entered = []
+    entered: list[tuple[FFTConv, _FrozenFilter]] = []
     try:
         for layer in model.modules():
             if isinstance(layer, FFTConv) and layer._frozen is None:
                 layer._frozen = _FrozenFilter(layer)
-                entered.append(layer)
+                entered.append((layer, layer._frozen))
         yield
-    except BaseException:
-        for layer in entered:
+    finally:  # on an error too, before it propagates
+        for layer, _ in entered:
             layer._frozen = None
-        raise
-    frozen = [layer._frozen for layer in entered]
-    for layer in entered:
-        layer._frozen = None
-    for state in frozen:
-        assert state is not None
+    for _, state in entered:  # reached on a normal exit only
         state.check_unchanged()
