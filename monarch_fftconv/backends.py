@@ -134,7 +134,7 @@ class _MonarchOps(Backend):
 
 class Portable(_MonarchOps):
     def arithmetic(self, precision, dtype):
-        accumulate = "fp64" if dtype == torch.float64 else "fp32"
+        accumulate = _accumulate_dtype(dtype)
         return accumulate if precision == "fp32" else f"{precision} operands emulated, {accumulate} accumulation"
 
     def flops(self, plan, batch, channels, filters=None):
@@ -172,7 +172,7 @@ class FusedTensorCore(_MonarchOps):
 
 class TorchFFT(Backend):
     def arithmetic(self, precision, dtype):
-        return "fp64" if dtype == torch.float64 else "fp32"
+        return _accumulate_dtype(dtype)
 
     skip_term = "an elementwise op after the inverse FFT"
 
@@ -336,14 +336,15 @@ def _bidirectional(device: torch.device, dtype: torch.dtype, plan: MonarchPlan, 
     at the start of the N-point circle; the anti-causal taps sit at its end. Their spectrum
     (conj(K_rev), the same bins) would fit the ops' layout, but their gradient is the end of the
     circular correlation of g and u, which the ops' backward does not compute: a kernel change."""
-    fft = f"{'cuFFT' if device.type == 'cuda' else 'torch.fft'} rfft/irfft in {_fft_dtype(dtype)}, N={plan.fft_size}"
+    fft = f"{'cuFFT' if device.type == 'cuda' else 'torch.fft'} rfft/irfft in {_accumulate_dtype(dtype)}, N={plan.fft_size}"
     asked = f" ({BACKEND_ENV}=portable does not apply)" if requested == "portable" else ""
     return TorchFFT("torch.fft", fft,
                     "bidirectional filters: the Monarch ops and kernels take causal filters only (their backward "
                     f"computes the causal lags' filter gradient); torch.fft serves the call{asked}")
 
 
-def _fft_dtype(dtype: torch.dtype) -> str:
+def _accumulate_dtype(dtype: torch.dtype) -> str:
+    """What torch.fft and the portable engine compute in for input of `dtype`."""
     return "fp64" if dtype == torch.float64 else "fp32"
 
 
@@ -361,7 +362,7 @@ def _decide(
                                    f"which are unavailable: {coverage}")
         return Portable("portable", f"PyTorch Monarch {factors}, {precision} operands emulated",
                         f"{BACKEND_ENV}=portable asks for the emulating engine")
-    fft_dtype = _fft_dtype(dtype)
+    fft_dtype = _accumulate_dtype(dtype)
     if device.type != "cuda":
         return TorchFFT("torch.fft", f"torch.fft rfft/irfft in {fft_dtype} on {device.type}, N={plan.fft_size}",
                         f"no kernel of this package runs on {device.type}: torch.fft, the same calls as the plain "

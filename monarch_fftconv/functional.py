@@ -226,7 +226,7 @@ def explain(
     if postgate is not None:
         terms["postgate"] = "postgate ⊙ (...), an elementwise op after the convolution (not fused yet)"
     flops = backend.flops(plan, batch, channels, filter_rows)
-    stages = backend.stages(plan, batch, channels, _itemsize(conv_dtype), filter_rows)
+    stages = backend.stages(plan, batch, channels, conv_dtype.itemsize, filter_rows)
     if flops is not None:
         elementwise = (pregate is not None) + 2 * (D is not None) + (postgate is not None)  # per output
         flops += elementwise * batch * channels * u.shape[-1]
@@ -250,10 +250,6 @@ def explain(
     }
 
 
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
 def _gate_stages(
     u: Tensor, pregate: Tensor | None, postgate: Tensor | None, conv_dtype: torch.dtype, conv: list[dict],
 ) -> list[dict]:
@@ -264,14 +260,14 @@ def _gate_stages(
     if pregate is not None:
         before.append({"stage": "pregate: x = pregate ⊙ u (ATen, not fused)",
                        "reads": elements * u.element_size() + pregate.numel() * pregate.element_size(),
-                       "writes": elements * _itemsize(conv_dtype)})
+                       "writes": elements * conv_dtype.itemsize})
     out_dtype = conv_dtype
     if postgate is not None:
         out_dtype = torch.promote_types(conv_dtype, postgate.dtype)
         after.append({"stage": "postgate: postgate ⊙ y (ATen, not fused)",
-                      "reads": elements * _itemsize(conv_dtype) + postgate.numel() * postgate.element_size(),
-                      "writes": elements * _itemsize(out_dtype)})
+                      "reads": elements * conv_dtype.itemsize + postgate.numel() * postgate.element_size(),
+                      "writes": elements * out_dtype.itemsize})
     if out_dtype != u.dtype:
         after.append({"stage": f"cast to {str(u.dtype).removeprefix('torch.')} (ATen)",
-                      "reads": elements * _itemsize(out_dtype), "writes": elements * u.element_size()})
+                      "reads": elements * out_dtype.itemsize, "writes": elements * u.element_size()})
     return [*before, *conv, *after]
