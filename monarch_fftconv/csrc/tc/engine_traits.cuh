@@ -150,10 +150,18 @@ struct EngineTraits {
   static constexpr int kWarpgroup = 128;
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = kWarpgroup * (1 + kConsumers);  // producer first, then consumers
-  static constexpr int kProducerRegs = 48;
+  // setmaxnreg only moves registers inside the CTA's pool, which ptxas fixes at entry: with
+  // __launch_bounds__(kThreads, 1) a thread starts with the most a 384-thread CTA may hold,
+  // rounded down to the allocation granule (8), 168. The split must fit that pool, not the
+  // 65,536 of the SM: 48/232 asked 1,024 more than the producer gave back, and one consumer
+  // warp spun in setmaxnreg.inc forever (tests/test_build.py reads ptxas's count at entry).
+  static constexpr int kRegsAtEntry = (65536 / kThreads) / 8 * 8;
+  static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
-  static_assert(kConsumers * kWarpgroup * kConsumerRegs + kWarpgroup * kProducerRegs <= 65536,
-                "the register file after setmaxnreg");
+  static_assert(kConsumers * kWarpgroup * kConsumerRegs + kWarpgroup * kProducerRegs <= kThreads * kRegsAtEntry,
+                "the register split after setmaxnreg must fit the CTA's pool at entry");
+  static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0 && kProducerRegs >= 24 && kConsumerRegs <= 256,
+                "setmaxnreg takes multiples of 8 in [24, 256]");
   static constexpr int kStages = 2;  // the ring
   static constexpr int kU8PerThread = 8;  // consecutive samples a producer thread loads and stores (16 B)
 
