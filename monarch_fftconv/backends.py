@@ -72,6 +72,16 @@ class Backend:
         """y from a `filter_spectrum` (not differentiable in the spectrum)."""
         raise NotImplementedError
 
+    def refreshes_in_place(self, k: Tensor, seq_len: int) -> bool:
+        """Whether `refresh_spectrum` can bring a cached spectrum of k up to date on k's device
+        without a host sync (a CUDA kernel that compares and recomputes the changed rows)."""
+        return False
+
+    def refresh_spectrum(self, k: Tensor, source: Tensor, spectrum: Tensor, seq_len: int, precision: str) -> None:
+        """`spectrum`, computed from `source`, recomputed in place where k differs from source,
+        bit for bit, and source updated (where `refreshes_in_place`)."""
+        raise NotImplementedError
+
     def flops(self, plan: MonarchPlan, batch: int, channels: int, filters: int | None = None) -> int | None:
         """Real flops of one forward call as this backend's algorithm does it (FMA = 2).
         `filters`: the filter rows the call gives (G, or 2G bidirectional; default C)."""
@@ -119,6 +129,13 @@ class _MonarchOps(Backend):
 
     def conv(self, u, spectrum, skip, precision):
         return ops.conv_forward_op(u, _per_channel(spectrum, u.shape[1]), skip, self.runs_as or precision)
+
+    def refreshes_in_place(self, k, seq_len):
+        # the radix spectrum kernel, which takes fp32 filters (a float64 one computes in float64)
+        return k.is_cuda and k.dtype != torch.float64 and not fourstep.covers(plan_for(seq_len).fft_size)
+
+    def refresh_spectrum(self, k, source, spectrum, seq_len, precision):
+        ops.refresh_filter_spectrum_op(k, source, spectrum, seq_len, self.runs_as or precision)
 
     def stages(self, plan, batch, channels, itemsize, filters=None):
         launches = self._conv_stages(plan, batch, channels, itemsize)

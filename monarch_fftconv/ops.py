@@ -10,6 +10,7 @@ registered when `_extension` loads it; no Python runs between the op call and th
 op                                                          CPU              CUDA
 ==========================================================  ===============  ==================================
 ``filter_spectrum(k, seq_len, precision) -> S``             portable engine  one fp32 kernel (four-step: two)
+``refresh_filter_spectrum(k, source!, S!, seq_len, prec.)``  portable engine  the same kernel, changed rows only
 ``conv_forward(u, S, skip, precision) -> y``                portable engine  the fused kernel of the precision
                                                                              (four-step: three, fp32)
 ``fftconv(u, k, skip, precision) -> (y, S)``                the two above    the two above
@@ -59,6 +60,32 @@ def filter_spectrum(k: Tensor, seq_len: int, precision: str) -> Tensor:
 @filter_spectrum.register_fake
 def _(k: Tensor, seq_len: int, precision: str) -> Tensor:
     return k.new_empty(_spectrum_shape(k, seq_len), dtype=compute_dtype(k))
+
+
+# --------------------------------------------------------------------------- refresh_filter_spectrum
+
+
+@torch.library.custom_op("monarch_fftconv::refresh_filter_spectrum", mutates_args=("source", "spectrum"),
+                         device_types="cpu")
+def refresh_filter_spectrum(k: Tensor, source: Tensor, spectrum: Tensor, seq_len: int, precision: str) -> None:
+    """Brings `spectrum`, computed from `source` (k's shape, in the compute dtype), up to date
+    with k in place: the rows whose filter differs from source, bit for bit, are recomputed and
+    source takes their values; the others are not touched. Radix layout only (N <= 32768).
+    CUDA: one launch, no host sync (inference_cache uses it there). CPU: this reference of the
+    kernel's contract (row by row here; the kernel recomputes a CTA's rows together, the same bits)."""
+    plan = plan_for(seq_len)
+    if fourstep.covers(plan.fft_size):
+        raise ValueError(f"refresh_filter_spectrum: no refresh at N={plan.fft_size} (four-step layout)")
+    k = k.to(source.dtype)
+    rows = (_bits(k) != _bits(source)).any(dim=1).nonzero().squeeze(1)
+    if rows.numel():
+        spectrum[rows] = torch.view_as_real(portable.filter_spectrum(k[rows], plan, precision)).to(spectrum.dtype)
+        source[rows] = k[rows]
+
+
+def _bits(t: Tensor) -> Tensor:
+    """t's bits as integers: equal exactly when every bit is (NaN payloads and -0.0 included)."""
+    return t.view({8: torch.int64, 4: torch.int32, 2: torch.int16}[t.element_size()])
 
 
 # --------------------------------------------------------------------------- conv_forward
@@ -146,5 +173,6 @@ torch.library.register_autograd("monarch_fftconv::fftconv", _backward, setup_con
 
 # The overloads themselves, for the call path: calling a CustomOpDef adds a Python frame.
 filter_spectrum_op = torch.ops.monarch_fftconv.filter_spectrum.default
+refresh_filter_spectrum_op = torch.ops.monarch_fftconv.refresh_filter_spectrum.default
 conv_forward_op = torch.ops.monarch_fftconv.conv_forward.default
 fftconv_op = torch.ops.monarch_fftconv.fftconv.default

@@ -183,6 +183,21 @@ Split split_for(int64_t fft_size) {
   TORCH_CHECK_VALUE(false, "monarch_fftconv: no CUDA kernel for N=", fft_size);
 }
 
+// The radix spectrum kernel on k (contiguous fp32, C >= 1 rows) into spectrum; with a source,
+// a refresh (FilterSpectrumParams). The caller holds a device guard.
+void launch_radix_spectrum(const at::Tensor& k, const at::Tensor& spectrum, float* source, const Split& split) {
+  mf::FilterSpectrumParams p{};
+  p.filter = k.data_ptr<float>();
+  p.spectrum = spectrum.data_ptr<float>();
+  p.source = source;
+  p.channels = k.size(0);
+  p.filter_len = k.size(1);
+  p.fft_size = static_cast<int>(split.fft_size);
+  p.n1 = static_cast<int>(split.n1);
+  p.n2 = static_cast<int>(split.n2);
+  check_launch(mf::filter_spectrum_fp32(p, current_stream(k)));
+}
+
 // k's spectrum in the layout conv_forward takes, for sequences of length seq_len: one launch,
 // fp32 for every precision.
 at::Tensor filter_spectrum(const at::Tensor& k_in, int64_t seq_len, c10::string_view precision) {
@@ -200,17 +215,30 @@ at::Tensor filter_spectrum(const at::Tensor& k_in, int64_t seq_len, c10::string_
     return spectrum.squeeze(0);
   }
   at::Tensor spectrum = at::empty({k.size(0), split.n1 / 2 + 1, split.n2, 2}, k.options());
-  if (k.size(0) == 0) return spectrum;
-  mf::FilterSpectrumParams p{};
-  p.filter = k.data_ptr<float>();
-  p.spectrum = spectrum.data_ptr<float>();
-  p.channels = k.size(0);
-  p.filter_len = k.size(1);
-  p.fft_size = static_cast<int>(split.fft_size);
-  p.n1 = static_cast<int>(split.n1);
-  p.n2 = static_cast<int>(split.n2);
-  check_launch(mf::filter_spectrum_fp32(p, current_stream(k)));
+  if (k.size(0) > 0) launch_radix_spectrum(k, spectrum, nullptr, split);
   return spectrum;
+}
+
+// A cached spectrum brought up to date with k, in place and in one launch, with no host
+// sync: the rows whose filter differs from `source` (the fp32 filter they were computed from)
+// are recomputed and source takes their values. The radix layout only (N <= 32768): the
+// four-step spectrum has no refresh, its callers do not cache.
+void refresh_filter_spectrum(const at::Tensor& k_in, const at::Tensor& source, const at::Tensor& spectrum,
+                             int64_t seq_len, c10::string_view precision) {
+  precision_of(precision);  // a known name; the spectrum is fp32 whatever it is
+  TORCH_CHECK_VALUE(k_in.dim() == 2 && k_in.size(1) >= 1 && k_in.size(1) <= seq_len,
+                    "monarch_fftconv: the filter must be (C, Lk) with 1 <= Lk <= L=", seq_len, ", got ", k_in.sizes());
+  const Split split = split_for(2 * next_pow2(seq_len));
+  TORCH_CHECK_VALUE(split.fft_size < mf::kFourStepMinSize, "monarch_fftconv: no spectrum refresh at N=", split.fft_size);
+  const at::Tensor k = k_in.to(at::kFloat).contiguous();
+  const auto is = [&](const at::Tensor& t, at::IntArrayRef shape) {
+    return t.scalar_type() == at::kFloat && t.is_contiguous() && t.device() == k.device() && t.sizes() == shape;
+  };
+  TORCH_CHECK_VALUE(is(source, k.sizes()) && is(spectrum, {k.size(0), split.n1 / 2 + 1, split.n2, 2}),
+                    "monarch_fftconv: a refresh takes a contiguous float32 source of the filter's shape ", k.sizes(),
+                    " and spectrum of the plan's, on its device; got ", source.sizes(), " and ", spectrum.sizes());
+  const c10::cuda::CUDAGuard guard(k.device());
+  if (k.size(0) > 0) launch_radix_spectrum(k, spectrum, source.data_ptr<float>(), split);
 }
 
 // (y, the spectrum it used): the whole forward in two launches, no Python on the way.
@@ -419,6 +447,7 @@ TORCH_LIBRARY_FRAGMENT(monarch_fftconv, m) {
 
 TORCH_LIBRARY_IMPL(monarch_fftconv, CUDA, m) {
   m.impl("filter_spectrum", &filter_spectrum);
+  m.impl("refresh_filter_spectrum", &refresh_filter_spectrum);
   m.impl("conv_forward", &conv_forward);
   m.impl("fftconv", &fftconv);
   m.impl("fftconv_backward", &fftconv_backward);

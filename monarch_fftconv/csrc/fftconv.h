@@ -72,6 +72,10 @@ struct ConvBackwardParams {
 struct FilterSpectrumParams {
   const float* filter;  // (channels, filter_len), contiguous
   float* spectrum;      // (channels, n1/2+1, n2, 2), contiguous
+  // Null: compute every row. Otherwise a refresh of a cached spectrum: source (channels,
+  // filter_len) is the filter the rows were computed from; rows whose filter differs from it,
+  // bit for bit, are recomputed and their source rows updated, the others left as they are.
+  float* source;
   int64_t channels;
   int64_t filter_len;   // 1 <= filter_len <= fft_size / 2
   int fft_size;
