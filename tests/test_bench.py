@@ -819,6 +819,7 @@ def cudnn_on_cpu(bench, monkeypatch):
     """Lets the cudnn method run on the CPU; returns a function that installs a module as
     `cudnn` (None: as if not installed)."""
     monkeypatch.setattr(bench.methods, "CUDNN_DEVICES", ("cuda", "cpu"))
+    monkeypatch.delenv(bench.methods.CUDNN_KIT_ENV, raising=False)   # no C API route unless a test sets one
 
     def install(module):
         monkeypatch.setitem(sys.modules, "cudnn", module)
