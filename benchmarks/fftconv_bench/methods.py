@@ -19,7 +19,7 @@ monarch_fftconv.explain(). Rows are named for what runs on the device: torch.fft
 GPU, MKL or pocketfft on the host (fft_library), so the tuned torch.fft method is `cufft-tuned`
 on a GPU and e.g. `mkl-tuned` on a CPU.
 
-A peer that cannot run here (`cudnn` without cuDNN >= 9.26 and its frontend, or on a CPU) is a
+A peer that cannot run here (`cudnn` with neither a cuDNN >= 9.26 frontend nor a kit, or on a CPU) is a
 method with `unavailable` set, which the run reports as skipped, one line and a JSON entry,
 instead of measuring it; one whose library rejects a shape's first call is skipped at that shape.
 """
@@ -426,7 +426,8 @@ def convolutions(device: str, *, compile: bool = False,
 
 # The production peer: cuDNN's FFT causal convolution, y[t] = Σ_j weight[j]·x[t−j] over x (B, C, L)
 # and weight (C, K) of one dtype, through the frontend's torch wrapper (it pads lengths that are
-# not powers of two itself, and is differentiable by torch.autograd). cuDNN 9.26.0 is the first
+# not powers of two itself, and is differentiable by torch.autograd), else through the C API of a
+# kit (cudnn_capi.fft_causal_conv1d, which does the same). cuDNN 9.26.0 is the first
 # with it; backend_version() encodes major·10000 + minor·100 + patch.
 CUDNN_MIN_VERSION = 92600
 CUDNN_INSTALL = "pip install nvidia-cudnn-cu13 nvidia-cudnn-frontend"
