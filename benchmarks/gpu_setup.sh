@@ -16,6 +16,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
+
+source benchmarks/cudnn_kit_env.sh   # the cudnn rows: MONARCH_FFTCONV_CUDNN_KIT from a carried .cudnn_kit
 export MONARCH_FFTCONV_BUILD_DIR=${MONARCH_FFTCONV_BUILD_DIR:-/tmp/monarch_fftconv_build}
 export MAX_JOBS=${MAX_JOBS:-16}
 

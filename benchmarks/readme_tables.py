@@ -285,7 +285,8 @@ def render(run: List[RunFile]) -> str:
             "allclose(atol=1e-2, rtol=1e-2). `reference` is the plain torch.fft model, `monarch[p]` "
             "`fftconv(u, k, precision=p)`, `monarch-module` `FFTConv` with its cached filter spectrum, "
             "`monarch-tc[p]` the tensor-core kernel itself through the op, `cudnn` cuDNN's FFT causal "
-            "convolution (`cudnn.ops.fft_causal_conv1d`); the backend column says what ran."]
+            "convolution (`cudnn.ops.fft_causal_conv1d`, or its C API where the frontend cannot run: the "
+            "row's entry says which); the backend column says what ran."]
     for heading, select, make in QUESTIONS:
         selected = select(rows)
         out += ["", f"#### {heading}", ""]

@@ -12,8 +12,12 @@
 #   SKIP_LONG=1 bash benchmarks/run_gpu.sh      # no long-sequence run (--preset long, forward)
 #   OPERATORS=1 bash benchmarks/run_gpu.sh      # also the operator rows (gated, grouped, bidirectional)
 #                                               # and bf16 I/O, forward and fwd+bwd, at OP_SHAPES
+#   BF16_IO=1 bash benchmarks/run_gpu.sh        # also the forward and fwd+bwd benchmarks with bf16 I/O
+#                                               # at SHAPES and BWD_SHAPES ($OUT/bench_json_bf16/)
+# cuDNN's rows (the cudnn method) need cuDNN >= 9.26: carry .cudnn_kit (and .whl) and gpu_setup.sh
+# sets MONARCH_FFTCONV_CUDNN_KIT; each benchmark's limit then grows by cuDNN's first-call JIT.
 # Results: $OUT/{gpu.txt,build.log,tests.log,fuzz.log,host.log,bench_fwd.log,bench_bwd.log,
-#                bench_long.log,install.log,bench.tgz,hyena/}, and $OUT/bench_json/{fwd,bwd,long}.json:
+#                bench_long.log,bench_bf16_{fwd,bwd}.log,install.log,bench.tgz,hyena/}, and $OUT/bench_json/{fwd,bwd,long}.json:
 # each benchmark's results.json, kept only when that benchmark finished. They are the input of
 # benchmarks/readme_tables.py, which writes README.md's and docs/performance.md's tables from
 # them; the last lines printed give the command.
@@ -33,9 +37,15 @@ keep_json() {
   fi
 }
 
+# limit SECONDS SHAPE_COUNT: a benchmark's time limit, plus 45 s a shape for cuDNN's first call
+# (its JIT takes 8-42 s a shape; timed apart, but inside the limit) where the cudnn rows run.
+limit() { echo $(( $1 + ${MONARCH_FFTCONV_CUDNN_KIT:+45 * $2 +} 0 )); }
+count() { echo "$1" | tr ',' '\n' | grep -c .; }
+
 echo "== benchmark: forward, reference lengths and the Hyena shape"
 SHAPES=${SHAPES:-16x256x8192,16x256x1024,16x256x2048,16x256x4096,16x256x16384,64x768x8192}
-timeout 200 python3 benchmarks/bench_cufft.py --shapes "$SHAPES" --out /tmp/bench_fwd ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_fwd.log"
+BWD_SHAPES=${BWD_SHAPES:-16x256x8192}
+timeout "$(limit 200 "$(count "$SHAPES")")" python3 benchmarks/bench_cufft.py --shapes "$SHAPES" --out /tmp/bench_fwd ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_fwd.log"
 keep_json fwd /tmp/bench_fwd "${PIPESTATUS[0]}"
 tar czf "$OUT/bench.tgz" -C /tmp bench_fwd
 
@@ -64,14 +74,27 @@ fi
 
 if [ -z "${SKIP_BWD:-}" ]; then
   echo "== benchmark: forward + backward"
-  timeout 200 python3 benchmarks/bench_cufft.py --shapes "${BWD_SHAPES:-16x256x8192}" --backward --energy --out /tmp/bench_bwd ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_bwd.log"
+  timeout "$(limit 200 "$(count "$BWD_SHAPES")")" python3 benchmarks/bench_cufft.py --shapes "$BWD_SHAPES" --backward --energy --out /tmp/bench_bwd ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_bwd.log"
   keep_json bwd /tmp/bench_bwd "${PIPESTATUS[0]}"
 fi
 
 if [ -z "${SKIP_BWD:-}" ] && [ -z "${SKIP_LONG:-}" ]; then
   echo "== benchmark: long sequences, forward (--preset long: L = 16384 .. 4M)"
-  timeout 300 python3 benchmarks/bench_cufft.py --preset long --out /tmp/bench_long ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_long.log"
+  timeout "$(limit 300 5)" python3 benchmarks/bench_cufft.py --preset long --out /tmp/bench_long ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_long.log"
   keep_json long /tmp/bench_long "${PIPESTATUS[0]}"
+fi
+if [ -n "${BF16_IO:-}" ]; then
+  # Not table JSON either (readme_tables takes fp32-I/O runs): its own folder.
+  mkdir -p "$OUT/bench_json_bf16"
+  for pass in "" --backward; do
+    shapes=$SHAPES name=bf16_fwd
+    [ -n "$pass" ] && shapes=$BWD_SHAPES name=bf16_bwd
+    echo "== benchmark: --io-dtype bfloat16 $pass"
+    timeout "$(limit 200 "$(count "$shapes")")" python3 benchmarks/bench_cufft.py --io-dtype bfloat16 $pass --shapes "$shapes" \
+      --no-plots --out "/tmp/bench_$name" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_$name.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] && cp "/tmp/bench_$name/results.json" "$OUT/bench_json_bf16/$name.json"
+    BENCH_DIRS+=("bench_$name")
+  done
 fi
 if [ -n "${OPERATORS:-}" ]; then
   # Not table JSON: readme_tables takes plain fp32-I/O runs. Logs only.

@@ -4,6 +4,7 @@ import csv
 import importlib.util
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -651,6 +652,34 @@ def test_gpu_scripts_parse():
         subprocess.run(["bash", "-n", str(script)], check=True)
 
 
+@pytest.mark.skipif(shutil.which("xz") is None, reason="needs xz to pack a kit")
+def test_gpu_setup_names_a_carried_cudnn_kit(tmp_path):
+    """cudnn_kit_env.sh (sourced by gpu_setup.sh): a carried kit tarball is unpacked once and
+    named by MONARCH_FFTCONV_CUDNN_KIT; an unpacked .cudnn_kit is named as it is; none, nothing."""
+    import tarfile
+
+    def kit_variable(repo):
+        env = {k: v for k, v in os.environ.items() if k != "MONARCH_FFTCONV_CUDNN_KIT"}
+        env["CUDNN_KIT_UNPACK_DIR"] = str(tmp_path / "unpacked")
+        script = Path(_BENCHMARKS) / "cudnn_kit_env.sh"
+        proc = subprocess.run(["bash", "-c", f'source "{script}" >/dev/null; echo "$MONARCH_FFTCONV_CUDNN_KIT"'],
+                              cwd=repo, env=env, capture_output=True, text=True, timeout=60, check=True)
+        return proc.stdout.strip()
+
+    packed, unpacked_repo, bare = tmp_path / "packed", tmp_path / "unpacked_repo", tmp_path / "bare"
+    for repo in (packed, unpacked_repo, bare):
+        repo.mkdir()
+    (unpacked_repo / ".cudnn_kit" / "lib").mkdir(parents=True)
+    (unpacked_repo / ".cudnn_kit" / "lib" / "libcudnn_ext.so.9").write_bytes(b"ext")
+    (packed / ".cudnn_kit").mkdir()
+    with tarfile.open(packed / ".cudnn_kit" / "cudnn_kit.tar.xz", "w:xz") as tar:
+        tar.add(unpacked_repo / ".cudnn_kit" / "lib", arcname="lib")
+    assert kit_variable(packed) == str(tmp_path / "unpacked")
+    assert (tmp_path / "unpacked" / "lib" / "libcudnn_ext.so.9").read_bytes() == b"ext"
+    assert kit_variable(unpacked_repo) == str(unpacked_repo / ".cudnn_kit")
+    assert kit_variable(bare) == ""
+
+
 def test_profile_set_archives_each_profile_with_its_environment(tmp_path):
     """profile_set.sh runs profile_ncu.sh once per spec, with that spec's environment, and
     archives what each wrote (without the large .ncu-rep); here profile_ncu.sh is a stub."""
@@ -819,6 +848,7 @@ def cudnn_on_cpu(bench, monkeypatch):
     """Lets the cudnn method run on the CPU; returns a function that installs a module as
     `cudnn` (None: as if not installed)."""
     monkeypatch.setattr(bench.methods, "CUDNN_DEVICES", ("cuda", "cpu"))
+    monkeypatch.delenv(bench.methods.CUDNN_KIT_ENV, raising=False)   # no C API route unless a test sets one
 
     def install(module):
         monkeypatch.setitem(sys.modules, "cudnn", module)

@@ -21,11 +21,16 @@ float32 and cast to it):
                      like-for-like rival of cufft-tuned.
   cudnn              the production peer (issue #32): cuDNN's FFT causal convolution,
                      cudnn.ops.fft_causal_conv1d(u, k) of nvidia-cudnn-frontend (cuDNN >= 9.26,
-                     CUDA only, differentiable), the tensors in the I/O dtype as they are. Its
-                     first call per shape JIT-compiles (8-42 s): made before the warm-up, timed
-                     apart (first_call_s), left out of the medians. Where it cannot load (no
-                     module, too old a cuDNN, a CPU run) the run prints one line saying why and
-                     lists it in the JSON's `skipped`; a shape it refuses is skipped the same way.
+                     CUDA only, differentiable), the tensors in the I/O dtype as they are. Where
+                     the frontend cannot run it (torch bundling an older cuDNN), its C API
+                     (cudnnFFTCausalConv1d*, cudnnLongFFTCausalConv1d*; cudnn_capi) of the kit
+                     folder MONARCH_FFTCONV_CUDNN_KIT names: lib/libcudnn_ext.so.9 and include/,
+                     as ../shared/tools/cudnn_kit.sh builds (benchmarks/gpu_setup.sh sets it
+                     from a carried .cudnn_kit/). Its first call per shape JIT-compiles
+                     (8-42 s): made before the warm-up, timed apart (first_call_s), left out of
+                     the medians. Where neither route can run (no module, too old a cuDNN and
+                     no kit, a CPU run) the run prints one line saying why and lists it in the
+                     JSON's `skipped`; a shape it refuses is skipped the same way.
 
 What every method computes is the run's operator (--operator, issue #30; operators.py):
   plain          y = conv(u, k), k (C, L): the default.

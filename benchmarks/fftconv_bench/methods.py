@@ -19,7 +19,7 @@ monarch_fftconv.explain(). Rows are named for what runs on the device: torch.fft
 GPU, MKL or pocketfft on the host (fft_library), so the tuned torch.fft method is `cufft-tuned`
 on a GPU and e.g. `mkl-tuned` on a CPU.
 
-A peer that cannot run here (`cudnn` without cuDNN >= 9.26 and its frontend, or on a CPU) is a
+A peer that cannot run here (`cudnn` with neither a cuDNN >= 9.26 frontend nor a kit, or on a CPU) is a
 method with `unavailable` set, which the run reports as skipped, one line and a JSON entry,
 instead of measuring it; one whose library rejects a shape's first call is skipped at that shape.
 """
@@ -28,13 +28,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from fftconv_bench import REPO_ROOT
+from fftconv_bench import REPO_ROOT, cudnn_capi
 from fftconv_bench.operators import PLAIN, Operator
 
 
@@ -425,11 +426,15 @@ def convolutions(device: str, *, compile: bool = False,
 
 # The production peer: cuDNN's FFT causal convolution, y[t] = Σ_j weight[j]·x[t−j] over x (B, C, L)
 # and weight (C, K) of one dtype, through the frontend's torch wrapper (it pads lengths that are
-# not powers of two itself, and is differentiable by torch.autograd). cuDNN 9.26.0 is the first
+# not powers of two itself, and is differentiable by torch.autograd), else through the C API of a
+# kit (cudnn_capi.fft_causal_conv1d, which does the same). cuDNN 9.26.0 is the first
 # with it; backend_version() encodes major·10000 + minor·100 + patch.
 CUDNN_MIN_VERSION = 92600
 CUDNN_INSTALL = "pip install nvidia-cudnn-cu13 nvidia-cudnn-frontend"
 CUDNN_DEVICES = ("cuda",)   # where cuDNN runs (a test widens it to run its CPU double)
+# The C API's route (cudnn_capi), where the frontend cannot run: the kit folder it loads.
+CUDNN_KIT_ENV = "MONARCH_FFTCONV_CUDNN_KIT"
+CUDNN_CAPI_ENTRY = "cudnnFFTCausalConv1d C API (ctypes)"
 CUDNN_FIRST_CALL = ("JIT-compiles cuDNN's kernels for the shape (8-42 s): made before the warm-up, "
                     "left out of every timing (first_call_s)")
 
@@ -464,22 +469,79 @@ def load_cudnn(device: str) -> Tuple[Any, Optional[str]]:
     return cudnn, None
 
 
-def cudnn_convolution(device: str, lacks_operator: Optional[str] = None) -> Convolution:
-    """The cudnn method: cudnn.ops.fft_causal_conv1d(u, k) as a user calls it (the tensors in the
-    I/O dtype as they are), or, where cuDNN cannot run it (or has no form of the run's operator:
-    `lacks_operator` says why), the method with why not."""
-    cudnn, unavailable = (None, lacks_operator) if lacks_operator else load_cudnn(device)
+def load_cudnn_capi() -> Tuple[Optional[cudnn_capi.FFTCausalConv1dLibrary], Optional[str]]:
+    """(the C API of the kit that MONARCH_FFTCONV_CUDNN_KIT names, None), else (None, why not):
+    never raises."""
+    kit = os.environ.get(CUDNN_KIT_ENV)
+    if not kit:
+        return None, (f"or set {CUDNN_KIT_ENV} to a cuDNN >= 9.26 kit folder (lib/libcudnn_ext.so.9, "
+                      f"include/; ../shared/tools/cudnn_kit.sh) to call its C API")
+    try:
+        return cudnn_capi.open_kit(kit), None
+    except Exception as e:  # noqa: BLE001 -- e.g. a missing file or function
+        return None, f"{CUDNN_KIT_ENV}={kit}: {type(e).__name__}: {e}"
 
+
+def _cudnn_method(entry: str, bind: Callable[..., Bound], describe: Describe,
+                  unavailable: Optional[str] = None) -> Convolution:
+    return Convolution("cudnn", "cudnn", None, entry, bind, describe, lambda *args: None,
+                       unavailable=unavailable, first_call=CUDNN_FIRST_CALL, skip_rejected=True)
+
+
+def _unavailable_cudnn(why: str) -> Convolution:
+    """The cudnn method where it cannot run: skipped by the run, saying `why`."""
+    def bind(u: Tensor, k: Tensor, training: bool) -> Bound:
+        raise RuntimeError(f"cudnn cannot run here: {why}")
+
+    def describe(u: Tensor, k: Tensor, **terms: Tensor) -> Dict[str, Any]:
+        return {"backend": "cuDNN", "kernel": None, "precision": None}
+    return _cudnn_method("cuDNN FFT causal conv1d", bind, describe, why)
+
+
+def _frontend_convolution(cudnn: Any) -> Convolution:
     def bind(u: Tensor, k: Tensor, training: bool) -> Bound:
         return bind_function(lambda x, weight: cudnn.ops.fft_causal_conv1d(x, weight))(u, k, training)
 
     def describe(u: Tensor, k: Tensor, **terms: Tensor) -> Dict[str, Any]:
-        version = cudnn_version_name(int(cudnn.backend_version())) if cudnn is not None else "?"
+        version = cudnn_version_name(int(cudnn.backend_version()))
         return {"backend": "cuDNN", "kernel": f"cudnn.ops.fft_causal_conv1d (cuDNN {version})",
                 "precision": None}
-    return Convolution("cudnn", "cudnn", None, "cudnn.ops.fft_causal_conv1d", bind, describe,
-                       lambda *args: None, unavailable=unavailable, first_call=CUDNN_FIRST_CALL,
-                       skip_rejected=True)
+    return _cudnn_method("cudnn.ops.fft_causal_conv1d", bind, describe)
+
+
+def _capi_convolution(library: cudnn_capi.FFTCausalConv1dLibrary) -> Convolution:
+    def bind(u: Tensor, k: Tensor, training: bool) -> Bound:
+        return bind_function(lambda x, weight: cudnn_capi.fft_causal_conv1d(library, x, weight))(
+            u, k, training)
+
+    def describe(u: Tensor, k: Tensor, **terms: Tensor) -> Dict[str, Any]:
+        kernel_size = cudnn_capi.kernel_size_for(u.shape[-1])
+        path = cudnn_capi.path_for(kernel_size, cudnn_capi.medium_max_kernel(u.device))
+        functions = "cudnnFFTCausalConv1d*" if path == "medium" else "cudnnLongFFTCausalConv1d*"
+        return {"backend": "cuDNN", "precision": None,
+                "kernel": f"{functions} ({path} path, K={kernel_size}) of {library.path}"}
+    return _cudnn_method(CUDNN_CAPI_ENTRY, bind, describe)
+
+
+def cudnn_convolution(device: str, lacks_operator: Optional[str] = None) -> Convolution:
+    """The cudnn method: cuDNN's FFT causal convolution of u by k as a user calls it (the tensors
+    in the I/O dtype as they are), through cudnn.ops.fft_causal_conv1d where the frontend runs
+    it, else through the C API of the kit MONARCH_FFTCONV_CUDNN_KIT names (cudnn_capi: a kit
+    folder with lib/libcudnn_ext.so.9 of cuDNN >= 9.26 and include/, as
+    ../shared/tools/cudnn_kit.sh builds; benchmarks/gpu_setup.sh unpacks a carried .cudnn_kit/
+    and sets it). Where neither can run (or cuDNN has no form of the run's operator:
+    `lacks_operator` says why), the method with why not."""
+    if lacks_operator:
+        return _unavailable_cudnn(lacks_operator)
+    cudnn, frontend_refused = load_cudnn(device)
+    if cudnn is not None:
+        return _frontend_convolution(cudnn)
+    if device not in CUDNN_DEVICES:
+        return _unavailable_cudnn(frontend_refused)
+    library, capi_refused = load_cudnn_capi()
+    if library is not None:
+        return _capi_convolution(library)
+    return _unavailable_cudnn(f"{frontend_refused}; {capi_refused}")
 
 
 # The tensor-core kernels themselves, through the op, which runs the precision it is given:
