@@ -3,7 +3,8 @@ request (MONARCH_FFTCONV_TC_KERNEL=engine) at N = 16384, bf16 and fp16 operands,
 the float64 budget with an odd batch (the last pair's partner is zeros) and L not a multiple
 of 128, the skip term folded into the spectrum, the NaN rule (a poisoned sequence does not
 reach its pair partner; the other pairs are bitwise unchanged), determinism, and that the
-request reaches the engine. Skipped without a GPU."""
+request reaches the engine. Skipped without a GPU. Each test runs in a child process under the
+watchdog (conftest.py): the engine's first run hung, and a hang must fail, not stall the suite."""
 
 import pytest
 import torch
@@ -11,10 +12,10 @@ import torch
 import monarch_fftconv as mf
 from monarch_fftconv.backends import BACKEND_ENV
 
-from helpers import BUDGETS, randn, reference, rel_l2, requires_cuda
+from helpers import BUDGETS, GPU_WATCHDOG_S, randn, reference, rel_l2, requires_cuda
 from test_cuda import poisoned_call
 
-pytestmark = requires_cuda
+pytestmark = [requires_cuda, pytest.mark.watchdog(GPU_WATCHDOG_S)]
 
 DEVICE = "cuda"
 KERNEL_ENV = "MONARCH_FFTCONV_TC_KERNEL"
