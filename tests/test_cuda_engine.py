@@ -93,3 +93,23 @@ def test_many_jobs_per_cta(precision, engine, gen):
     y = poisoned_call(lambda: mf.fftconv(u, k, precision=precision), u)
     assert torch.isfinite(y).all(), "unwritten (NaN) outputs"
     assert rel_l2(y, reference(u, k)) <= BUDGETS[precision]
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_zero_and_tiny_channels(precision, engine, gen):
+    """The filter's 2^e at the ends of its range (its data flow: test_tc_engine_dataflow.py):
+    channel 0's filter is all zeros (exact zeros without D, D·u with it), channel 1's is scaled
+    by 1e-40 (2^e = 2^141 overflows fp32: the channel was all NaN), channel 2's is ordinary.
+    Each channel within the budget on its own."""
+    length = 8192
+    u, k = randn(gen, 3, 3, length, device=DEVICE), randn(gen, 3, length, device=DEVICE)
+    k[0] = 0.0
+    k[1] *= 1e-40
+    plain = mf.fftconv(u, k, precision=precision)
+    assert torch.equal(plain[:, 0], torch.zeros_like(plain[:, 0]))
+    d = randn(gen, 3, device=DEVICE)
+    d[1] = 0.0  # the tiny filter alone: a skip term would set the channel's scale
+    for y, ref in ((plain, reference(u, k)), (mf.fftconv(u, k, D=d, precision=precision), reference(u, k, d))):
+        assert torch.isfinite(y).all()
+        for c in range(3):
+            assert rel_l2(y[:, c], ref[:, c]) <= BUDGETS[precision], f"channel {c}"
