@@ -1,18 +1,22 @@
 """The loader and the build: backend selection without a GPU, fallbacks that warn once, the
 nvcc compile check of every kernel unit (CI has nvcc but no GPU), and the packaging."""
 
+import ast
 import concurrent.futures
 import importlib.util
 import math
+import operator
 import os
 import re
 import shutil
 import site
+import struct
 import subprocess
 import sys
 import time
 import zipfile
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -57,10 +61,16 @@ def unit_name(source: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def compiled_units(request, tmp_path_factory):
+def cubin_dir(tmp_path_factory) -> Path:
+    """Where compiled_units leaves each unit's cubin (<stem>.cubin)."""
+    return tmp_path_factory.mktemp("cubins")
+
+
+@pytest.fixture(scope="module")
+def compiled_units(request, cubin_dir):
     """Every kernel unit compiled by nvcc, one per core at a time (more only thrash the cores:
     CI has two), each reported with its time as it finishes: together they take minutes."""
-    out = tmp_path_factory.mktemp("cubins")
+    out = cubin_dir
     write = terminal_writer(request.config)
     cores = len(os.sched_getaffinity(0))
     write(f"nvcc: compiling {len(SOURCES)} kernel units for sm_90a, {cores} at a time")
@@ -86,6 +96,118 @@ def compiled_units(request, tmp_path_factory):
 def test_kernel_compiles(source, compiled_units):
     result = compiled_units[source]
     assert result.returncode == 0, result.stderr[-4000:]
+
+
+# --------------------------------------------------------------------------- the engine's register pool
+
+class Section(NamedTuple):
+    name: str
+    offset: int
+    size: int
+    link: int  # the index of an associated section: a symbol table's string table
+
+
+def _elf_sections(data: bytes) -> list[Section]:
+    """The section headers of a little-endian ELF64 file (a cubin), in their order."""
+    assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1, "not a little-endian ELF64 file"
+    (table,) = struct.unpack_from("<Q", data, 0x28)
+    entry_size, count, names_index = struct.unpack_from("<HHH", data, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", data, table + i * entry_size) for i in range(count)]
+    names = headers[names_index][4]
+    return [Section(_c_string(data, names + h[0]), h[4], h[5], h[6]) for h in headers]
+
+
+def _c_string(data: bytes, start: int) -> str:
+    return data[start:data.index(b"\0", start)].decode()
+
+
+def _nv_info(data: bytes, offset: int, size: int):
+    """The attributes of an .nv.info section: (attribute, payload bytes). Each is a format byte
+    and an attribute byte, then two bytes (format 1: padding, 2: one byte, 3: a 16-bit value),
+    or for format 4 a 16-bit size and as many bytes."""
+    end = offset + size
+    while offset < end:
+        form, attribute = data[offset], data[offset + 1]
+        if form == 4:
+            (length,) = struct.unpack_from("<H", data, offset + 2)
+            yield attribute, data[offset + 4:offset + 4 + length]
+            offset += 4 + length
+        else:
+            yield attribute, data[offset + 2:offset + 4]
+            offset += 4
+
+
+EIATTR_REGCOUNT = 0x2F  # in the cubin's .nv.info: (symbol index, registers) of each kernel
+
+
+def kernel_registers(cubin: Path) -> dict[str, int]:
+    """ptxas's register count of each function of a cubin, by mangled name: the count a thread
+    starts with, which cuobjdump --dump-resource-usage prints as REG (read here from the ELF,
+    so no CUDA binary utility is needed)."""
+    data = cubin.read_bytes()
+    sections = _elf_sections(data)
+    (symtab,) = [s for s in sections if s.name == ".symtab"]
+    strtab = sections[symtab.link]
+    symbols = [_c_string(data, strtab.offset + struct.unpack_from("<I", data, at)[0])  # Elf64_Sym: st_name first
+               for at in range(symtab.offset, symtab.offset + symtab.size, 24)]
+    (info,) = [s for s in sections if s.name == ".nv.info"]
+    return {symbols[index]: registers
+            for attribute, payload in _nv_info(data, info.offset, info.size) if attribute == EIATTR_REGCOUNT
+            for index, registers in [struct.unpack("<II", payload)]}
+
+
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.floordiv}
+
+
+def engine_constants() -> dict[str, int]:
+    """EngineTraits' `static constexpr int kName = expression;` constants whose expressions are
+    integer arithmetic on literals and the constants before them, evaluated as C++ does
+    (`/` truncates: every operand here is positive)."""
+    text = (_extension.CSRC / "tc" / "engine_traits.cuh").read_text()
+    traits = text[text.index("struct EngineTraits"):]
+    constants: dict[str, int] = {}
+
+    def evaluate(node: ast.AST) -> int:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.Name):
+            return constants[node.id]
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+            return _BINARY[type(node.op)](evaluate(node.left), evaluate(node.right))
+        raise KeyError(ast.dump(node))
+
+    for name, expression in re.findall(r"static constexpr int (k\w+) = ([^;]+);", traits):
+        try:
+            constants[name] = evaluate(ast.parse(expression, mode="eval").body)
+        except (KeyError, SyntaxError):  # N1::value and the like: not arithmetic
+            pass
+    return constants
+
+
+def test_engine_constants_are_read_from_the_traits():
+    c = engine_constants()
+    assert (c["kWarpgroup"], c["kConsumers"], c["kThreads"]) == (128, 2, 384)
+    assert c["kRegsAtEntry"] == 168  # 65,536 / 384 = 170.7, down to the allocation granule of 8
+
+
+@needs_nvcc
+@needs_cutlass
+def test_engine_register_split_fits_the_pool_ptxas_gives(compiled_units, cubin_dir):
+    """setmaxnreg only moves registers inside the CTA's pool, kThreads x the count ptxas gives
+    a thread at entry. The traits' kRegsAtEntry is that count, and the split fits the pool, for
+    every engine instance: 48/232 asked 1,024 registers more than 384 x 168 and hung the GPU."""
+    (source,) = [s for s in SOURCES if s.name == "engine_instances.cu"]
+    assert compiled_units[source].returncode == 0, compiled_units[source].stderr[-4000:]
+    kernels = {name: count for name, count in kernel_registers(cubin_dir / f"{source.stem}.cubin").items()
+               if "engine_forward_kernel" in name}
+    assert len(kernels) == 2, kernels  # bf16 and fp16
+    c = engine_constants()
+    split = c["kWarpgroup"] * c["kProducerRegs"] + c["kConsumers"] * c["kWarpgroup"] * c["kConsumerRegs"]
+    for name, at_entry in kernels.items():
+        assert at_entry == c["kRegsAtEntry"], f"{name}: ptxas gives {at_entry} registers at entry"
+        assert split <= c["kThreads"] * at_entry, (
+            f"{name}: the split {c['kProducerRegs']}/{c['kConsumerRegs']} asks {split} registers, "
+            f"the pool is {c['kThreads']} x {at_entry} = {c['kThreads'] * at_entry}")
 
 
 # setmaxnreg exists on sm_90a but not on sm_90; tcgen05 (Blackwell) not on sm_90a.

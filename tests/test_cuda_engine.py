@@ -3,7 +3,8 @@ request (MONARCH_FFTCONV_TC_KERNEL=engine) at N = 16384, bf16 and fp16 operands,
 the float64 budget with an odd batch (the last pair's partner is zeros) and L not a multiple
 of 128, the skip term folded into the spectrum, the NaN rule (a poisoned sequence does not
 reach its pair partner; the other pairs are bitwise unchanged), determinism, and that the
-request reaches the engine. Skipped without a GPU."""
+request reaches the engine. Skipped without a GPU. Each test runs in a child process under the
+watchdog (conftest.py): the engine's first run hung, and a hang must fail, not stall the suite."""
 
 import pytest
 import torch
@@ -11,10 +12,10 @@ import torch
 import monarch_fftconv as mf
 from monarch_fftconv.backends import BACKEND_ENV
 
-from helpers import BUDGETS, randn, reference, rel_l2, requires_cuda
+from helpers import BUDGETS, GPU_WATCHDOG_S, randn, reference, rel_l2, requires_cuda
 from test_cuda import poisoned_call
 
-pytestmark = requires_cuda
+pytestmark = [requires_cuda, pytest.mark.watchdog(GPU_WATCHDOG_S)]
 
 DEVICE = "cuda"
 KERNEL_ENV = "MONARCH_FFTCONV_TC_KERNEL"
@@ -92,3 +93,23 @@ def test_many_jobs_per_cta(precision, engine, gen):
     y = poisoned_call(lambda: mf.fftconv(u, k, precision=precision), u)
     assert torch.isfinite(y).all(), "unwritten (NaN) outputs"
     assert rel_l2(y, reference(u, k)) <= BUDGETS[precision]
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_zero_and_tiny_channels(precision, engine, gen):
+    """The filter's 2^e at the ends of its range (its data flow: test_tc_engine_dataflow.py):
+    channel 0's filter is all zeros (exact zeros without D, D·u with it), channel 1's is scaled
+    by 1e-40 (2^e = 2^141 overflows fp32: the channel was all NaN), channel 2's is ordinary.
+    Each channel within the budget on its own."""
+    length = 8192
+    u, k = randn(gen, 3, 3, length, device=DEVICE), randn(gen, 3, length, device=DEVICE)
+    k[0] = 0.0
+    k[1] *= 1e-40
+    plain = mf.fftconv(u, k, precision=precision)
+    assert torch.equal(plain[:, 0], torch.zeros_like(plain[:, 0]))
+    d = randn(gen, 3, device=DEVICE)
+    d[1] = 0.0  # the tiny filter alone: a skip term would set the channel's scale
+    for y, ref in ((plain, reference(u, k)), (mf.fftconv(u, k, D=d, precision=precision), reference(u, k, d))):
+        assert torch.isfinite(y).all()
+        for c in range(3):
+            assert rel_l2(y[:, c], ref[:, c]) <= BUDGETS[precision], f"channel {c}"

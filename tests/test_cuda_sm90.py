@@ -12,10 +12,11 @@ import torch
 import monarch_fftconv as mf
 from monarch_fftconv.backends import BACKEND_ENV
 
-from helpers import BUDGETS, randn, reference, rel_l2
+from helpers import BUDGETS, GPU_WATCHDOG_S, randn, reference, rel_l2
 from test_cuda import assert_sequences_stay_independent, emulate, poisoned_call
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+              pytest.mark.watchdog(GPU_WATCHDOG_S)]
 
 DEVICE = "cuda"
 KERNEL_ENV = "MONARCH_FFTCONV_TC_KERNEL"

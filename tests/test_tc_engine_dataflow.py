@@ -57,10 +57,29 @@ def _angles(rows: int, cols: int, size: int) -> torch.Tensor:
     return 2 * math.pi * (torch.outer(torch.arange(rows), torch.arange(cols)) % size).double() / size
 
 
+# engine_traits.cuh's kHandoffExponent: the share of 2^-e that the 16-bit hand-off takes (the
+# rest is undone on y, in fp32).
+HANDOFF_EXPONENT = 13
+# The exponents an fp32 spectrum gives: its peak lies in [2^-149, 2^128).
+FP32_EXPONENTS = range(-127, 150)
+
+
 def _scale_exponent(z: torch.Tensor) -> int:
-    """e such that the largest component of z·2^e lies in [1, 2): exact, undone in fp32."""
+    """e such that the largest component of z·2^e lies in [1, 2); 0 for a zero or non-finite z.
+    Exact. From an fp32 spectrum e lies in [-127, 149]: 2^e itself overflows fp32 from e = 128,
+    so the kernel scales each component (ldexpf) and never forms it."""
     peak = torch.maximum(z.real.abs().max(), z.imag.abs().max()).item()
     return 0 if not math.isfinite(peak) or peak == 0 else -math.floor(math.log2(peak))
+
+
+def _unscales(e: int) -> tuple[float, float]:
+    """2^-e split between the hand-off's twiddle and y: the hand-off takes 2^-min(e, 13), so the
+    16-bit values of a tiny channel are those of a filter peaking at 2^-13 (the benchmark's,
+    randn/sqrt(L)), not underflowed; y takes the rest. Both factors are fp32 powers of two for
+    every e an fp32 spectrum gives: at most 2^127, at least 2^-136."""
+    assert e in FP32_EXPONENTS, e
+    to_handoff = min(e, HANDOFF_EXPONENT)
+    return 2.0**-to_handoff, 2.0**(to_handoff - e)
 
 
 def _conjugate_columns(pc, qs, qc, ps, sign: int, n: int) -> torch.Tensor:
@@ -186,17 +205,18 @@ class Engine:
         zr, zi = self.ring_tile(seqs)
         return torch.cat([self.stage2(wg, self.stage1(wg, zr, zi)) for wg in WARPGROUPS])
 
-    def inverse_job(self, p: torch.Tensor, unscale: float) -> torch.Tensor:
-        """Inverse 2, the conj twiddle (with the filter scale undone), the one hand-off through
-        shared memory, inverse 1: (128, n2) -> (pairs, L) complex."""
+    def inverse_job(self, p: torch.Tensor, unscales: tuple[float, float]) -> torch.Tensor:
+        """Inverse 2, the conj twiddle (with the hand-off's share of the filter scale undone), the
+        one hand-off through shared memory, inverse 1, y's share: (128, n2) -> (pairs, L) complex."""
         handoff = torch.cat([self.inverse2(wg, p[self.tile(wg)]) for wg in WARPGROUPS])
-        handoff = handoff * self.twiddle.conj() * unscale
+        handoff_unscale, output_unscale = unscales
+        handoff = handoff * self.twiddle.conj() * handoff_unscale
         y = torch.cat([self.inverse1(wg, handoff) for wg in WARPGROUPS], dim=1)  # (pair·r, s)
-        return y.reshape(self.pairs_per_job, self.half * self.n2)[:, : self.length]
+        return y.reshape(self.pairs_per_job, self.half * self.n2)[:, : self.length] * output_unscale
 
     def conv_job(self, seqs: torch.Tensor, filt: "ResidentFilter") -> torch.Tensor:
         p = self.spectrum_job(seqs) * filt.rows(self.row_k1)  # fp32, rounded as inverse 2's A
-        return self.inverse_job(p, filt.unscale)
+        return self.inverse_job(p, filt.unscales)
 
     def jobs(self, seqs: torch.Tensor):
         """The batch walk: pairs (2b, 2b + 1) in order; an odd batch's last partner is zeros."""
@@ -238,7 +258,7 @@ class Engine:
             z_u = self.op_complex(self.spectrum_job(u_seqs))  # parked in the hand-off buffer
             z_dy = self.spectrum_job(dy_seqs)
             acc += (z_u.conj() * z_dy).view(self.pairs_per_job, self.n1, self.n2).sum(0)
-            packed = self.inverse_job(z_dy * filt_conj.rows(self.row_k1), filt_conj.unscale)
+            packed = self.inverse_job(z_dy * filt_conj.rows(self.row_k1), filt_conj.unscales)
             du += self.unpack(dy_seqs, packed, filt_conj, isolate)
         dk = self.filter_gradient(acc)
         return torch.stack(du[: len(u)]), dk[:filter_len], dk[0]
@@ -249,7 +269,7 @@ class Engine:
         e = _scale_exponent(w)
         p = torch.zeros(JOB_ROWS, self.n2, dtype=torch.complex128)
         p[: self.n1] = w * 2.0**e
-        return self.inverse_job(p, 2.0**-e)[0].real
+        return self.inverse_job(p, _unscales(e))[0].real
 
 
 class ResidentFilter:
@@ -263,7 +283,7 @@ class ResidentFilter:
         half = full[spectrum_frequencies(engine.plan)]
         half = half.conj_physical() if conjugate else half
         e = _scale_exponent(half)
-        self.half_rows, self.unscale = engine.op_complex(half * 2.0**e), 2.0**-e
+        self.half_rows, self.unscale, self.unscales = engine.op_complex(half * 2.0**e), 2.0**-e, _unscales(e)
         self.n1, self.n2 = engine.n1, engine.n2
 
     def rows(self, k1: torch.Tensor) -> torch.Tensor:
@@ -335,6 +355,31 @@ def test_resident_filter_reads_every_row_from_the_half_rows(length, filter_len, 
         got = filt.rows(torch.arange(n1)) * filt.unscale
         assert complex_rel_l2(got, expected.conj() if conjugate else expected) < 1e-14
     assert complex_rel_l2(mirror(expected, n1, n2), expected.conj()) < 1e-14
+
+
+@pytest.mark.parametrize("precision", [None, "bf16", "fp16"])
+def test_zero_and_tiny_channels(precision, gen):
+    """The filter's 2^e at the ends of its range: an all-zero filter gives exact zeros (and D·u
+    with a skip term); a filter scaled by 1e-40 (spectrum peak near 2^-140: 2^e = 2^141 is
+    infinite in fp32) stays finite and within the budget, as float64 algebra exactly. Its 16-bit
+    hand-off holds the values of a filter peaking at 2^-13, not zeros: with the hand-off at the
+    channel's own scale, fp16 lost every output from 1e-20 down, bf16 5% at 1e-40."""
+    length, batch = 8192, 3
+    engine = Engine(length, precision)
+    bound = 1e-12 if precision is None else BUDGETS[precision]
+    u = randn(gen, batch, length, dtype=torch.float64)
+    zero = torch.zeros(length, dtype=torch.float64)
+    assert torch.equal(engine.forward(u, ResidentFilter(engine, zero, 0.0)), torch.zeros_like(u))
+    skip = 0.75
+    assert rel_l2(engine.forward(u, ResidentFilter(engine, zero, skip)), skip * u) <= bound
+    for scale in (1e-20, 1e-40):
+        k = scale * randn(gen, length, dtype=torch.float64)
+        filt = ResidentFilter(engine, k, 0.0)
+        if scale == 1e-40:
+            assert filt.unscale < 2.0**-127, "2^e finite in fp32: not the case tested"
+        y = engine.forward(u, filt)
+        assert torch.isfinite(y).all()
+        assert rel_l2(y, reference(u, k.unsqueeze(0))) <= bound, scale
 
 
 @pytest.mark.parametrize("poison", [math.nan, math.inf])
@@ -412,10 +457,10 @@ def test_dk_cross_terms_fall_into_the_imaginary_part(gen):
             split += ua.conj() * da + ub.conj() * db
     p = torch.zeros(JOB_ROWS, n2, dtype=torch.complex128)
     p[:n1] = packed / engine.fft_size
-    cross = engine.inverse_job(p, 1.0)[0].imag[:filter_len]
+    cross = engine.inverse_job(p, (1.0, 1.0))[0].imag[:filter_len]
     assert cross.norm() > 0.3 * dk.norm()
     p[:n1] = split / engine.fft_size
-    via_split = engine.inverse_job(p, 1.0)[0]
+    via_split = engine.inverse_job(p, (1.0, 1.0))[0]
     assert via_split.imag.abs().max() < 1e-12 * via_split.real.abs().max()  # Hermitian: a real inverse
     assert rel_l2(via_split.real[:filter_len], dk) < 1e-12
 

@@ -194,7 +194,11 @@ __device__ __forceinline__ void load_plane(const ConvForwardParams& p, int seq, 
 }
 
 // The channel's spectrum into the resident buffer: (K + D/N)·2^e in T, e such that the largest
-// component lies in [1, 2) (0 if it is zero or not finite); 2^-e for the hand-off.
+// component lies in [1, 2) (0 if it is zero or not finite), and 2^-e split between the hand-off
+// and y (EngineTraits::kHandoffExponent). An fp32 peak gives e in [-127, 149]: 2^e itself
+// overflows from e = 128 (a peak below 2^-127; 0·inf made such a channel NaN), so it is applied
+// as two normal factors, 2^(e/2) then the rest, exact wherever the result is normal; the two
+// unscales are powers of two in [2^-136, 2^127].
 template <class Cfg>
 __device__ __forceinline__ void load_filter(const ConvForwardParams& p, int c, typename Cfg::Smem& sm, int pt) {
   using T = typename Cfg::T;
@@ -219,14 +223,18 @@ __device__ __forceinline__ void load_filter(const ConvForwardParams& p, int c, t
     frexpf(peak, &x);  // peak = m·2^x, m in [0.5, 1)
     e = 1 - x;
   }
-  const float scale = ldexpf(1.0f, e);
+  const float scale_lo = ldexpf(1.0f, e / 2), scale_hi = ldexpf(1.0f, e - e / 2);
 #pragma unroll 1
   for (int i = pt; i < kWords; i += Cfg::kWarpgroup) {
     const float2 k = __ldg(spec + i);
     const int k1 = i / Cfg::kN2, k2 = i % Cfg::kN2;
-    sm.filter[filter_word<Cfg::kN2>(k1, k2)] = pack2<T>((k.x + skip) * scale, k.y * scale);
+    sm.filter[filter_word<Cfg::kN2>(k1, k2)] = pack2<T>((k.x + skip) * scale_lo * scale_hi, k.y * scale_lo * scale_hi);
   }
-  if (pt == 0) sm.filter_unscale = ldexpf(1.0f, -e);
+  if (pt == 0) {
+    const int to_handoff = min(e, Cfg::kHandoffExponent);
+    sm.handoff_unscale = ldexpf(1.0f, -to_handoff);
+    sm.output_unscale = ldexpf(1.0f, to_handoff - e);
+  }
 }
 
 // The producer warpgroup: the CTA's jobs in order, each as a checked item; after the next
@@ -459,8 +467,8 @@ __device__ __forceinline__ void filter_to_operand(const float (&pc)[32], const f
   }
 }
 
-// After inverse 2: A'[c], A'[n2 - c] times exp(+2 pi i k1 s / N)·2^-e, rounded, stored as
-// inverse 1's B: (s, k1) MN-major, this warpgroup's rows k1.
+// After inverse 2: A'[c], A'[n2 - c] times exp(+2 pi i k1 s / N) and the hand-off's share of
+// 2^-e, rounded, stored as inverse 1's B: (s, k1) MN-major, this warpgroup's rows k1.
 template <class Cfg>
 __device__ __forceinline__ void handoff_store(const float (&pc)[32], const float (&qs)[32], const float (&qc)[32],
                                               const float (&ps)[32], float unscale, const Lane& lane_in, uint32_t handoff_re,
@@ -553,9 +561,10 @@ __device__ __forceinline__ void inverse1(TF1T const& sF1cT, TF1T const& sF1sT, T
   fence_regs(yi);
 }
 
-// y_a = Re, y_b = Im for t = 128 r + s < L; returns whether any stored value is not finite.
+// y_a = Re, y_b = Im (times y's share of 2^-e, exact) for t = 128 r + s < L; returns whether
+// any stored value is not finite.
 template <class Cfg>
-__device__ __forceinline__ bool store_y(const float (&yr)[32], const float (&yi)[32], const ConvForwardParams& p,
+__device__ __forceinline__ bool store_y(float (&yr)[32], float (&yi)[32], float unscale, const ConvForwardParams& p,
                                         const Item& item, const Lane& lane_in) {
   const Lane ln = lane_in.opaque();
   const int64_t L = p.seq_len;
@@ -563,6 +572,11 @@ __device__ __forceinline__ bool store_y(const float (&yr)[32], const float (&yi)
   float* ya = y + (int64_t(item.seq_re) * p.channels + item.channel) * L;
   float* yb = item.seq_im >= 0 ? y + (int64_t(item.seq_im) * p.channels + item.channel) * L : nullptr;
   bool bad = false;
+#pragma unroll
+  for (int v = 0; v < 32; ++v) {
+    yr[v] *= unscale;
+    yi[v] *= unscale;
+  }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = ln.row0 + 8 * h;
@@ -651,7 +665,7 @@ __device__ void consumer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
       float pc[32], qs[32], qc[32], ps[32];
       half_column_products<Cfg>(pr, pi, sF2c, sF2s, pc, qs, qc, ps);
       named_sync(Cfg::barrier_handoff_free(wg), 2 * Cfg::kWarpgroup);
-      handoff_store<Cfg>(pc, qs, qc, ps, sm.filter_unscale, ln, handoff_re, handoff_im);
+      handoff_store<Cfg>(pc, qs, qc, ps, sm.handoff_unscale, ln, handoff_re, handoff_im);
     }
     fence_proxy_async();
     named_arrive(Cfg::barrier_rows_ready(wg), 2 * Cfg::kWarpgroup);
@@ -661,7 +675,7 @@ __device__ void consumer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
     float yr[32], yi[32];
     inverse1<Cfg>(sF1cT, sF1sT, sHrHalf, sHiHalf, wg, yr, yi);
     named_arrive(Cfg::barrier_handoff_free(1 - wg), 2 * Cfg::kWarpgroup);
-    const bool bad = store_y<Cfg>(yr, yi, p, item, ln);
+    const bool bad = store_y<Cfg>(yr, yi, sm.output_unscale, p, item, ln);
     if (item.checked) {
       const bool any = __any_sync(0xffffffffu, bad);
       if (lane0) {

@@ -164,6 +164,12 @@ struct EngineTraits {
                 "setmaxnreg takes multiples of 8 in [24, 256]");
   static constexpr int kStages = 2;  // the ring
   static constexpr int kU8PerThread = 8;  // consecutive samples a producer thread loads and stores (16 B)
+  // The filter is resident as (K + D/N)·2^e, largest component in [1, 2). Of the 2^-e that undoes
+  // it, the 16-bit hand-off takes at most 2^-kHandoffExponent and y the rest (fp32, exact): a
+  // tiny channel's hand-off then holds the values of a filter peaking at 2^-13 (the benchmark's,
+  // randn/sqrt(L), in budget on the H100) instead of underflowing (fp16 lost every output of a
+  // filter scaled by 1e-20 with all of 2^-e in the hand-off). Larger filters are unchanged.
+  static constexpr int kHandoffExponent = 13;
 
   // Named barriers (0 is __syncthreads). rows_ready(w): warpgroup w's hand-off rows are stored;
   // handoff_free(w): the partner has read them, w may write the next job's; own_rows(w): all of
@@ -202,7 +208,8 @@ struct EngineTraits {
     uint64_t filter_full, filter_free;
     Item item[kStages];
     uint32_t nonfinite[kStages];         // the checked item's flag
-    float filter_unscale;                // 2^-e
+    float handoff_unscale;               // 2^-min(e, kHandoffExponent)
+    float output_unscale;                // the rest of 2^-e, for y
     float peak[kWarpgroup / 32];         // the producer's reduction of the filter's largest component
   };
   static constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // + the base's alignment slack
