@@ -194,8 +194,7 @@ class TorchFFT(Backend):
     skip_term = "an elementwise op after the inverse FFT"
 
     def fftconv(self, u, k, skip, precision):
-        plan = plan_for(u.shape[-1])
-        return torch_fft.conv(u, torch_fft.filter_spectrum(k, plan), skip, plan)
+        return torch_fft.fftconv(u, k, skip, plan_for(u.shape[-1]).fft_size)
 
     def filter_spectrum(self, k, seq_len, precision):
         return torch_fft.filter_spectrum(k, plan_for(seq_len))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -10,8 +11,8 @@ import torch
 from torch import Tensor
 
 from . import policy
-from .backends import Backend, select_backend
-from .planner import compute_dtype, plan_for
+from .backends import BACKEND_ENV, TC_KERNEL_ENV, Backend, select_backend
+from .planner import plan_for
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -118,6 +119,11 @@ def fftconv(
     fftconv(v, k, bias)); pregate/postgate are FlashFFTConv's gates (HazyResearch/flash-fft-conv,
     `FlashFFTConv.forward(u, k, pregate, postgate)`), each optional here.
 
+    Grouping is inferred from the shapes: any k of G rows with C % G == 0 is a bank of G filters,
+    each serving C // G consecutive channels (`explain()` reports G and C // G); G == C is one
+    filter per channel. A k whose row count merely divides C is therefore taken as grouped, not
+    refused: `FFTConv`, which knows its channel count, refuses any other.
+
     u: (B, C, L), (C, L) or (..., C, L); k: (G, Lk) or, bidirectional, (G, 2, Lk), with C % G == 0
     and 1 <= Lk <= L; D: optional (C,); pregate, postgate: optional, u's shape (leading dims may
     be 1 or absent), any float dtype. x is formed in the promoted dtype of u and pregate, so a
@@ -149,31 +155,100 @@ def conv(
     bidirectional: bool = False,
 ) -> Tensor:
     """The one call path, for `fftconv` and `FFTConv`: check, gate, resolve the precision, pick
-    the backend, run it, gate. `cached_spectrum(backend, k, precision)` (a module inside an
+    the backend, run it, gate. The checks and decisions are made once per `_call_key` and
+    remembered (`_decided`). `cached_spectrum(backend, k, precision)` (a module inside an
     `inference_cache()` block) supplies k's spectrum when autograd is not recording. A
     compiled graph computes the spectrum in the graph instead: the cache's checks are
     host-side state that torch.compile cannot trace, and the graph then follows every filter
     update."""
-    check_inputs(u, k, D, names, pregate=pregate, postgate=postgate, bidirectional=bidirectional)
-    shape = u.shape
-    if u.numel() == 0:
+    key = _call_key(u, k, D, pregate, postgate, bidirectional, precision, module_precision)
+    if (decided := _decided.get(key)) is None:
+        decided = _decide(u, k, D, pregate, postgate, bidirectional, precision, module_precision, names)
+        if key is not None:
+            if len(_decided) >= _MAX_DECISIONS:
+                _decided.clear()
+            _decided[key] = decided
+    backend, chosen, skip_dtype, flat = decided
+    if backend is None:
         return _empty_batch(u, k, D, pregate, postgate)
     x = u if pregate is None else u * pregate  # u's shape (checked), the promoted dtype
-    if x.dim() != 3:
-        x = x.reshape(-1, *shape[-2:])  # (..., C, L) -> (B, C, L): a view unless the strides forbid
-    chosen, _ = policy.resolve(precision, x.dtype, module_precision)
-    backend = select_backend(x.device, x.dtype, chosen, plan_for(shape[-1]), x.shape[0] * x.shape[1],
-                             bidirectional=bidirectional)
-    skip = None if D is None else D.to(compute_dtype(x))
+    if flat:
+        x = x.reshape(-1, *u.shape[-2:])  # (..., C, L) -> (B, C, L): a view unless the strides forbid
+    skip = D if D is None or D.dtype == skip_dtype else D.to(skip_dtype)
     if cached_spectrum is not None and not _records_grad(x, k, D) and not torch.compiler.is_compiling():
         y = backend.conv(x, cached_spectrum(backend, k, chosen), skip, chosen)
     else:
         y = backend.fftconv(x, k, skip, chosen)
-    if y.shape != shape:
-        y = y.reshape(shape)
+    if flat:
+        y = y.reshape(u.shape)
     if postgate is not None:
         y = y * postgate
     return y if y.dtype == u.dtype else y.to(u.dtype)
+
+
+# What `conv` decided per call key: (backend, precision, skip dtype, whether u is flattened to
+# (B, C, L)); backend None for an empty batch. Bounded: cleared when full.
+_decided: dict[tuple, tuple] = {}
+_MAX_DECISIONS = 512
+_ENV_NAMES = (policy.ENV_VAR, BACKEND_ENV, TC_KERNEL_ENV)  # every variable a decision reads
+
+
+def _call_key(
+    u: object, k: object, D: object, pregate: object, postgate: object, bidirectional: object,
+    precision: object, module_precision: object,
+) -> tuple | None:
+    """Everything the checks and the decisions of a call read, or None where they are not
+    remembered (a compiled graph, an argument that is no tensor). Each tensor argument's type,
+    shape, dtype and device (the checks read nothing else of it), the flag with its type (1 ==
+    True), the precision argument and attribute, the innermost precision() block of this
+    thread and the raw environment variables (the policy and the backend choice read them at
+    call time; os.environ's own mapping, as os.environ.get reads it, at a tenth of its cost)."""
+    if torch.compiler.is_compiling():
+        return None
+    try:
+        key = (type(u), u.shape, u.dtype, u.device, type(k), k.shape, k.dtype, k.device,  # type: ignore[attr-defined]
+               type(bidirectional), bidirectional, precision, module_precision,
+               stack[-1] if (stack := policy.overrides.stack) else None, _environment())
+        if D is not None:
+            key += (type(D), D.shape, D.dtype, D.device)  # type: ignore[attr-defined]
+        if pregate is not None:
+            key += (0, type(pregate), pregate.shape, pregate.dtype, pregate.device)  # type: ignore[attr-defined]
+        if postgate is not None:
+            key += (1, type(postgate), postgate.shape, postgate.dtype, postgate.device)  # type: ignore[attr-defined]
+    except AttributeError:  # not a tensor: the checks name it
+        return None
+    return key
+
+
+def _environment() -> tuple:
+    environ = os.environ
+    if _ENV_KEYS is not None and type(environ) is _ENVIRON:
+        data, (a, b, c) = environ._data, _ENV_KEYS  # type: ignore[attr-defined]
+        return data.get(a), data.get(b), data.get(c)
+    return tuple(map(environ.get, _ENV_NAMES))
+
+
+# CPython's os.environ keeps its values in `_data`, under `encodekey(name)`: os.environ.get
+# reads them there. Elsewhere (or if that ever changes), os.environ.get.
+_ENVIRON = type(os.environ)
+_ENV_KEYS = (tuple(map(os.environ.encodekey, _ENV_NAMES))  # type: ignore[attr-defined]
+             if hasattr(os.environ, "encodekey") and isinstance(getattr(os.environ, "_data", None), dict) else None)
+
+
+def _decide(
+    u: Tensor, k: Tensor, D: Tensor | None, pregate: Tensor | None, postgate: Tensor | None,
+    bidirectional: bool, precision: str | None, module_precision: str | None, names: ArgNames,
+) -> tuple:
+    """Check the inputs (raising on a bad one) and decide the call: conv's `_decided` entry."""
+    check_inputs(u, k, D, names, pregate=pregate, postgate=postgate, bidirectional=bidirectional)
+    if u.numel() == 0:
+        return None, None, None, False
+    dtype = u.dtype if pregate is None else torch.promote_types(u.dtype, pregate.dtype)
+    chosen, _ = policy.resolve(precision, dtype, module_precision)
+    length = u.shape[-1]
+    backend = select_backend(u.device, dtype, chosen, plan_for(length), u.numel() // length,
+                             bidirectional=bidirectional)
+    return backend, chosen, torch.float64 if dtype == torch.float64 else torch.float32, u.dim() != 3
 
 
 def _empty_batch(u: Tensor, k: Tensor, *others: Tensor | None) -> Tensor:
@@ -205,8 +280,8 @@ def explain(
     factors, flops (real flops of one forward call as the chosen algorithm does it, the
     elementwise terms included; None when pending), stages (the CUDA launches of one forward
     call in order, each {"stage", "reads", "writes"} with the HBM bytes it moves at least; None
-    for torch.fft and when pending), groups (G, the filters), group_size (C // G, the channels
-    sharing one), bidirectional, terms ({name: where it is computed} for each of pregate, D,
+    for torch.fft and when pending), groups (G, the filters: k's rows), group_size (C // G, the
+    channels sharing one, inferred from the shapes as `fftconv` infers it), bidirectional, terms ({name: where it is computed} for each of pregate, D,
     postgate the call has, in the order they apply)."""
     check_inputs(u, k, D, pregate=pregate, postgate=postgate, bidirectional=bidirectional)
     conv_dtype = u.dtype if pregate is None else torch.promote_types(u.dtype, pregate.dtype)

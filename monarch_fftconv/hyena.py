@@ -188,9 +188,8 @@ class HyenaOperator(nn.Module):
         return k, bias
 
     def forward(self, x: Tensor) -> Tensor:
+        self._check_input(x)
         length = x.shape[-2]
-        if length > self.l_max:
-            raise ValueError(f"input length {length} exceeds the operator's l_max {self.l_max}")
         projected = self.in_proj(x).transpose(1, 2)  # (B, (order+1)·d_model, L)
         projected = self.short_filter(projected)[..., :length]  # padded both sides: the first L are causal
         *gates, v = projected.split(self.d_model, dim=1)
@@ -199,6 +198,27 @@ class HyenaOperator(nn.Module):
             last = step == self.order - 2
             v = self.long_conv(v, k[step], None if bias is None else bias[step], gate, gates[0] if last else None)
         return self.out_proj(v.transpose(1, 2))
+
+    def _check_input(self, x: object) -> None:
+        """x must be (B, L, d_model), 1 <= L <= l_max, floating point, in the parameters' dtype
+        unless autocast casts it: name the expected and the given shape or dtype."""
+        if not isinstance(x, Tensor):
+            raise TypeError(f"x must be a torch.Tensor of shape (B, L, d_model), got {type(x).__name__}")
+        shape, d_model = tuple(x.shape), self.d_model
+        if x.dim() != 3 or shape[-1] != d_model:
+            hint = ""
+            if x.dim() == 2 and shape[-1] == d_model:
+                hint = "; an unbatched (L, d_model) input takes a batch dim: x.unsqueeze(0)"
+            elif x.dim() == 3 and shape[1] == d_model:
+                hint = "; it looks like (B, d_model, L): the operator takes (B, L, d_model), e.g. x.transpose(1, 2)"
+            raise ValueError(f"x must have shape (B, L, d_model) = (B, L, {d_model}), got {shape}{hint}")
+        if not 1 <= shape[1] <= self.l_max:
+            too_long = f"input length {shape[1]} exceeds the operator's l_max {self.l_max}: " if shape[1] else ""
+            raise ValueError(f"{too_long}x must have shape (B, L, {d_model}) with 1 <= L <= {self.l_max}, got {shape}")
+        weight = self.in_proj.weight
+        if not x.is_floating_point() or (x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type)):
+            raise TypeError(f"x must be floating point in the parameters' dtype {weight.dtype} (or run under "
+                            f"torch.autocast), got {x.dtype}")
 
     def long_conv(self, v: Tensor, k: Tensor, D: Tensor | None, pregate: Tensor, postgate: Tensor | None) -> Tensor:
         """One order step: postgate ⊙ (conv(pregate ⊙ v, k) + D ⊙ (pregate ⊙ v)), one `fftconv`

@@ -48,10 +48,15 @@ class FFTConv(nn.Module):
         precision: str | None = None, device=None, dtype=None,
     ):
         super().__init__()
+        for name, value in (("channels", channels), ("seq_len", seq_len)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not isinstance(bidirectional, bool):
+            raise TypeError(f"bidirectional must be a bool, got {type(bidirectional).__name__}")
         if precision is not None:
             policy.check_precision(precision)
         groups = channels if groups is None else groups
-        if not isinstance(groups, int) or groups < 1 or channels % groups:
+        if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1 or channels % groups:
             raise ValueError(f"groups must be a positive divisor of channels={channels}, got {groups!r}")
         self.channels, self.seq_len, self.groups, self.bidirectional = channels, seq_len, groups, bidirectional
         self.precision = precision
@@ -62,16 +67,30 @@ class FFTConv(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """x: (B, C, L), (C, L) or (..., C, L) with L <= seq_len; returns y of x's shape and
         dtype, y[..., c, t] = Σ_{s<=t} filter[c // (C // G), s]·x[..., c, t-s] (bidirectional:
-        plus the anti-causal half, as `fftconv` defines it)."""
+        plus the anti-causal half, as `fftconv` defines it). The channel count must be the
+        module's: grouping comes from `groups`, never from the input."""
+        if not isinstance(x, Tensor) or x.dim() < 2 or x.shape[-2] != self.channels:
+            raise self._input_error(x)
         length = x.shape[-1]
         if length > self.seq_len:
-            raise ValueError(f"input length {length} exceeds the module's seq_len {self.seq_len}")
+            raise ValueError(f"input length {length} exceeds the module's seq_len {self.seq_len}: the input must have "
+                             f"shape (..., {self.channels}, L) with L <= {self.seq_len}, got {tuple(x.shape)}")
         filt = self.filter if length == self.seq_len else self.filter[..., :length]
         # A compiled graph computes the spectrum itself and never reads the cache state: a guard
         # on it would recompile the graph at every inference_cache() block.
         cached = None if torch.compiler.is_compiling() or self._spectra is None else self._spectra.spectrum
         return functional.conv(x, filt, None, None, self.precision, cached, _MODULE_NAMES,
                                bidirectional=self.bidirectional)
+
+    def _input_error(self, x: object) -> Exception:
+        if not isinstance(x, Tensor):
+            return TypeError(f"the input must be a torch.Tensor, got {type(x).__name__}")
+        shape = tuple(x.shape)
+        hint = ""
+        if x.dim() >= 2 and shape[-1] == self.channels:
+            hint = "; it looks like (B, L, C): the module takes (B, C, L), e.g. x.transpose(-1, -2)"
+        return ValueError(f"the input must have shape (B, {self.channels}, L) or (..., {self.channels}, L) with "
+                          f"L <= {self.seq_len} (FFTConv channels={self.channels}), got {shape}{hint}")
 
     def extra_repr(self) -> str:
         options = "" if self.groups == self.channels else f", groups={self.groups}"
@@ -148,7 +167,7 @@ def inference_cache(model: nn.Module) -> Iterator[None]:
     inside the block use it too.
     """
     if not isinstance(model, nn.Module):
-        raise TypeError(f"inference_cache takes an nn.Module, got {type(model).__name__}")
+        raise TypeError(f"inference_cache(model): model must be a torch.nn.Module, got {type(model).__name__}")
     entered: list[FFTConv] = []
     try:
         for layer in model.modules():

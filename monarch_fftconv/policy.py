@@ -35,7 +35,7 @@ class _ThreadOverrides(threading.local):
         self.stack: list[str] = []
 
 
-_overrides = _ThreadOverrides()
+overrides = _ThreadOverrides()
 
 _DEFAULT_FOR_DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 # (precision, source) of the default per input dtype, built once: resolve() runs on every call.
@@ -43,17 +43,19 @@ _DEFAULTS = {dtype: (_DEFAULT_FOR_DTYPE.get(dtype, "fp32"), f"the default for {s
              for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
 
 
-def check_precision(name: object, source: str = "precision") -> str:
+def check_precision(name: object, source: str = "precision", optional: bool = True) -> str:
+    """name, if it is a precision; else a ValueError naming `source` (None: allowed when optional)."""
     if not isinstance(name, str) or name not in PRECISIONS:
-        raise ValueError(f"{source} must be one of {', '.join(map(repr, PRECISIONS))} or None, got {name!r}")
+        allowed = ", ".join(map(repr, PRECISIONS)) + (" or None" if optional else "")
+        raise ValueError(f"{source} must be one of {allowed}, got {name!r}")
     return name
 
 
 @contextlib.contextmanager
 def precision(name: str) -> Iterator[None]:
     """Override the precision of every call inside the block that passes no ``precision=``."""
-    stack = _overrides.stack
-    stack.append(check_precision(name))
+    stack = overrides.stack
+    stack.append(check_precision(name, "monarch_fftconv.precision(name): name", optional=False))
     try:
         yield
     finally:
@@ -64,10 +66,10 @@ def resolve(call_arg: str | None, dtype: torch.dtype, module_attr: str | None = 
     """Return (precision, where it came from)."""
     if call_arg is not None:
         return check_precision(call_arg), "the precision= argument"
-    if stack := _overrides.stack:
+    if stack := overrides.stack:
         return stack[-1], "the monarch_fftconv.precision() context"
     if module_attr is not None:
         return check_precision(module_attr, "FFTConv.precision"), "the module's precision attribute"
     if env := os.environ.get(ENV_VAR):
-        return check_precision(env, ENV_VAR), f"the {ENV_VAR} environment variable"
+        return check_precision(env, ENV_VAR, optional=False), f"the {ENV_VAR} environment variable"
     return _DEFAULTS[dtype]

@@ -108,6 +108,170 @@ def test_bad_skip_dtype():
         mf.fftconv(torch.randn(2, 6, 100), torch.randn(6, 100), D=torch.ones(6, dtype=torch.int64))
 
 
+def _hyena():
+    from monarch_fftconv.nn import HyenaOperator
+
+    return HyenaOperator(8, 32)
+
+
+# The other public entries: (what, the call, exception, the message: the argument, the expected
+# and the given shape or dtype).
+BAD_ENTRY_INPUTS = [
+    ("FFTConv: a multiple of its channels", lambda: mf.FFTConv(4, 100)(torch.randn(2, 8, 100)), ValueError,
+     r"^the input must have shape \(B, 4, L\) or \(\.\.\., 4, L\) with L <= 100 \(FFTConv channels=4\), got \(2, 8, 100\)$"),
+    ("FFTConv: (B, L, C)", lambda: mf.FFTConv(4, 100)(torch.randn(2, 100, 4)), ValueError,
+     r"\(B, 4, L\) .*got \(2, 100, 4\); it looks like \(B, L, C\): the module takes \(B, C, L\)"),
+    ("FFTConv: 1-D", lambda: mf.FFTConv(4, 100)(torch.randn(100)), ValueError, r"\(B, 4, L\) .*got \(100,\)$"),
+    ("FFTConv: too long", lambda: mf.FFTConv(4, 100)(torch.randn(2, 4, 101)), ValueError,
+     r"input length 101 exceeds the module's seq_len 100: .*\(\.\.\., 4, L\) with L <= 100, got \(2, 4, 101\)"),
+    ("FFTConv: not a tensor", lambda: mf.FFTConv(4, 100)([[0.0] * 100] * 4), TypeError,
+     "the input must be a torch.Tensor, got list"),
+    ("FFTConv: int input", lambda: mf.FFTConv(4, 100)(torch.ones(2, 4, 100, dtype=torch.int64)), TypeError,
+     r"the input must be a real floating-point tensor \(float16/bfloat16/float32/float64\), got torch.int64"),
+    ("FFTConv(channels=0)", lambda: mf.FFTConv(0, 100), ValueError, "channels must be a positive int, got 0"),
+    ("FFTConv(seq_len=2.5)", lambda: mf.FFTConv(4, 2.5), ValueError, "seq_len must be a positive int, got 2.5"),
+    ("FFTConv(groups=3)", lambda: mf.FFTConv(4, 100, groups=3), ValueError,
+     "groups must be a positive divisor of channels=4, got 3"),
+    ("FFTConv(bidirectional=1)", lambda: mf.FFTConv(4, 100, bidirectional=1), TypeError,
+     "bidirectional must be a bool, got int"),
+    ("FFTConv(precision='fp8')", lambda: mf.FFTConv(4, 100, precision="fp8"), ValueError,
+     "precision must be one of 'fp32', 'tf32', 'bf16', 'fp16' or None, got 'fp8'"),
+    ("HyenaOperator: (L, d_model)", lambda: _hyena()(torch.randn(20, 8)), ValueError,
+     r"x must have shape \(B, L, d_model\) = \(B, L, 8\), got \(20, 8\); .* x.unsqueeze\(0\)"),
+    ("HyenaOperator: (B, d_model, L)", lambda: _hyena()(torch.randn(2, 8, 20)), ValueError,
+     r"\(B, L, 8\), got \(2, 8, 20\); it looks like \(B, d_model, L\): .* x.transpose\(1, 2\)"),
+    ("HyenaOperator: another width", lambda: _hyena()(torch.randn(2, 20, 6)), ValueError,
+     r"x must have shape \(B, L, d_model\) = \(B, L, 8\), got \(2, 20, 6\)$"),
+    ("HyenaOperator: 4-D", lambda: _hyena()(torch.randn(1, 2, 20, 8)), ValueError, r"\(B, L, 8\), got \(1, 2, 20, 8\)$"),
+    ("HyenaOperator: empty L", lambda: _hyena()(torch.randn(2, 0, 8)), ValueError,
+     r"x must have shape \(B, L, 8\) with 1 <= L <= 32, got \(2, 0, 8\)"),
+    ("HyenaOperator: too long", lambda: _hyena()(torch.randn(1, 33, 8)), ValueError,
+     r"input length 33 exceeds the operator's l_max 32: .*1 <= L <= 32, got \(1, 33, 8\)"),
+    ("HyenaOperator: float64 x, float32 parameters", lambda: _hyena()(torch.randn(2, 20, 8, dtype=torch.float64)),
+     TypeError, r"x must be floating point in the parameters' dtype torch.float32 .*got torch.float64"),
+    ("HyenaOperator: int x", lambda: _hyena()(torch.ones(2, 20, 8, dtype=torch.int64)), TypeError,
+     r"x must be floating point .*got torch.int64"),
+    ("HyenaOperator: not a tensor", lambda: _hyena()([[0.0] * 8] * 20), TypeError,
+     r"x must be a torch.Tensor of shape \(B, L, d_model\), got list"),
+    ("inference_cache: not a Module", lambda: mf.inference_cache([mf.FFTConv(4, 100)]).__enter__(), TypeError,
+     r"inference_cache\(model\): model must be a torch.nn.Module, got list"),
+    ("precision(None)", lambda: mf.precision(None).__enter__(), ValueError,
+     r"monarch_fftconv.precision\(name\): name must be one of 'fp32', 'tf32', 'bf16', 'fp16', got None$"),
+    ("precision('int8')", lambda: mf.precision("int8").__enter__(), ValueError, r"name must be one of .*got 'int8'$"),
+    ("fftconv(precision=3)", lambda: mf.fftconv(torch.randn(2, 3, 10), torch.randn(3, 10), precision=3), ValueError,
+     "precision must be one of 'fp32', 'tf32', 'bf16', 'fp16' or None, got 3"),
+    ("explain(k on another device)", lambda: mf.explain(torch.randn(2, 3, 10), torch.randn(3, 10, device="meta")),
+     ValueError, "u and k are on different devices: cpu and meta"),
+]
+
+
+@pytest.mark.parametrize("call, exc, match", [row[1:] for row in BAD_ENTRY_INPUTS],
+                         ids=[row[0] for row in BAD_ENTRY_INPUTS])
+def test_bad_inputs_of_every_entry(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_functional_grouping_is_inferred_and_explained(gen):
+    """fftconv keeps its rule: G filter rows with C % G == 0 serve C // G channels each, as
+    explain() reports."""
+    u, k = randn(gen, 3, 12, 77), randn(gen, 4, 50)
+    assert rel_l2(mf.fftconv(u, k), reference(u, k.repeat_interleave(3, 0))) <= BUDGETS["fp32"]
+    info = mf.explain(u, k)
+    assert (info["groups"], info["group_size"]) == (4, 3)
+
+
+# --------------------------------------------------------------------------- remembered decisions
+
+def test_remembered_decisions_follow_everything_they_read(monkeypatch, gen):
+    """Each call's checks and backend decision are remembered per call key; every input of a
+    decision changes the next call of the same shapes: the precision argument, a precision()
+    block (this thread's only), the module attribute, both environment variables, and bad
+    inputs of the same shapes still raise."""
+    import threading
+
+    from monarch_fftconv.backends import BACKEND_ENV
+
+    monkeypatch.delenv(policy.ENV_VAR, raising=False)
+    monkeypatch.delenv(BACKEND_ENV, raising=False)
+    u, k = randn(gen, 2, 3, 301), randn(gen, 3, 301)
+    ref = reference(u, k)
+
+    def error(**kwargs):
+        return rel_l2(mf.fftconv(u, k, **kwargs), ref)
+
+    exact, fp32 = error(), BUDGETS["fp32"]
+    assert exact <= fp32 and error(precision="bf16") == exact  # torch.fft: fp32 whatever is asked
+    monkeypatch.setenv(BACKEND_ENV, "portable")  # the engine: bf16 emulated from here on
+    assert error() <= fp32 < error(precision="bf16") <= BUDGETS["bf16"]
+    with mf.precision("bf16"):
+        assert fp32 < error() <= BUDGETS["bf16"]
+        elsewhere: list[float] = []
+        thread = threading.Thread(target=lambda: elsewhere.append(error()))
+        thread.start()
+        thread.join()
+        assert elsewhere[0] <= fp32  # the block is this thread's
+    assert error() <= fp32
+    monkeypatch.setenv(policy.ENV_VAR, "bf16")
+    assert fp32 < error() <= BUDGETS["bf16"]
+    monkeypatch.setenv(policy.ENV_VAR, "fp8")
+    with pytest.raises(ValueError, match=policy.ENV_VAR):
+        error()
+    monkeypatch.delenv(policy.ENV_VAR)
+    layer = mf.FFTConv(3, 301, precision="bf16")
+    with torch.no_grad():
+        layer.filter.copy_(k)
+        assert fp32 < rel_l2(layer(u), ref) <= BUDGETS["bf16"]
+        layer.precision = "fp32"
+        assert rel_l2(layer(u), ref) <= fp32
+        layer.precision = "bf17"
+        with pytest.raises(ValueError, match="FFTConv.precision must be one of"):
+            layer(u)
+    monkeypatch.setenv(BACKEND_ENV, "cudnn")
+    with pytest.raises(ValueError, match=BACKEND_ENV):
+        error()
+    monkeypatch.delenv(BACKEND_ENV)
+    assert error() == exact
+    both = torch.stack([k, k.flip(-1)], dim=1)
+    mf.fftconv(u, both, bidirectional=True)
+    with pytest.raises(TypeError, match="bidirectional must be a bool, got int"):
+        mf.fftconv(u, both, bidirectional=1)  # 1 == True: the flag's type is part of the key
+    with pytest.raises(TypeError, match="u must be a real floating-point tensor"):
+        mf.fftconv(u.to(torch.int32), k)
+    with pytest.raises(TypeError, match="u must be a torch.Tensor"):
+        mf.fftconv(u.tolist(), k)
+    with pytest.raises(ValueError, match="different devices"):
+        mf.fftconv(u, k.to("meta"))
+    with pytest.raises(ValueError, match=r"D must have shape \(3,\), got \(4,\)"):
+        mf.fftconv(u, k, D=randn(gen, 4))
+    with pytest.raises(ValueError, match="pregate must have u's shape"):
+        mf.fftconv(u, k, pregate=randn(gen, 2, 3, 300))
+
+
+def test_cpu_calls_and_their_gradients_are_exact(gen):
+    """On CPU the output, under autograd and without, and the gradients, computed by the
+    package's own backward, are within the fp32 budget of float64 torch.fft autograd: a filter
+    shorter than L, odd sizes, grouped filters, with and without the other input requiring a
+    gradient. A double backward is refused."""
+    length, taps = 173, 61
+    for groups in (5, 1):
+        u = randn(gen, 3, 5, length).requires_grad_()
+        k = randn(gen, groups, taps).requires_grad_()
+        per_channel = k.repeat_interleave(5 // groups, 0)
+        want_y = reference(u, per_channel)
+        assert rel_l2(mf.fftconv(u, k), want_y) <= BUDGETS["fp32"]
+        with torch.no_grad():
+            assert rel_l2(mf.fftconv(u, k), want_y) <= BUDGETS["fp32"]
+        g = randn(gen, 3, 5, length)
+        want = torch.autograd.grad(reference(u, per_channel), (u, k), g.double())
+        for inputs in ((u, k), (u,), (k,)):
+            got = torch.autograd.grad(mf.fftconv(u, k), inputs, g)
+            for have, wanted in zip(got, [want[0] if t is u else want[1] for t in inputs]):
+                assert rel_l2(have, wanted) <= BUDGETS["fp32"]
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(mf.fftconv(u, k).square().sum(), (u,), create_graph=True)
+
+
 # --------------------------------------------------------------------------- precision policy
 
 def test_policy_resolution_order(monkeypatch):
@@ -196,6 +360,7 @@ def test_portable_on_cuda_loads_the_extension(monkeypatch):
     from monarch_fftconv import _extension, backends
     from monarch_fftconv.planner import plan_for
 
+    
     asked: list[bool] = []
     answer: object = "no CUDA device"
 

@@ -224,11 +224,16 @@ def fft_calls(conv, gen, length: int) -> tuple[collections.Counter, collections.
 
 @pytest.mark.parametrize("precision", mf.PRECISIONS)
 def test_cpu_calls_run_the_plain_models_ffts(gen, precision):
-    """docs/reliability.md: a CPU call runs the plain model's FFTs, no more (the rest is input
-    checks and the backend choice), forward and backward, whatever the precision."""
+    """docs/reliability.md: a CPU call runs the plain model's FFTs forward, no more (the rest is
+    input checks and the backend choice), whatever the precision; its backward runs an rfft of
+    the gradient and a real inverse per input, where the plain model's autograd runs the same
+    rfft and a complex inverse of all N points per input (rfft's backward)."""
     length = 1024  # a power of two: the plain model's 2L is the planner's N
-    assert plan_for(length).fft_size == 2 * length
+    n, bins = plan_for(length).fft_size, length + 1
+    assert n == 2 * length
     package = fft_calls(lambda u, k, skip: mf.fftconv(u, k, D=skip, precision=precision), gen, length)
     plain = fft_calls(plain_model, gen, length)
-    assert package == plain
+    assert package[0] == plain[0]
     assert sum(package[0].values()) == 3  # rfft of u, rfft of k, irfft
+    assert plain[1] == {("_fft_r2c", (2, 3, bins)): 1, ("_fft_c2c", (2, 3, n)): 1, ("_fft_c2c", (3, n)): 1}
+    assert package[1] == {("_fft_r2c", (2, 3, bins)): 1, ("_fft_c2r", (2, 3, n)): 1, ("_fft_c2r", (3, n)): 1}

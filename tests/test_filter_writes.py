@@ -266,7 +266,7 @@ def test_inference_cache_nests_and_clears_on_errors(gen):
     with pytest.raises(KeyError), mf.inference_cache(layer):
         raise KeyError("the block's own error propagates")
     assert layer._spectra is None
-    with pytest.raises(TypeError, match="inference_cache takes an nn.Module, got Parameter"):
+    with pytest.raises(TypeError, match=r"inference_cache\(model\): model must be a torch.nn.Module, got Parameter"):
         with mf.inference_cache(layer.filter):
             pass
 

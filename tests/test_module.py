@@ -120,7 +120,7 @@ def test_compiled_inference_follows_filter_updates(mode, engine, monkeypatch, ge
 
 def test_module_errors_name_the_modules_terms(gen):
     layer = mf.FFTConv(4, 256)
-    with pytest.raises(ValueError, match="channel mismatch: the input has 3 channels, the filter has 4"):
+    with pytest.raises(ValueError, match=r"the input must have shape \(B, 4, L\) .*got \(2, 3, 256\)"):
         layer(randn(gen, 2, 3, 256))
     with pytest.raises(TypeError, match="the input must be a real floating-point tensor"):
         layer(torch.ones(2, 4, 256, dtype=torch.int64))
@@ -177,3 +177,27 @@ def test_compiling_warns_nothing(gen, recwarn):
     compiled(x).sum().backward()
     assert x.grad is not None
     assert [f"{w.filename}:{w.lineno}: {w.message}" for w in recwarn if warns_about_the_package(w)] == []
+
+
+@pytest.mark.parametrize("shape, hint", [((2, 8, 100), False), ((2, 12, 50), False), ((2, 100, 4), True),
+                                         ((3, 2, 100), False), ((100,), False)])
+def test_module_takes_its_own_channel_count_only(shape, hint, gen):
+    """FFTConv(channels=4) refuses any other channel count, a multiple of its filters too (it
+    is not taken as grouped filters), and names the (B, L, C) mix-up where it looks like one."""
+    layer = mf.FFTConv(4, 100)
+    expected = re.escape(f"the input must have shape (B, 4, L) or (..., 4, L) with L <= 100 (FFTConv channels=4), "
+                         f"got {shape}")
+    with pytest.raises(ValueError, match=expected) as refused:
+        layer(randn(gen, *shape))
+    assert ("it looks like (B, L, C)" in str(refused.value)) == hint
+
+
+def test_module_groups_come_from_groups(gen):
+    """A grouped module takes its channel count, each filter serving C // G channels, and
+    refuses an input with as many channels as it has filters."""
+    layer = mf.FFTConv(6, 50, groups=2)
+    x = randn(gen, 3, 6, 41)
+    want = reference(x, layer.filter.detach()[:, :41].repeat_interleave(3, 0))
+    assert rel_l2(layer(x), want) <= BUDGETS["fp32"]
+    with pytest.raises(ValueError, match=r"FFTConv channels=6\), got \(3, 2, 41\)"):
+        layer(randn(gen, 3, 2, 41))
