@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
-from . import functional, policy
+from . import functional, generation, policy
 from .backends import Backend
 from .hyena import HyenaOperator
 
@@ -70,6 +70,23 @@ class FFTConv(nn.Module):
         cached = None if torch.compiler.is_compiling() or self._frozen is None else self._frozen.spectrum
         return functional.conv(x, filt, None, None, self.precision, cached, _MODULE_NAMES,
                                bidirectional=self.bidirectional)
+
+    def prefill(self, x: Tensor, max_len: int) -> tuple[Tensor, generation.ConvState]:
+        """Start generating: x the prompt (B, C, P), 0 <= P <= max_len <= seq_len. Returns
+        (y, state): y = self(x), the ordinary call; `state` for `step` at positions
+        P .. max_len - 1. The state holds values derived from the filter as it is now (block
+        spectra, the prompt's contribution): step uses that filter, like a KV cache, and
+        raises RuntimeError if `filter` was replaced or written in place since (its version
+        counter; a `.data` write bypasses that check). Bidirectional layers raise ValueError.
+        docs/design.md, "Generation: prefill and step"."""
+        return generation.prefill_fftconv(self, x, max_len)
+
+    def step(self, x_t: Tensor, state: generation.ConvState) -> tuple[Tensor, generation.ConvState]:
+        """One position: x_t (B, C) -> y_t (B, C), exactly as the whole-sequence call computes
+        it (in another rounding order); amortised O(log² max_len) work per channel. Updates
+        `state` in place and returns it; records no gradient. RuntimeError past max_len or
+        after a filter change, ValueError on a shape, dtype or device unlike the prefill's."""
+        return generation.step_fftconv(self, x_t, state)
 
     def extra_repr(self) -> str:
         options = "" if self.groups == self.channels else f", groups={self.groups}"
