@@ -175,7 +175,7 @@ def generate_lm(config: dict) -> dict:
         positions = range(prompt_len, max_len, config["baseline_stride"])
         steps, times = [], []
         for t in positions:
-            out, seconds = timed(lambda: model(tokens[:, : t + 1])[:, -1], device)
+            out, seconds = timed(lambda: model(tokens[:, : t + 1])[:, -1].clone(), device)  # not a view: frees the rest
             steps.append(out)
             times.append(seconds)
         logits["recompute"], latencies["recompute"] = torch.stack(steps, 1), times
@@ -209,7 +209,8 @@ def generate_layer(config: dict) -> dict:
         latencies["prefill/step"] = [seconds for _, seconds in steps]
         positions = list(range(prompt_len, max_len, config["baseline_stride"]))
         naive = [timed(lambda: (x[..., : t + 1] * reversed_filter[:, max_len - 1 - t:]).sum(-1), device) for t in positions]
-        recompute = [timed(lambda: mf.fftconv(x[..., : t + 1], filt[:, : t + 1])[..., -1], device) for t in positions]
+        recompute = [timed(lambda: mf.fftconv(x[..., : t + 1], filt[:, : t + 1])[..., -1].clone(), device)
+                     for t in positions]  # clone: a view would keep every prefix's output alive
         for name, runs in (("naive", naive), ("recompute", recompute)):
             outputs[name] = torch.stack([s for s, _ in runs], -1)
             latencies[name] = [seconds for _, seconds in runs]
