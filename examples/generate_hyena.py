@@ -24,6 +24,11 @@ timed positions times the number of tokens, and the table says so.
     python examples/generate_hyena.py                              # CPU, seconds
     python examples/generate_hyena.py --device cuda --width 256 --seq-len 8192
     python examples/generate_hyena.py --layer --channels 256 --seq-len 4096
+
+On Linux, long CPU runs of the baselines grow the process's memory (8 GB at L = 4096): the
+prefix of a new length every token allocates temporaries of a new size, and glibc's heap keeps
+the freed pieces. No tensor leaks; `MALLOC_MMAP_THRESHOLD_=65536` in the environment keeps it
+at a few hundred MB (docs/performance.md's runs set it).
 """
 
 from __future__ import annotations
