@@ -7,6 +7,8 @@ Public API:
 - `FFTConv(channels, seq_len, *, groups=None, bidirectional=False, precision=None)`: the nn.Module;
   `monarch_fftconv.nn.HyenaOperator(d_model, l_max, order=2, ...)`: the Hyena operator on
   `fftconv`, with safari's parameter names;
+- `FFTConv.prefill/step`, `HyenaOperator.prefill/step` (`monarch_fftconv.generation`): exact
+  token-by-token generation in amortised O(log² L) work per token;
 - `inference_cache(model)`: context manager; the `FFTConv` layers of `model` compute each
   filter spectrum once for the block (serving), from their filters as they are on entry;
 - `precision(name)`: context manager overriding the precision of calls inside it;

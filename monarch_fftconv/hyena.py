@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import generation
 from .functional import fftconv
 
 
@@ -225,6 +226,22 @@ class HyenaOperator(nn.Module):
         call. A subclass may replace it (a reference implementation, to compare against)."""
         return fftconv(v, k, D=D, pregate=pregate, postgate=postgate, bidirectional=self.bidirectional,
                        precision=self.precision)
+
+    def prefill(self, x: Tensor, max_len: int) -> tuple[Tensor, generation.HyenaState]:
+        """Start generating: x the prompt (B, P, d_model), 0 <= P <= max_len <= l_max. Returns
+        (y, state): y the operator's output for the prompt, computed as forward computes it;
+        `state` for `step` at positions P .. max_len - 1 (the short filter's window, one
+        long-convolution stream per order step). step uses the operator as it is now, like a
+        KV cache: it raises RuntimeError if a parameter or buffer was replaced or written in
+        place since (version counters; `.data` writes bypass that check). Bidirectional
+        operators raise ValueError. docs/design.md, "Generation: prefill and step"."""
+        return generation.prefill_hyena(self, x, max_len)
+
+    def step(self, x_t: Tensor, state: generation.HyenaState) -> tuple[Tensor, generation.HyenaState]:
+        """One position: x_t (B, d_model) -> y_t (B, d_model), as forward computes it on the
+        whole sequence; amortised O(log² max_len) work per channel for the long convolutions.
+        Updates `state` in place and returns it; records no gradient."""
+        return generation.step_hyena(self, x_t, state)
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, l_max={self.l_max}, order={self.order}, "

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
-from . import functional, policy
+from . import functional, generation, policy
 from .backends import Backend
 from .planner import compute_dtype
 from .hyena import HyenaOperator
@@ -91,6 +91,23 @@ class FFTConv(nn.Module):
             hint = "; it looks like (B, L, C): the module takes (B, C, L), e.g. x.transpose(-1, -2)"
         return ValueError(f"the input must have shape (B, {self.channels}, L) or (..., {self.channels}, L) with "
                           f"L <= {self.seq_len} (FFTConv channels={self.channels}), got {shape}{hint}")
+
+    def prefill(self, x: Tensor, max_len: int) -> tuple[Tensor, generation.ConvState]:
+        """Start generating: x the prompt (B, C, P), 0 <= P <= max_len <= seq_len. Returns
+        (y, state): y = self(x), the ordinary call; `state` for `step` at positions
+        P .. max_len - 1. The state holds values derived from the filter as it is now (block
+        spectra, the prompt's contribution): step uses that filter, like a KV cache, and
+        raises RuntimeError if `filter` was replaced or written in place since (its version
+        counter; a `.data` write bypasses that check). Bidirectional layers raise ValueError.
+        docs/design.md, "Generation: prefill and step"."""
+        return generation.prefill_fftconv(self, x, max_len)
+
+    def step(self, x_t: Tensor, state: generation.ConvState) -> tuple[Tensor, generation.ConvState]:
+        """One position: x_t (B, C) -> y_t (B, C), exactly as the whole-sequence call computes
+        it (in another rounding order); amortised O(log² max_len) work per channel. Updates
+        `state` in place and returns it; records no gradient. RuntimeError past max_len or
+        after a filter change, ValueError on a shape, dtype or device unlike the prefill's."""
+        return generation.step_fftconv(self, x_t, state)
 
     def extra_repr(self) -> str:
         options = "" if self.groups == self.channels else f", groups={self.groups}"

@@ -121,3 +121,35 @@ def test_progress_prints_each_step_without_tqdm(train_hyena, monkeypatch, capsys
         progress.update(ms=f"{step}.0")
     progress.close()
     assert capsys.readouterr().err.splitlines() == [f"ddp: step {i + 1}/3 ms {i}.0" for i in range(3)]
+
+
+@pytest.fixture(scope="module")
+def generate_hyena():
+    spec = importlib.util.spec_from_file_location("generate_hyena", os.path.join(_EXAMPLES, "generate_hyena.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_generation_example_methods_agree_and_are_timed(generate_hyena, capsys):
+    """The three methods give the same logits (greedy tokens from prefill/step, fed to the
+    others); every generated token is timed; the table names each method."""
+    results = generate_hyena.main(["--seq-len", "48", "--prompt", "5", "--width", "16", "--vocab", "32", "--batch", "2"])
+    printed = capsys.readouterr().out
+    for method in generate_hyena.METHODS:
+        r = results["methods"][method]
+        assert r["tokens"] == r["timed"] == 43 and 0 < r["median_ms"] <= r["p99_ms"] <= r["max_ms"]
+        assert r["max_logit_diff"] < 1e-5, (method, r["max_logit_diff"])
+        assert f"| {method} |" in printed
+    assert results["state_bytes"] > 0
+
+
+def test_generation_example_layer_mode_with_a_stride(generate_hyena, capsys):
+    results = generate_hyena.main(["--layer", "--seq-len", "130", "--channels", "6", "--baseline-stride", "7"])
+    for method in generate_hyena.METHODS:
+        r = results["methods"][method]
+        assert r["tokens"] == 130 and r["timed"] == (130 if method == "prefill/step" else 19)
+        assert r["max_rel_diff"] < 1e-5, (method, r["max_rel_diff"])
+    assert "(est.)" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        generate_hyena.main(["--seq-len", "8", "--prompt", "8"])

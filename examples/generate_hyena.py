@@ -1,0 +1,294 @@
+"""Generate token by token from a small Hyena language model, three ways, and time each token.
+
+The model (random weights: the timing and the agreement of the methods do not depend on
+training): token embedding, blocks of [LayerNorm -> `HyenaOperator` -> residual], a final
+LayerNorm and a linear head. Greedy decoding from a random prompt, by
+
+- `prefill/step`: this package's `HyenaOperator.prefill` / `step` (docs/design.md,
+  "Generation: prefill and step"): exact, amortised O(log² L) work per token per channel;
+- `recompute`: the model's forward over the whole prefix for every token (FFT convolutions of
+  the prefix, O(t log t) per token);
+- `naive`: a per-token step like the package's, its long convolutions a dot product of the
+  filter with the whole history of their inputs (O(t) per token), as standard inference does.
+
+`prefill/step` picks the tokens; the other two are fed the same tokens (teacher forcing: the
+same work per token) and their logits compared with its. Each token is timed on its own
+(synchronised on a GPU); printed: median and p99 per-token latency, the total and tokens/s.
+
+`--layer` times the `FFTConv` layer alone, (B, C, L) random inputs, from an empty prompt:
+`prefill/step` against the naive dot product over the history and the full `fftconv` of
+the prefix per token. `--baseline-stride k` times those two at every k-th position only
+(their tokens are independent given the inputs); their total is then the mean over the
+timed positions times the number of tokens, and the table says so.
+
+    python examples/generate_hyena.py                              # CPU, seconds
+    python examples/generate_hyena.py --device cuda --width 256 --seq-len 8192
+    python examples/generate_hyena.py --layer --channels 256 --seq-len 4096
+
+On Linux, long CPU runs of the baselines grow the process's memory (8 GB at L = 4096): the
+prefix of a new length every token allocates temporaries of a new size, and glibc's heap keeps
+the freed pieces. No tensor leaks; `MALLOC_MMAP_THRESHOLD_=65536` in the environment keeps it
+at a few hundred MB (docs/performance.md's runs set it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+try:
+    import monarch_fftconv as mf
+except ImportError:  # run from a checkout that is not installed
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import monarch_fftconv as mf
+from monarch_fftconv.nn import HyenaOperator  # noqa: E402
+
+METHODS = ("naive", "recompute", "prefill/step")
+
+
+# ---------------------------------------------------------------- the model
+
+class HyenaLM(nn.Module):
+    def __init__(self, vocab: int, width: int, layers: int, seq_len: int):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(layers))
+        self.mixers = nn.ModuleList(HyenaOperator(width, seq_len, filter_order=32) for _ in range(layers))
+        self.final_norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """tokens (B, L) -> logits (B, L, vocab)."""
+        x = self.embed(tokens)
+        for norm, mixer in zip(self.norms, self.mixers):
+            x = x + mixer(norm(x))
+        return self.head(self.final_norm(x))
+
+    def prefill(self, tokens: Tensor, max_len: int) -> tuple[Tensor, list]:
+        """The prompt's logits (B, P, vocab), and one generation state per block."""
+        x, states = self.embed(tokens), []
+        for norm, mixer in zip(self.norms, self.mixers):
+            y, state = mixer.prefill(norm(x), max_len)
+            x = x + y
+            states.append(state)
+        return self.head(self.final_norm(x)), states
+
+    def step(self, token: Tensor, states: list, mix: Callable | None = None) -> Tensor:
+        """token (B,) -> logits (B, vocab) at the next position; `mix(mixer, x_t, state)` the
+        Hyena step (default: the package's)."""
+        x = self.embed(token)
+        for norm, mixer, state in zip(self.norms, self.mixers, states):
+            x = x + (mix or _package_step)(mixer, norm(x), state)
+        return self.head(self.final_norm(x))
+
+
+def _package_step(mixer: HyenaOperator, x_t: Tensor, state) -> Tensor:
+    return mixer.step(x_t, state)[0]
+
+
+# ---------------------------------------------------------------- the naive step
+
+class NaiveHyenaCache:
+    """A HyenaOperator's caches for the naive step: the projected inputs (for the short
+    filter) and each long convolution's inputs, whole histories, with the filters reversed so
+    that the output at t is one dot product with the history."""
+
+    def __init__(self, op: HyenaOperator, batch: int, max_len: int, like: Tensor):
+        width, taps = op.short_filter.weight.shape[0], op.short_filter.weight.shape[-1]
+        self.projected = like.new_zeros(batch, width, max_len + taps - 1)  # taps - 1 zeros before position 0
+        self.inputs = like.new_zeros(op.order - 1, batch, op.d_model, max_len)
+        k, bias = op.long_filters(max_len)  # (order-1, G, L)
+        per_channel = k.repeat_interleave(op.d_model // op.filter_groups, dim=1)
+        self.reversed_filters = per_channel.flip(-1).to(like.dtype)  # [..., L-1-j] = k[j]
+        self.skips = bias
+        self.position, self.max_len = 0, max_len
+
+
+def history_dot(history: Tensor, reversed_filter: Tensor) -> Tensor:
+    """(B, C, t) · (C, t) over t -> (B, C): one batched BLAS call per token (a product tensor
+    of the history's size per token would cost more than the dot product itself)."""
+    return torch.bmm(history.transpose(0, 1), reversed_filter.unsqueeze(-1)).squeeze(-1).T
+
+
+def naive_step(op: HyenaOperator, x_t: Tensor, cache: NaiveHyenaCache) -> Tensor:
+    t, taps = cache.position, op.short_filter.weight.shape[-1]
+    cache.projected[..., t + taps - 1] = op.in_proj(x_t)
+    projected = (cache.projected[..., t: t + taps] * op.short_filter.weight[:, 0]).sum(-1) + op.short_filter.bias
+    *gates, v = projected.split(op.d_model, dim=1)
+    for o, gate in enumerate(reversed(gates[1:])):
+        u = v * gate
+        cache.inputs[o, ..., t] = u
+        v = history_dot(cache.inputs[o, ..., : t + 1], cache.reversed_filters[o, :, cache.max_len - 1 - t:])
+        if cache.skips is not None:
+            v = v + cache.skips[o] * u
+    cache.position += 1
+    return op.out_proj(v * gates[0])
+
+
+# ---------------------------------------------------------------- timing
+
+def timed(fn: Callable[[], Tensor], device: torch.device) -> tuple[Tensor, float]:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    out = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return out, time.perf_counter() - start
+
+
+def summary(latencies: list[float], tokens: int) -> dict:
+    """Per-token median and p99 (ms), and the total: measured, or the timed mean times the
+    tokens when only some positions were timed."""
+    ordered = sorted(latencies)
+    total = sum(latencies) if len(latencies) == tokens else statistics.fmean(latencies) * tokens
+    return {"timed": len(latencies), "tokens": tokens, "median_ms": 1e3 * ordered[len(ordered) // 2],
+            "p99_ms": 1e3 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+            "max_ms": 1e3 * ordered[-1], "total_s": total, "tokens_per_s": tokens / total}
+
+
+def generate_lm(config: dict) -> dict:
+    device = torch.device(config["device"])
+    torch.manual_seed(config["seed"])
+    model = HyenaLM(config["vocab"], config["width"], config["layers"], config["seq_len"]).to(device).eval()
+    batch, prompt_len, max_len = config["batch"], config["prompt"], config["seq_len"]
+    tokens = torch.randint(config["vocab"], (batch, max_len), device=device)
+    logits, latencies = {}, {}
+    with torch.inference_mode():
+        _, states = model.prefill(tokens[:, :prompt_len], max_len)
+        steps, times = [], []
+        for t in range(prompt_len, max_len):
+            out, seconds = timed(lambda: model.step(tokens[:, t], states), device)
+            if t + 1 < max_len:
+                tokens[:, t + 1] = out.argmax(-1)  # greedy: the next input is this output's token
+            steps.append(out)
+            times.append(seconds)
+        logits["prefill/step"], latencies["prefill/step"] = torch.stack(steps, 1), times
+        state_bytes = sum(s.nbytes for s in states)
+
+        caches = [NaiveHyenaCache(op, batch, max_len, tokens.new_zeros((), dtype=torch.float32)) for op in model.mixers]
+        steps, times = [], []
+        for t in range(max_len):
+            out, seconds = timed(lambda: model.step(tokens[:, t], caches, naive_step), device)
+            if t >= prompt_len:  # the prompt goes through the same steps, untimed
+                steps.append(out)
+                times.append(seconds)
+        logits["naive"], latencies["naive"] = torch.stack(steps, 1), times
+
+        positions = range(prompt_len, max_len, config["baseline_stride"])
+        steps, times = [], []
+        for t in positions:
+            out, seconds = timed(lambda: model(tokens[:, : t + 1])[:, -1].clone(), device)  # not a view: frees the rest
+            steps.append(out)
+            times.append(seconds)
+        logits["recompute"], latencies["recompute"] = torch.stack(steps, 1), times
+    reference = logits["prefill/step"]
+    strided = reference[:, :: config["baseline_stride"]]
+    scale = reference.abs().max().item()
+    results = {}
+    for method in METHODS:
+        compared = strided if method == "recompute" else reference
+        results[method] = summary(latencies[method], max_len - prompt_len)
+        results[method]["max_logit_diff"] = (logits[method] - compared).abs().max().item() / scale
+    return {"config": config, "methods": results, "state_bytes": state_bytes}
+
+
+def generate_layer(config: dict) -> dict:
+    """The FFTConv layer alone: (B, C, L) random inputs, every position generated."""
+    device = torch.device(config["device"])
+    torch.manual_seed(config["seed"])
+    batch, channels, max_len, prompt_len = config["batch"], config["channels"], config["seq_len"], config["prompt"]
+    layer = mf.FFTConv(channels, max_len, device=device)
+    x = torch.randn(batch, channels, max_len, device=device)
+    outputs, latencies = {}, {}
+    with torch.inference_mode():
+        filt = layer.filter
+        reversed_filter = filt.flip(-1)
+        _, state = layer.prefill(x[..., :prompt_len], max_len)
+        steps = []
+        for t in range(prompt_len, max_len):
+            steps.append(timed(lambda: layer.step(x[..., t], state)[0], device))
+        outputs["prefill/step"] = torch.stack([s for s, _ in steps], -1)
+        latencies["prefill/step"] = [seconds for _, seconds in steps]
+        positions = list(range(prompt_len, max_len, config["baseline_stride"]))
+        naive = [timed(lambda: history_dot(x[..., : t + 1], reversed_filter[:, max_len - 1 - t:]), device)
+                 for t in positions]
+        recompute = [timed(lambda: mf.fftconv(x[..., : t + 1], filt[:, : t + 1])[..., -1].clone(), device)
+                     for t in positions]  # clone: a view would keep every prefix's output alive
+        for name, runs in (("naive", naive), ("recompute", recompute)):
+            outputs[name] = torch.stack([s for s, _ in runs], -1)
+            latencies[name] = [seconds for _, seconds in runs]
+    reference = outputs["prefill/step"]
+    strided = reference[..., :: config["baseline_stride"]]
+    results = {}
+    for method in METHODS:
+        compared = reference if method == "prefill/step" else strided
+        results[method] = summary(latencies[method], max_len - prompt_len)
+        results[method]["max_rel_diff"] = ((outputs[method] - compared).norm() / compared.norm()).item()
+    return {"config": config, "methods": results, "state_bytes": state.nbytes}
+
+
+def table(results: dict) -> str:
+    config, stride = results["config"], results["config"]["baseline_stride"]
+    diff = "max_rel_diff" if config["layer"] else "max_logit_diff"
+    lines = ["| method | tokens (timed) | median ms | p99 ms | max ms | total s | tokens/s | diff vs prefill/step |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for method, r in results["methods"].items():
+        estimated = " (est.)" if r["timed"] < r["tokens"] else ""
+        lines.append(f"| {method} | {r['tokens']} ({r['timed']}) | {r['median_ms']:.3f} | {r['p99_ms']:.3f} | "
+                     f"{r['max_ms']:.3f} | {r['total_s']:.3f}{estimated} | {r['tokens_per_s']:.1f} | {r[diff]:.1e} |")
+    note = f"state: {results['state_bytes'] / 2**20:.2f} MiB"
+    if stride > 1:
+        note += f"; naive and recompute timed at every {stride}th position, totals (est.) = mean × tokens"
+    return "\n".join(lines + [note])
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--layer", action="store_true", help="time the FFTConv layer alone")
+    p.add_argument("--seq-len", type=int, default=256, help="max_len: positions in all")
+    p.add_argument("--prompt", type=int, default=None, help="prompt length (default 16; 0 with --layer)")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--width", type=int, default=32, help="the LM's width")
+    p.add_argument("--layers", type=int, default=2, help="the LM's Hyena blocks")
+    p.add_argument("--vocab", type=int, default=256)
+    p.add_argument("--channels", type=int, default=256, help="C, with --layer")
+    p.add_argument("--baseline-stride", type=int, default=1, help="time naive/recompute at every k-th position")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads for the run (one: per-token work is small, and more threads only "
+                        "add synchronisation, ruinous on a shared host)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.prompt is None:
+        args.prompt = 0 if args.layer else 16
+    if not 0 <= args.prompt < args.seq_len or args.baseline_stride < 1:
+        p.error("need 0 <= --prompt < --seq-len and --baseline-stride >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    args = parse_args(argv)
+    config = vars(args)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        results = generate_layer(config) if args.layer else generate_lm(config)
+    finally:
+        torch.set_num_threads(threads)
+    what = (f"FFTConv B={args.batch} C={args.channels}" if args.layer
+            else f"Hyena LM width={args.width} layers={args.layers} B={args.batch}")
+    print(f"{what}, L={args.seq_len}, prompt {args.prompt}, {args.device}, {args.threads} CPU thread(s)")
+    print(table(results))
+    return results
+
+
+if __name__ == "__main__":
+    main()

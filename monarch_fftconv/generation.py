@@ -1,0 +1,385 @@
+"""Exact token-by-token generation for long convolutions: `prefill` a prompt, then `step` one
+position at a time in amortised O(log² L) work per token per channel.
+
+The schedule (docs/design.md, "Generation: prefill and step") is the block tiling of Flash
+Inference (Oncescu et al., ICLR 2025, arXiv:2410.12982) with FutureFill's prefill cache
+(Agarwal et al., arXiv:2410.03766): the prompt's contribution to every future position is one
+FFT convolution at prefill; after generated step i, the last n = 2^q inputs (n the largest
+power of two dividing i + 1) are convolved with the filter taps k[0 .. 2n-1] and added to the
+next n positions. Every pair (s, t), s < t, is covered by exactly one such block, before t.
+
+The schedule depends only on the position, a Python integer in the state: a step never reads
+a tensor on the host and its tensors have shapes fixed per level. The state is updated in
+place; the functions return it for the `y, state = ...` style.
+
+Functional form: `prefill(x, k, max_len)` and `step(x_t, state)`. The modules' methods
+(`FFTConv.prefill/step`, `HyenaOperator.prefill/step`) delegate to `prefill_fftconv`,
+`step_fftconv`, `prefill_hyena` and `step_hyena`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .functional import fftconv
+from .planner import compute_dtype
+
+if TYPE_CHECKING:
+    from .hyena import HyenaOperator
+    from .nn import FFTConv
+
+__all__ = ["ConvState", "HyenaState", "prefill", "step"]
+
+DIRECT_MAX_BLOCK = 8  # blocks up to this size: a small Toeplitz product, cheaper than two FFTs (CPU, C = 256)
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+# --------------------------------------------------------------------------- the filter's watch
+
+@dataclass
+class _Watch:
+    """The tensors a state was derived from, with their version counters at prefill: a cheap
+    host check that they were neither replaced nor written in place since (`.data` writes
+    bump no counter and pass unseen; inference tensors keep no counter: identity only)."""
+
+    tensors: tuple[Tensor, ...]
+    versions: tuple[int | None, ...]
+
+    @classmethod
+    def of(cls, tensors: Iterable[Tensor]) -> _Watch:
+        tensors = tuple(tensors)
+        return cls(tensors, tuple(_version(t) for t in tensors))
+
+    def check(self, tensors: Iterable[Tensor], what: str) -> None:
+        now = tuple(tensors)
+        if len(now) != len(self.tensors) or any(a is not b for a, b in zip(now, self.tensors)):
+            raise RuntimeError(f"{what} was replaced since prefill; step uses the parameters as they were at "
+                               "prefill (like a KV cache): call prefill again")
+        if tuple(_version(t) for t in now) != self.versions:
+            raise RuntimeError(f"{what} was modified in place since prefill; step uses the parameters as they "
+                               "were at prefill (like a KV cache): call prefill again")
+
+
+def _version(t: Tensor) -> int | None:
+    return None if t.is_inference() else t._version
+
+
+# --------------------------------------------------------------------------- one convolution stream
+
+@dataclass
+class ConvState:
+    """What the future positions of a batch of streams need, for one causal convolution.
+
+    Generated index i = position − prompt_len. `pending[..., i]` holds, once position i is
+    reached, Σ_{s < position} k[position − s]·x[s]; step adds k[0]·x[position]. Every tensor is
+    allocated at prefill, in the compute dtype (fp32; fp64 for fp64 inputs)."""
+
+    max_len: int
+    prompt_len: int
+    position: int              # the next position to generate (host state: the schedule reads it)
+    batch: int
+    channels: int
+    groups: int
+    dtype: torch.dtype         # the inputs' and outputs' dtype
+    device: torch.device
+    first_tap: Tensor          # (C,): k[c // (C // G), 0], the current input's own weight
+    toeplitz: list[Tensor]     # level q with n = 2^q <= DIRECT_MAX_BLOCK: (G, n, n), [j, m] = k[n + m - j]
+    spectra: list[Tensor]      # the larger levels: rfft(k[:, :2n], 2n) / 2n, (G, n + 1) complex
+    inputs: Tensor             # (B, C, T): the generated inputs, T = max_len - prompt_len
+    pending: Tensor            # (B, C, T + tail): each generated position's sum over the inputs folded in so far
+    watch: _Watch | None = field(default=None, repr=False)
+
+    @property
+    def nbytes(self) -> int:
+        """The state's memory: buffers, filter blocks and spectra."""
+        tensors = [self.first_tap, self.inputs, self.pending, *self.toeplitz, *self.spectra]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def prefill(x: Tensor, k: Tensor, max_len: int, *, precision: str | None = None) -> tuple[Tensor, ConvState]:
+    """y = fftconv(x, k) over the prompt x (B, C, P), 0 <= P <= max_len, and the state for
+    generating positions P .. max_len - 1 with `step`. k: (G, Lk), C % G == 0, Lk <= max_len
+    (a shorter filter is zero past Lk). `precision` is that of the two prefill `fftconv` calls;
+    steps compute in fp32 (fp64 for fp64 inputs). The state derives from k as it is now."""
+    state = start(x, k, max_len, precision=precision)
+    length = x.shape[-1]
+    if length == 0:
+        return x.new_empty(x.shape), state
+    return fftconv(x, k[..., :length], precision=precision), state
+
+
+def start(x: Tensor, k: Tensor, max_len: int, *, precision: str | None = None) -> ConvState:
+    """The state after the prompt x (B, C, P), without the prompt's output (`prefill` computes it)."""
+    _check_prefill(x, k, max_len)
+    batch, channels, prompt_len = x.shape
+    with torch.no_grad():
+        dtype = compute_dtype(x, k)
+        filt = k.to(dtype)
+        to_generate = max_len - prompt_len
+        toeplitz, spectra = _filter_blocks(filt, to_generate)
+        inputs = x.new_zeros(batch, channels, to_generate, dtype=dtype)
+        pending = x.new_zeros(batch, channels, _pending_length(to_generate), dtype=dtype)
+        if prompt_len and to_generate:
+            pending[..., :to_generate] = _prompt_contribution(x.to(dtype), filt, max_len, precision)
+        return ConvState(
+            max_len=max_len, prompt_len=prompt_len, position=prompt_len, batch=batch, channels=channels,
+            groups=k.shape[0], dtype=x.dtype, device=x.device,
+            first_tap=filt[:, 0].repeat_interleave(channels // k.shape[0]),
+            toeplitz=toeplitz, spectra=spectra, inputs=inputs, pending=pending)
+
+
+def step(x_t: Tensor, state: ConvState) -> tuple[Tensor, ConvState]:
+    """y_t (B, C) for the input x_t (B, C) at the state's next position; advances the state in
+    place (and returns it). Records no gradient."""
+    _check_step(x_t, state)
+    i = state.position - state.prompt_len
+    with torch.no_grad():
+        x = x_t if x_t.dtype == state.inputs.dtype else x_t.to(state.inputs.dtype)
+        state.inputs[..., i] = x
+        y = torch.addcmul(state.pending[..., i], state.first_tap, x)
+        _fold_block(state, i)
+    state.position += 1
+    return (y if y.dtype == x_t.dtype else y.to(x_t.dtype)), state
+
+
+def _prompt_contribution(x: Tensor, k: Tensor, max_len: int, precision: str | None) -> Tensor:
+    """Σ_{s<P} k[t-s]·x[s] for t = P .. max_len - 1: one fftconv of the zero-padded prompt."""
+    prompt_len = x.shape[-1]
+    padded = F.pad(x, (0, max_len - prompt_len))
+    return fftconv(padded, k, precision=precision)[..., prompt_len:]
+
+
+def _levels(to_generate: int) -> range:
+    """The block levels q that fold: n = 2^q divides some i + 1 with i + 1 < T."""
+    return range(max(to_generate - 1, 0).bit_length())
+
+
+def _pending_length(to_generate: int) -> int:
+    """T plus the tail the last blocks write past the end (outputs never read, but a fixed
+    slice per level keeps every step's shapes fixed). The last fold of level n is at the largest
+    odd multiple m of n below T; it writes up to m + n."""
+    end = to_generate
+    for q in _levels(to_generate):
+        n = 1 << q
+        multiple = (to_generate - 1) // n
+        end = max(end, n * (multiple if multiple % 2 else multiple - 1) + n)
+    return end
+
+
+def _filter_blocks(k: Tensor, to_generate: int) -> tuple[list[Tensor], list[Tensor]]:
+    """Per level, the taps k[:, 0 .. 2n-1] (zero past the filter) as a Toeplitz block (small n)
+    or a spectrum on 2n points with the inverse's 1/(2n) folded in (the larger n)."""
+    toeplitz, spectra = [], []
+    for q in _levels(to_generate):
+        n = 1 << q
+        taps = F.pad(k[:, : 2 * n], (0, max(0, 2 * n - k.shape[-1])))
+        if n <= DIRECT_MAX_BLOCK:
+            lags = n + torch.arange(n, device=k.device) - torch.arange(n, device=k.device)[:, None]  # [j, m] = n+m-j
+            toeplitz.append(taps[:, lags].contiguous())
+        else:
+            spectra.append(torch.fft.rfft(taps, n=2 * n, norm="forward"))
+    return toeplitz, spectra
+
+
+def _fold_block(state: ConvState, i: int) -> None:
+    """After generated step i: the last n inputs' contribution to the next n positions."""
+    to_generate = state.inputs.shape[-1]
+    if i + 1 >= to_generate:
+        return  # no position left to receive it
+    q = ((i + 1) & -(i + 1)).bit_length() - 1
+    n = 1 << q
+    block = _by_group(state.inputs[..., i + 1 - n: i + 1], state.groups)  # (B, G, C/G, n)
+    if q < len(state.toeplitz):
+        out = block @ state.toeplitz[q]
+    else:
+        spectrum = state.spectra[q - len(state.toeplitz)].unsqueeze(1)  # (G, 1, n + 1)
+        product = torch.fft.rfft(block, n=2 * n) * spectrum
+        out = torch.fft.irfft(product, n=2 * n, norm="forward")[..., n:]
+    state.pending[..., i + 1: i + 1 + n] += out.flatten(1, 2)
+
+
+def _by_group(t: Tensor, groups: int) -> Tensor:
+    """(B, C, n) viewed as (B, G, C/G, n): channel c in group c // (C // G)."""
+    return t.unflatten(1, (groups, t.shape[1] // groups))
+
+
+def _check_prefill(x: object, k: object, max_len: object) -> None:
+    for name, t in (("x", x), ("k", k)):
+        if not isinstance(t, Tensor) or t.dtype not in _FLOAT_DTYPES:
+            raise TypeError(f"{name} must be a real floating-point tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+    assert isinstance(x, Tensor) and isinstance(k, Tensor)
+    _check_max_len(max_len)
+    if x.dim() != 3:
+        raise ValueError(f"the prompt must have shape (B, C, P), got {tuple(x.shape)}")
+    if k.dim() == 3:
+        raise ValueError("bidirectional filters read future inputs: they cannot be generated causally")
+    if k.dim() != 2 or k.shape[-1] == 0 or k.shape[0] == 0:
+        raise ValueError(f"the filter must have shape (G, Lk), got {tuple(k.shape)}")
+    batch, channels, prompt_len = x.shape
+    if channels == 0 or channels % k.shape[0]:
+        raise ValueError(f"channel mismatch: the prompt has {channels} channels, the filter {k.shape[0]} rows "
+                         "(G filters serve C channels when C % G == 0)")
+    if prompt_len > max_len:
+        raise ValueError(f"the prompt ({prompt_len} positions) is longer than max_len={max_len}")
+    if k.shape[-1] > max_len:
+        raise ValueError(f"the filter ({k.shape[-1]} taps) is longer than max_len={max_len}")
+    if k.device != x.device:
+        raise ValueError(f"the prompt and the filter are on different devices: {x.device} and {k.device}")
+
+
+def _check_max_len(max_len: object, longest: int | None = None) -> None:
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
+        raise ValueError(f"max_len must be a positive int, got {max_len!r}")
+    if longest is not None and max_len > longest:
+        raise ValueError(f"max_len={max_len} exceeds the layer's longest sequence, {longest}")
+
+
+def _check_step(x_t: object, state: ConvState) -> None:
+    if not isinstance(x_t, Tensor):
+        raise TypeError(f"x_t must be a torch.Tensor, got {type(x_t).__name__}")
+    if state.position >= state.max_len:
+        raise RuntimeError(f"the stream is full: all max_len={state.max_len} positions were generated; "
+                           "prefill again with a larger max_len")
+    if tuple(x_t.shape) != (state.batch, state.channels):
+        raise ValueError(f"x_t must have shape (B, C) = ({state.batch}, {state.channels}) as at prefill, "
+                         f"got {tuple(x_t.shape)}")
+    if x_t.dtype != state.dtype or x_t.device != state.device:
+        raise ValueError(f"x_t must be {state.dtype} on {state.device} as at prefill, got {x_t.dtype} on {x_t.device}")
+    if state.inputs.is_inference() and not torch.is_inference_mode_enabled():
+        raise RuntimeError("this state was made under torch.inference_mode(): step it there too")
+
+
+# --------------------------------------------------------------------------- FFTConv
+
+def prefill_fftconv(layer: FFTConv, x: Tensor, max_len: int) -> tuple[Tensor, ConvState]:
+    """`FFTConv.prefill`: y = layer(x), the layer's ordinary call, and the state."""
+    if layer.bidirectional:
+        raise ValueError("FFTConv(bidirectional=True) reads future inputs: it cannot be generated causally")
+    _check_max_len(max_len, layer.seq_len)
+    if isinstance(x, Tensor) and x.dim() == 3 and x.shape[1] != layer.channels:
+        raise ValueError(f"the prompt has {x.shape[1]} channels, the layer {layer.channels}")
+    state = start(x, layer.filter[..., :max_len], max_len, precision=layer.precision)
+    state.watch = _Watch.of([layer.filter])
+    y = layer(x) if x.shape[-1] else x.new_empty(x.shape)
+    return y, state
+
+
+def step_fftconv(layer: FFTConv, x_t: Tensor, state: ConvState) -> tuple[Tensor, ConvState]:
+    """`FFTConv.step`: `step`, once the layer's filter is checked to be the prefill's."""
+    if state.watch is None:
+        raise ValueError("this state was not made by FFTConv.prefill")
+    state.watch.check([layer.filter], "FFTConv.filter")
+    return step(x_t, state)
+
+
+# --------------------------------------------------------------------------- HyenaOperator
+
+@dataclass
+class HyenaState:
+    """A HyenaOperator's generation state: the short filter's window and one ConvState per
+    order step, with the operator's parameters as they were at prefill."""
+
+    position: int
+    max_len: int
+    window: Tensor              # (B, W, ks): projected inputs, slot s % ks holds position s (W = (order+1)·d)
+    window_weights: Tensor      # (ks, W, ks): the short filter's taps, rotated for each t % ks
+    convs: list[ConvState]      # one per order step
+    skips: Tensor | None        # (order - 1, d): each step's D, or None
+    watch: _Watch = field(repr=False)
+
+    @property
+    def nbytes(self) -> int:
+        own = [self.window, self.window_weights] + ([] if self.skips is None else [self.skips])
+        return sum(t.numel() * t.element_size() for t in own) + sum(c.nbytes for c in self.convs)
+
+
+def prefill_hyena(op: HyenaOperator, x: Tensor, max_len: int) -> tuple[Tensor, HyenaState]:
+    """`HyenaOperator.prefill`: the operator's output for the prompt x (B, P, d), computed as its
+    forward computes it, and the state for positions P .. max_len - 1."""
+    if op.bidirectional:
+        raise ValueError("HyenaOperator(bidirectional=True) reads future inputs: it cannot be generated causally")
+    _check_max_len(max_len, op.l_max)
+    if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != op.d_model:
+        raise ValueError(f"the prompt must have shape (B, P, d_model={op.d_model}), got {getattr(x, 'shape', x)}")
+    prompt_len = x.shape[1]
+    if prompt_len > max_len:
+        raise ValueError(f"the prompt ({prompt_len} positions) is longer than max_len={max_len}")
+    raw = op.in_proj(x).transpose(1, 2)  # (B, W, P)
+    # As forward: padded on both sides, the first P outputs causal (an empty prompt skips the conv).
+    projected = op.short_filter(raw)[..., :prompt_len] if prompt_len else raw
+    *gates, v = projected.split(op.d_model, dim=1)
+    with torch.no_grad():
+        k, skips = op.long_filters(max_len)
+    k_prompt, skips_prompt = op.long_filters(prompt_len) if prompt_len else (None, None)
+    convs = []
+    for o, gate in enumerate(reversed(gates[1:])):
+        convs.append(start(v * gate, k[o], max_len, precision=op.precision))
+        if prompt_len:
+            last = o == op.order - 2
+            v = op.long_conv(v, k_prompt[o], None if skips_prompt is None else skips_prompt[o], gate,
+                             gates[0] if last else None)
+    y = op.out_proj(v.transpose(1, 2)) if prompt_len else x.new_empty(x.shape)
+    with torch.no_grad():
+        window, window_weights = _short_window(op, raw)
+    state = HyenaState(position=prompt_len, max_len=max_len, window=window, window_weights=window_weights,
+                       convs=convs, skips=skips, watch=_Watch.of(_hyena_tensors(op)))
+    return y, state
+
+
+def step_hyena(op: HyenaOperator, x_t: Tensor, state: HyenaState) -> tuple[Tensor, HyenaState]:
+    """`HyenaOperator.step`: x_t (B, d) -> y_t (B, d), as forward computes that position."""
+    state.watch.check(_hyena_tensors(op), "a HyenaOperator parameter or buffer")
+    if state.position >= state.max_len:
+        raise RuntimeError(f"the stream is full: all max_len={state.max_len} positions were generated; "
+                           "prefill again with a larger max_len")
+    batch, _, taps = state.window.shape
+    if not isinstance(x_t, Tensor) or tuple(x_t.shape) != (batch, op.d_model):
+        raise ValueError(f"x_t must have shape (B, d_model) = ({batch}, {op.d_model}), got {getattr(x_t, 'shape', x_t)}")
+    if x_t.dtype != state.window.dtype or x_t.device != state.window.device:
+        raise ValueError(f"x_t must be {state.window.dtype} on {state.window.device} as at prefill, "
+                         f"got {x_t.dtype} on {x_t.device}")
+    if state.window.is_inference() and not torch.is_inference_mode_enabled():
+        raise RuntimeError("this state was made under torch.inference_mode(): step it there too")
+    with torch.no_grad():
+        slot = state.position % taps
+        state.window[..., slot] = op.in_proj(x_t)
+        projected = (state.window * state.window_weights[slot]).sum(-1)
+        if op.short_filter.bias is not None:
+            projected = projected + op.short_filter.bias
+        *gates, v = projected.split(op.d_model, dim=1)
+        for o, gate in enumerate(reversed(gates[1:])):
+            u = v * gate
+            v, _ = step(u, state.convs[o])
+            if state.skips is not None:
+                v = v + state.skips[o].to(v.dtype) * u
+        v = v * gates[0]
+        y = op.out_proj(v)
+    state.position += 1
+    return y, state
+
+
+def _short_window(op: HyenaOperator, raw: Tensor) -> tuple[Tensor, Tensor]:
+    """The ring of the last ks projected inputs (zeros before position 0, as the conv's padding)
+    and the short filter's taps rotated per slot: at position t, tap j weighs position
+    t + j - (ks - 1), held in slot (t + j - ks + 1) % ks."""
+    weight = op.short_filter.weight[:, 0, :]  # (W, ks): a cross-correlation, tap ks-1 on the current input
+    taps = weight.shape[-1]
+    prompt_len = raw.shape[-1]
+    window = raw.new_zeros(raw.shape[0], raw.shape[1], taps)
+    for s in range(max(0, prompt_len - taps + 1), prompt_len):
+        window[..., s % taps] = raw[..., s]
+    rotated = weight.new_empty(taps, *weight.shape)
+    for t in range(taps):
+        slots = [(t + j - taps + 1) % taps for j in range(taps)]
+        rotated[t][:, slots] = weight
+    return window, rotated
+
+
+def _hyena_tensors(op: HyenaOperator) -> list[Tensor]:
+    return [*op.parameters(), *op.buffers()]

@@ -1,0 +1,254 @@
+"""Generation by prefill and step (monarch_fftconv/generation.py, issue #38) against the
+whole-sequence convolution: helpers.reference (float64 torch.fft, no package code) for the
+functional form and FFTConv, HyenaOperator.forward for the operator."""
+
+import pytest
+import torch
+
+import monarch_fftconv as mf
+from monarch_fftconv import generation
+from monarch_fftconv.nn import HyenaOperator
+from monarch_fftconv.policy import ERROR_BUDGETS
+
+from helpers import randn, reference, rel_l2
+
+FP64_TOLERANCE = 1e-10  # relative L2 of the generated positions; measured ~5e-16
+
+
+def per_channel(k: torch.Tensor, channels: int) -> torch.Tensor:
+    """G filters repeated over their groups of C // G channels."""
+    return k.repeat_interleave(channels // k.shape[0], dim=0)
+
+
+def generate(x: torch.Tensor, k: torch.Tensor, prompt_len: int, max_len: int | None = None):
+    """The prompt's outputs from prefill, then one step per remaining position of x."""
+    y, state = generation.prefill(x[..., :prompt_len], k, max_len or x.shape[-1])
+    steps = [generation.step(x[..., t], state)[0] for t in range(prompt_len, x.shape[-1])]
+    return torch.cat([y, *(s.unsqueeze(-1) for s in steps)], dim=-1), state
+
+
+def reference_full(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """The whole-sequence causal convolution, the filter zero-padded to the sequence."""
+    padded = torch.nn.functional.pad(k.double(), (0, x.shape[-1] - k.shape[-1]))
+    return reference(x, per_channel(padded, x.shape[-2]))
+
+
+@pytest.mark.parametrize("batch, channels, groups, length, prompt_len", [
+    (2, 3, 3, 97, 0), (1, 4, 2, 130, 1), (3, 5, 5, 301, 37), (2, 6, 1, 64, 63), (1, 2, 2, 50, 50), (2, 4, 4, 1, 0),
+])
+def test_steps_match_the_whole_sequence_fp64(gen, batch, channels, groups, length, prompt_len):
+    x, k = randn(gen, batch, channels, length, dtype=torch.float64), randn(gen, groups, length, dtype=torch.float64)
+    out, _ = generate(x, k, prompt_len)
+    ref = reference_full(x, k)
+    assert out.shape == ref.shape and out.dtype == torch.float64
+    assert rel_l2(out[..., prompt_len:], ref[..., prompt_len:]) < FP64_TOLERANCE or prompt_len == length
+    assert rel_l2(out, ref) < FP64_TOLERANCE
+
+
+def test_all_the_way_at_4096_and_every_position_exact(gen):
+    """From an empty prompt through every level of blocks (up to 2048), each position on its own."""
+    length = 4096
+    x, k = randn(gen, 2, 3, length, dtype=torch.float64), randn(gen, 3, length, dtype=torch.float64)
+    out, state = generate(x, k, 0)
+    ref = reference_full(x, k)
+    error = (out - ref).abs().amax(dim=(0, 1)) / ref.abs().amax(dim=(0, 1))
+    assert error.max() < FP64_TOLERANCE
+    assert state.position == length
+
+
+def test_long_prompt_then_the_tail_at_2_pow_16(gen):
+    length, prompt_len = 1 << 16, (1 << 16) - 777
+    x, k = randn(gen, 1, 2, length, dtype=torch.float64), randn(gen, 2, length, dtype=torch.float64)
+    out, _ = generate(x, k, prompt_len)
+    ref = reference_full(x, k)
+    assert rel_l2(out[..., prompt_len:], ref[..., prompt_len:]) < FP64_TOLERANCE
+
+
+@pytest.mark.parametrize("filter_len", [1, 10, 129])
+@pytest.mark.parametrize("prompt_len", [0, 1, 33])
+def test_filters_shorter_than_the_sequence(gen, filter_len, prompt_len):
+    x, k = randn(gen, 2, 4, 300, dtype=torch.float64), randn(gen, 2, filter_len, dtype=torch.float64)
+    out, _ = generate(x, k, prompt_len)
+    assert rel_l2(out, reference_full(x, k)) < FP64_TOLERANCE
+
+
+def test_max_len_beyond_the_steps_taken(gen):
+    """A stream prefilled for 1000 positions, stepped to 600: the outputs so far are exact."""
+    x, k = randn(gen, 1, 3, 600, dtype=torch.float64), randn(gen, 3, 1000, dtype=torch.float64)
+    out, state = generate(x, k, 17, max_len=1000)
+    assert rel_l2(out, reference_full(x, k[:, :600])) < FP64_TOLERANCE
+    assert state.position == 600
+
+
+def test_float32_within_the_fp32_budget(gen):
+    x, k = randn(gen, 2, 8, 2049), randn(gen, 8, 2049)
+    out, _ = generate(x, k, 100)
+    assert out.dtype == torch.float32
+    assert rel_l2(out, reference_full(x, k)) < ERROR_BUDGETS["fp32"]
+
+
+def test_two_runs_are_bitwise_identical(gen):
+    x, k = randn(gen, 2, 5, 700), randn(gen, 5, 700)
+    first, _ = generate(x, k, 3)
+    second, _ = generate(x.clone(), k.clone(), 3)
+    assert torch.equal(first, second)
+
+
+@pytest.mark.parametrize("groups", [1, 3, 6])
+def test_fftconv_layer_with_grouped_filters(gen, groups):
+    layer = mf.FFTConv(6, 200, groups=groups, dtype=torch.float64)
+    x = randn(gen, 2, 6, 150, dtype=torch.float64)
+    y, state = layer.prefill(x[..., :41], max_len=150)
+    assert torch.equal(y, layer(x[..., :41]))  # the ordinary call
+    steps = [layer.step(x[..., t], state)[0] for t in range(41, 150)]
+    out = torch.cat([y, torch.stack(steps, dim=-1)], dim=-1)
+    with torch.no_grad():
+        assert rel_l2(out, reference_full(x, layer.filter[:, :150])) < FP64_TOLERANCE
+
+
+def test_inference_mode_gives_the_same_outputs(gen):
+    layer = mf.FFTConv(4, 256)
+    x = randn(gen, 3, 4, 256)
+    with torch.no_grad():
+        y, state = layer.prefill(x[..., :10], 256)
+        expected = [layer.step(x[..., t], state)[0] for t in range(10, 256)]
+    with torch.inference_mode():
+        y_inf, state = layer.prefill(x[..., :10], 256)
+        got = [layer.step(x[..., t], state)[0] for t in range(10, 255)]
+    with pytest.raises(RuntimeError, match="inference_mode"):
+        layer.step(x[..., 255], state)  # stepped outside: refused before it touches the state
+    with torch.inference_mode():
+        got.append(layer.step(x[..., 255], state)[0])
+    assert torch.equal(y, y_inf) and all(torch.equal(a, b) for a, b in zip(expected, got, strict=True))
+
+
+def test_state_grows_with_the_tokens_to_generate_not_the_prompt(gen):
+    k = randn(gen, 4, 4096)
+    short_prompt = generation.prefill(randn(gen, 1, 4, 96), k, 4096)[1]
+    long_prompt = generation.prefill(randn(gen, 1, 4, 4000), k, 4096)[1]
+    assert long_prompt.nbytes * 20 < short_prompt.nbytes
+    assert short_prompt.nbytes < 4 * (3 * 4000 + 4 * 4000 + 100) * 4  # B·C·3T + G·(4T + 85) fp32 numbers
+
+
+def test_errors(gen):
+    layer = mf.FFTConv(3, 64)
+    x = randn(gen, 2, 3, 64)
+    _, state = layer.prefill(x[..., :62], max_len=64)
+    with pytest.raises(ValueError, match="shape"):
+        layer.step(x[0, :, 0], state)
+    with pytest.raises(ValueError, match="float32"):
+        layer.step(x[..., 62].double(), state)
+    with pytest.raises(ValueError, match="cpu"):
+        layer.step(x[..., 62].to("meta"), state)
+    layer.step(x[..., 62], state)
+    layer.step(x[..., 63], state)
+    with pytest.raises(RuntimeError, match="max_len=64"):
+        layer.step(x[..., 63], state)
+    with pytest.raises(ValueError, match="longer than max_len"):
+        layer.prefill(x, max_len=32)
+    with pytest.raises(ValueError, match="seq_len|longest"):
+        layer.prefill(x, max_len=65)
+    with pytest.raises(ValueError, match="channels"):
+        layer.prefill(x[:, :2], max_len=64)
+    with pytest.raises(ValueError, match="cannot be generated causally"):
+        mf.FFTConv(3, 64, bidirectional=True).prefill(x, max_len=64)
+    with pytest.raises(ValueError, match="cannot be generated causally"):
+        generation.prefill(x, randn(gen, 3, 2, 64), 64)
+    with pytest.raises(ValueError, match="cannot be generated causally"):
+        HyenaOperator(4, 32, bidirectional=True).prefill(randn(gen, 1, 3, 4), max_len=32)
+
+
+def test_a_filter_change_after_prefill_is_refused(gen):
+    layer = mf.FFTConv(3, 64)
+    x = randn(gen, 1, 3, 64)
+    _, state = layer.prefill(x[..., :5], max_len=64)
+    layer.step(x[..., 5], state)
+    with torch.no_grad():
+        layer.filter.mul_(2)
+    with pytest.raises(RuntimeError, match="modified in place"):
+        layer.step(x[..., 6], state)
+    _, state = layer.prefill(x[..., :5], max_len=64)
+    layer.filter = torch.nn.Parameter(layer.filter.detach().clone())
+    with pytest.raises(RuntimeError, match="replaced"):
+        layer.step(x[..., 5], state)
+
+
+# --------------------------------------------------------------------------- HyenaOperator
+
+class Stack(torch.nn.Module):
+    """Residual Hyena blocks, as a language model stacks them."""
+
+    def __init__(self, width, length, depth, **options):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(HyenaOperator(width, length, **options) for _ in range(depth))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = x + block(x)
+        return x
+
+    def prefill(self, x, max_len):
+        states = []
+        for block in self.blocks:
+            y, state = block.prefill(x, max_len)
+            x = x + y
+            states.append(state)
+        return x, states
+
+    def step(self, x_t, states):
+        for block, state in zip(self.blocks, states):
+            x_t = x_t + block.step(x_t, state)[0]
+        return x_t
+
+
+@pytest.mark.parametrize("order, groups, prompt_len, short", [(2, None, 0, 3), (3, 2, 1, 3), (2, 4, 23, 4), (4, None, 9, 1)])
+def test_hyena_stack_generates_its_forward(gen, order, groups, prompt_len, short):
+    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    length = 70
+    stack = Stack(8, 80, 2, order=order, filter_groups=groups, filter_order=16, short_filter_order=short).double()
+    x = randn(gen, 2, length, 8, dtype=torch.float64)
+    with torch.no_grad():
+        ref = stack(x)
+        y, states = stack.prefill(x[:, :prompt_len], max_len=length)
+        if prompt_len:
+            assert torch.equal(y, stack(x[:, :prompt_len]))  # the prompt: forward's own computation
+        steps = [stack.step(x[:, t], states) for t in range(prompt_len, length)]
+    out = torch.cat([y, torch.stack(steps, dim=1)], dim=1)
+    assert rel_l2(out, ref) < FP64_TOLERANCE
+
+
+def test_hyena_float32_and_inference_mode(gen):
+    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    op = HyenaOperator(16, 300, order=2)
+    x = randn(gen, 3, 257, 16)
+    with torch.inference_mode():
+        ref = op(x)
+        y, state = op.prefill(x[:, :100], max_len=257)
+        steps = [op.step(x[:, t], state)[0] for t in range(100, 257)]
+    out = torch.cat([y, torch.stack(steps, dim=1)], dim=1)
+    assert rel_l2(out, ref) < ERROR_BUDGETS["fp32"]
+    assert state.nbytes > 0
+
+
+def test_hyena_errors_and_parameter_changes(gen):
+    op = HyenaOperator(4, 32)
+    x = randn(gen, 2, 32, 4)
+    with pytest.raises(ValueError, match="l_max|longest"):
+        op.prefill(x, max_len=33)
+    with pytest.raises(ValueError, match="longer than max_len"):
+        op.prefill(x, max_len=16)
+    _, state = op.prefill(x[:, :30], max_len=32)
+    with pytest.raises(ValueError, match="shape"):
+        op.step(x[:, 30, :3], state)
+    with pytest.raises(ValueError, match="float32"):
+        op.step(x[:, 30].double(), state)
+    op.step(x[:, 30], state)
+    with torch.no_grad():
+        op.filter_fn.implicit_filter[0].weight.add_(1)
+    with pytest.raises(RuntimeError, match="modified in place"):
+        op.step(x[:, 31], state)
+    _, state = op.prefill(x[:, :30], max_len=32)
+    op.step(x[:, 30], state)
+    op.step(x[:, 31], state)
+    with pytest.raises(RuntimeError, match="max_len=32"):
+        op.step(x[:, 31], state)
