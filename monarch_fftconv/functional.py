@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from . import policy
@@ -47,8 +48,7 @@ def check_inputs(
     _check_float_tensor(names.u, u)
     _check_float_tensor(names.k, k)
     assert isinstance(u, Tensor) and isinstance(k, Tensor)
-    if not isinstance(bidirectional, bool):
-        raise TypeError(f"bidirectional must be a bool, got {type(bidirectional).__name__}")
+    bidirectional = bidirectional_convention(bidirectional) is not None
     if u.dim() < 2:
         raise ValueError(f"{names.u} must have shape (..., C, L), got {tuple(u.shape)}")
     if bidirectional and (k.dim() != 3 or k.shape[1] != 2):
@@ -86,6 +86,41 @@ def check_inputs(
             raise ValueError(f"{names.u} and {name} are on different devices: {u.device} and {gate.device}")
 
 
+# Where the anti-causal half's tap s sits (issue #39): one name per published convention.
+BIDIRECTIONAL_CONVENTIONS = {
+    "fftconv_ref": "tap s at lag -s, lag 0 taking both halves' first tap: fftconv_ref(u, k, D, k_rev=...) of "
+                   "safari, savanna and Monarch Mixer",
+    "m2": "tap s at lag -(s+1): Monarch Mixer's bidirectional HyenaFilter (M2-BERT), which places the "
+          "reversed filter after the causal one on the 2L-point circle",
+}
+
+
+def bidirectional_convention(bidirectional: object) -> str | None:
+    """None for a causal call, else the convention's name: False, True (= "fftconv_ref", the
+    meaning True has always had in `fftconv`), "fftconv_ref" or "m2"."""
+    if bidirectional is False:
+        return None
+    if bidirectional is True:
+        return "fftconv_ref"
+    if not isinstance(bidirectional, str):
+        raise TypeError(f"bidirectional must be a bool or a convention's name ('fftconv_ref', 'm2'), "
+                        f"got {type(bidirectional).__name__}")
+    if bidirectional not in BIDIRECTIONAL_CONVENTIONS:
+        raise ValueError(f"bidirectional must be False, True (= 'fftconv_ref'), 'fftconv_ref' or 'm2', "
+                         f"got {bidirectional!r}")
+    return bidirectional
+
+
+def _m2_as_fftconv_ref(k: Tensor, length: int) -> Tensor:
+    """A (G, 2, Lk) filter of the "m2" convention as the same convolution in "fftconv_ref"'s:
+    the anti-causal half delayed by one tap (Lk + 1 taps, the causal half padded). A tap pushed
+    to lag -L is dropped: it only ever meets the zero padding."""
+    taps = min(k.shape[-1] + 1, length)
+    causal = F.pad(k[:, 0], (0, taps - k.shape[-1]))
+    anti_causal = F.pad(k[:, 1], (1, 0))[..., :taps]
+    return torch.stack([causal, anti_causal], dim=1)
+
+
 def _broadcasts_to(gate: torch.Size, target: torch.Size) -> bool:
     """Whether a gate of shape `gate` multiplies u of shape `target` elementwise: the same
     (C, L), leading dims each 1 or u's, none beyond u's."""
@@ -96,7 +131,7 @@ def _broadcasts_to(gate: torch.Size, target: torch.Size) -> bool:
 
 def fftconv(
     u: Tensor, k: Tensor, *, D: Tensor | None = None, pregate: Tensor | None = None,
-    postgate: Tensor | None = None, bidirectional: bool = False, precision: str | None = None,
+    postgate: Tensor | None = None, bidirectional: bool | str = False, precision: str | None = None,
 ) -> Tensor:
     """Long convolution over each channel, with the gates and skip term of Hyena operators.
 
@@ -104,16 +139,21 @@ def fftconv(
         y = postgate ⊙ (conv(x, k) + D ⊙ x)
 
     conv(x, k)[b, c, t] = Σ_{s<=t} k[g, s]·x[b, c, t-s], g = c // (C // G): channel c takes
-    filter g of a bank of G filters (G = C: one per channel). With bidirectional=True, k is
-    (G, 2, Lk), k[:, 0] causal and k[:, 1] anti-causal, and
+    filter g of a bank of G filters (G = C: one per channel). Bidirectional calls take k of shape
+    (G, 2, Lk), k[:, 0] causal and k[:, 1] anti-causal, in one of two conventions, each named:
 
-        conv(x, k)[b, c, t] = Σ_{s>=0} k[g, 0, s]·x[b, c, t-s] + Σ_{s>=0} k[g, 1, s]·x[b, c, t+s]
+        bidirectional="fftconv_ref" (or True):
+            conv(x, k)[b, c, t] = Σ_{s>=0} k[g, 0, s]·x[b, c, t-s] + Σ_{s>=0} k[g, 1, s]·x[b, c, t+s]
+        bidirectional="m2":
+            conv(x, k)[b, c, t] = Σ_{s>=0} k[g, 0, s]·x[b, c, t-s] + Σ_{s>=0} k[g, 1, s]·x[b, c, t+s+1]
 
-    (lag 0 takes both halves' first tap): the filter spectrum rfft(k[:, 0]) + conj(rfft(k[:, 1])),
-    as `fftconv_ref(u, k, D, k_rev=...)` of safari, Monarch Mixer and savanna define it
-    (HazyResearch/safari src/models/sequence/hyena.py, HazyResearch/m2
-    bert/src/mm/hyena_utils.py, Zymrael/savanna savanna/ops/fftconv.py). Every output is a
-    linear convolution: zero-padded to N = 2·next_pow2(L), nothing wraps around.
+    "fftconv_ref": lag 0 takes both halves' first tap, the filter spectrum rfft(k[:, 0]) +
+    conj(rfft(k[:, 1])), as `fftconv_ref(u, k, D, k_rev=...)` of safari, Monarch Mixer and
+    savanna define it (HazyResearch/safari src/models/sequence/hyena.py, HazyResearch/m2
+    bert/src/mm/hyena_utils.py, Zymrael/savanna savanna/ops/fftconv.py). "m2": the reverse
+    half one lag further out, as M2-BERT's bidirectional HyenaFilter builds its filter (the
+    reversed taps after the causal ones on the 2L-point circle). Every output is a linear
+    convolution: zero-padded to N = 2·next_pow2(L), nothing wraps around.
 
     D scales the gated input x, as in safari's HyenaOperator (v = v ⊙ x_i, then
     fftconv(v, k, bias)); pregate/postgate are FlashFFTConv's gates (HazyResearch/flash-fft-conv,
@@ -152,7 +192,7 @@ def conv(
     *,
     pregate: Tensor | None = None,
     postgate: Tensor | None = None,
-    bidirectional: bool = False,
+    bidirectional: bool | str = False,
 ) -> Tensor:
     """The one call path, for `fftconv` and `FFTConv`: check, gate, resolve the precision, pick
     the backend, run it, gate. The checks and decisions are made once per `_call_key` and
@@ -175,6 +215,8 @@ def conv(
     if flat:
         x = x.reshape(-1, *u.shape[-2:])  # (..., C, L) -> (B, C, L): a view unless the strides forbid
     skip = D if D is None or D.dtype == skip_dtype else D.to(skip_dtype)
+    if bidirectional == "m2":  # checked above: k is (G, 2, Lk)
+        k = _m2_as_fftconv_ref(k, u.shape[-1])
     if cached_spectrum is not None and not _records_grad(x, k, D) and not torch.compiler.is_compiling():
         y = backend.conv(x, cached_spectrum(backend, k, chosen), skip, chosen)
     else:
@@ -237,7 +279,7 @@ _ENV_KEYS = (tuple(map(os.environ.encodekey, _ENV_NAMES))  # type: ignore[attr-d
 
 def _decide(
     u: Tensor, k: Tensor, D: Tensor | None, pregate: Tensor | None, postgate: Tensor | None,
-    bidirectional: bool, precision: str | None, module_precision: str | None, names: ArgNames,
+    bidirectional: bool | str, precision: str | None, module_precision: str | None, names: ArgNames,
 ) -> tuple:
     """Check the inputs (raising on a bad one) and decide the call: conv's `_decided` entry."""
     check_inputs(u, k, D, names, pregate=pregate, postgate=postgate, bidirectional=bidirectional)
@@ -268,7 +310,7 @@ def _records_grad(*tensors: Tensor | None) -> bool:
 
 def explain(
     u: Tensor, k: Tensor, *, D: Tensor | None = None, pregate: Tensor | None = None,
-    postgate: Tensor | None = None, bidirectional: bool = False, precision: str | None = None,
+    postgate: Tensor | None = None, bidirectional: bool | str = False, precision: str | None = None,
 ) -> dict[str, Any]:
     """Which backend and kernel `fftconv(u, k, ...)` with the same arguments would use, and why.
     Never builds the CUDA extension: before the first CUDA call has loaded it, the backend
@@ -281,16 +323,18 @@ def explain(
     elementwise terms included; None when pending), stages (the CUDA launches of one forward
     call in order, each {"stage", "reads", "writes"} with the HBM bytes it moves at least; None
     for torch.fft and when pending), groups (G, the filters: k's rows), group_size (C // G, the
-    channels sharing one, inferred from the shapes as `fftconv` infers it), bidirectional, terms ({name: where it is computed} for each of pregate, D,
-    postgate the call has, in the order they apply)."""
+    channels sharing one, inferred from the shapes as `fftconv` infers it), bidirectional (False
+    or the convention's name, "fftconv_ref" or "m2"), terms ({name: where it is computed} for each
+    of pregate, D, postgate the call has, in the order they apply)."""
     check_inputs(u, k, D, pregate=pregate, postgate=postgate, bidirectional=bidirectional)
     conv_dtype = u.dtype if pregate is None else torch.promote_types(u.dtype, pregate.dtype)
     chosen, source = policy.resolve(precision, conv_dtype, None)
     plan = plan_for(u.shape[-1])
     channels = u.shape[-2]
     batch = u.numel() // (channels * u.shape[-1])
+    convention = bidirectional_convention(bidirectional)
     backend = select_backend(u.device, conv_dtype, chosen, plan, batch * channels, build=False,
-                             bidirectional=bidirectional)
+                             bidirectional=convention is not None)
     groups = k.shape[0]
     filter_rows = groups * (2 if bidirectional else 1)
     terms = {}
@@ -320,7 +364,7 @@ def explain(
         "stages": stages,
         "groups": groups,
         "group_size": channels // groups,
-        "bidirectional": bidirectional,
+        "bidirectional": convention or False,
         "terms": terms,
     }
 

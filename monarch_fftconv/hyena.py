@@ -18,11 +18,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import generation
-from .functional import fftconv
+from .functional import bidirectional_convention, fftconv
 
 
 class Sin(nn.Module):
@@ -140,10 +139,12 @@ class HyenaOperator(nn.Module):
         short_filter_order: the short depthwise causal convolution's length.
         filter_groups: G, the implicit filters per order step, dividing d_model: channel c takes
             filter c // (d_model // G). None (default): one per channel, as safari.
-        bidirectional: each step adds an anti-causal filter (`filter_fn.implicit_filter_rev`).
-            Its tap s weighs v at t + s + 1, as Monarch Mixer's sequence mixer computes it
-            (the reverse filter flipped and padded on the left by L, N = 2L): an M2 filter gives
-            M2's convolution.
+        bidirectional: False, or each step adds an anti-causal filter
+            (`filter_fn.implicit_filter_rev`) in the convention named as in `fftconv`: "m2" (or
+            True, its meaning here since the option exists), tap s weighing v at t + s + 1, as
+            Monarch Mixer's sequence mixer computes it (the reverse filter flipped and padded on
+            the left by L, N = 2L), so an M2 filter gives M2's convolution; or "fftconv_ref", tap
+            s weighing v at t + s.
         precision: the long convolutions' precision (None: the policy, `monarch_fftconv.precision`).
         **filter_args: HyenaFilter's options (emb_dim, w, bias, num_inner_mlps, and the
             modulation's fast_decay_pct, slow_decay_pct, target, modulate, shift).
@@ -156,7 +157,7 @@ class HyenaOperator(nn.Module):
     """
 
     def __init__(self, d_model: int, l_max: int, order: int = 2, filter_order: int = 64,
-                 short_filter_order: int = 3, filter_groups: int | None = None, bidirectional: bool = False,
+                 short_filter_order: int = 3, filter_groups: int | None = None, bidirectional: bool | str = False,
                  precision: str | None = None, **filter_args):
         super().__init__()
         if order < 2:
@@ -165,14 +166,16 @@ class HyenaOperator(nn.Module):
         if groups < 1 or d_model % groups:
             raise ValueError(f"filter_groups must be a positive divisor of d_model={d_model}, got {filter_groups}")
         self.d_model, self.l_max, self.order, self.filter_groups = d_model, l_max, order, groups
-        self.bidirectional, self.precision = bidirectional, precision
+        # True keeps the meaning it has always had here, M2's convention (fftconv's True is "fftconv_ref").
+        self.bidirectional = "m2" if bidirectional is True else (bidirectional_convention(bidirectional) or False)
+        self.precision = precision
         self.out_proj = nn.Linear(d_model, d_model)
         self.in_proj = nn.Linear(d_model, (order + 1) * d_model)
         width = (order + 1) * d_model
         self.short_filter = nn.Conv1d(width, width, kernel_size=short_filter_order, groups=width,
                                       padding=short_filter_order - 1)
         self.filter_fn = HyenaFilter(d_model * (order - 1), order=filter_order, seq_len=l_max,
-                                     filters=groups * (order - 1), bidirectional=bidirectional, **filter_args)
+                                     filters=groups * (order - 1), bidirectional=bool(self.bidirectional), **filter_args)
 
     def long_filters(self, length: int) -> tuple[Tensor, Tensor | None]:
         """(filters (order-1, G, L), or (order-1, G, 2, L) bidirectional; D (order-1, d_model) or None).
@@ -182,9 +185,7 @@ class HyenaOperator(nn.Module):
             k = self.filter_fn.filter(length)[0].T.unflatten(0, (-1, steps)).transpose(0, 1)
             if self.bidirectional:
                 k_rev = self.filter_fn.filter_rev(length)[0].T.unflatten(0, (-1, steps)).transpose(0, 1)
-                # fftconv's anti-causal tap s sits at lag -s, M2's at -(s+1): shift by one. The
-                # last tap drops out; at lag -L it would only ever meet the zero padding.
-                k = torch.stack([k, F.pad(k_rev[..., :-1], (1, 0))], dim=2)
+                k = torch.stack([k, k_rev], dim=2)  # placed by fftconv as self.bidirectional names
         bias = self.filter_fn.bias.unflatten(0, (-1, steps)).T if self.filter_fn.use_bias else None
         return k, bias
 

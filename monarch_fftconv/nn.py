@@ -28,8 +28,9 @@ class FFTConv(nn.Module):
         seq_len: the longest input length L; also the filter length.
         groups: G, the number of filters, dividing C: channel c takes filter c // (C // G).
             None (the default): one filter per channel.
-        bidirectional: filters of shape (G, 2, seq_len), [:, 0] causal and [:, 1] anti-causal,
-            as `fftconv(..., bidirectional=True)` defines them.
+        bidirectional: False, or filters of shape (G, 2, seq_len), [:, 0] causal and [:, 1]
+            anti-causal, in the convention named: "fftconv_ref" (or True) or "m2", as `fftconv`
+            defines them.
         precision: "fp32", "tf32", "bf16", "fp16", or None to follow the precision policy
             (a `monarch_fftconv.precision()` block, the environment, the input's dtype).
         device, dtype: of the `filter` parameter.
@@ -44,21 +45,21 @@ class FFTConv(nn.Module):
     """
 
     def __init__(
-        self, channels: int, seq_len: int, *, groups: int | None = None, bidirectional: bool = False,
+        self, channels: int, seq_len: int, *, groups: int | None = None, bidirectional: bool | str = False,
         precision: str | None = None, device=None, dtype=None,
     ):
         super().__init__()
         for name, value in (("channels", channels), ("seq_len", seq_len)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if not isinstance(bidirectional, bool):
-            raise TypeError(f"bidirectional must be a bool, got {type(bidirectional).__name__}")
+        convention = functional.bidirectional_convention(bidirectional)  # ValueError on another value
         if precision is not None:
             policy.check_precision(precision)
         groups = channels if groups is None else groups
         if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1 or channels % groups:
             raise ValueError(f"groups must be a positive divisor of channels={channels}, got {groups!r}")
-        self.channels, self.seq_len, self.groups, self.bidirectional = channels, seq_len, groups, bidirectional
+        self.channels, self.seq_len, self.groups = channels, seq_len, groups
+        self.bidirectional = convention or False  # False, "fftconv_ref" or "m2"
         self.precision = precision
         shape = (groups, 2, seq_len) if bidirectional else (groups, seq_len)
         self.filter = nn.Parameter(torch.randn(shape, device=device, dtype=dtype))
@@ -111,7 +112,7 @@ class FFTConv(nn.Module):
 
     def extra_repr(self) -> str:
         options = "" if self.groups == self.channels else f", groups={self.groups}"
-        options += ", bidirectional=True" if self.bidirectional else ""
+        options += f", bidirectional={self.bidirectional!r}" if self.bidirectional else ""
         return f"channels={self.channels}, seq_len={self.seq_len}{options}, precision={self.precision!r}"
 
 

@@ -74,7 +74,7 @@ def test_bad_filter_banks(k_shape, bidirectional, match):
 
 
 def test_bidirectional_must_be_a_bool():
-    with pytest.raises(TypeError, match="bidirectional must be a bool, got int"):
+    with pytest.raises(TypeError, match=r"bidirectional must be a bool or a convention's name \('fftconv_ref', 'm2'\), got int"):
         mf.fftconv(torch.randn(2, 6, 100), torch.randn(6, 2, 100), bidirectional=1)
 
 
@@ -133,7 +133,7 @@ BAD_ENTRY_INPUTS = [
     ("FFTConv(groups=3)", lambda: mf.FFTConv(4, 100, groups=3), ValueError,
      "groups must be a positive divisor of channels=4, got 3"),
     ("FFTConv(bidirectional=1)", lambda: mf.FFTConv(4, 100, bidirectional=1), TypeError,
-     "bidirectional must be a bool, got int"),
+     r"bidirectional must be a bool or a convention's name \('fftconv_ref', 'm2'\), got int"),
     ("FFTConv(precision='fp8')", lambda: mf.FFTConv(4, 100, precision="fp8"), ValueError,
      "precision must be one of 'fp32', 'tf32', 'bf16', 'fp16' or None, got 'fp8'"),
     ("HyenaOperator: (L, d_model)", lambda: _hyena()(torch.randn(20, 8)), ValueError,
@@ -234,7 +234,7 @@ def test_remembered_decisions_follow_everything_they_read(monkeypatch, gen):
     assert error() == exact
     both = torch.stack([k, k.flip(-1)], dim=1)
     mf.fftconv(u, both, bidirectional=True)
-    with pytest.raises(TypeError, match="bidirectional must be a bool, got int"):
+    with pytest.raises(TypeError, match=r"bidirectional must be a bool or a convention's name \('fftconv_ref', 'm2'\), got int"):
         mf.fftconv(u, both, bidirectional=1)  # 1 == True: the flag's type is part of the key
     with pytest.raises(TypeError, match="u must be a real floating-point tensor"):
         mf.fftconv(u.to(torch.int32), k)

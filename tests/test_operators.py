@@ -9,6 +9,7 @@ import torch
 
 import monarch_fftconv as mf
 from monarch_fftconv import backends, functional
+from monarch_fftconv.nn import HyenaOperator
 from monarch_fftconv.planner import plan_for, real_fft_flops
 
 from helpers import BUDGETS, randn, reference, rel_l2
@@ -253,3 +254,60 @@ def test_fftconv_module_groups_and_bidirectional(engine, groups, bidirectional, 
         assert rel_l2(layer(x), want) <= BUDGETS["fp32"]
     with pytest.raises(ValueError, match="groups must be a positive divisor of channels=6"):
         mf.FFTConv(6, 301, groups=4)
+
+
+# ----------------------------------------------------------------------------- the two conventions
+
+
+def direct_bidirectional(u, k, shift):
+    """y[t] = Σ_s k[c, 0, s]·u[t-s] + Σ_s k[c, 1, s]·u[t+s+shift] in float64, by the definition
+    (no FFT): shift 0 is "fftconv_ref", 1 is "m2"."""
+    u, k = u.double(), k.double()
+    length, taps = u.shape[-1], k.shape[-1]
+    y = torch.zeros_like(u)
+    for s in range(taps):
+        y[..., s:] += k[:, 0, s, None] * u[..., :length - s]
+        lag = s + shift
+        if lag < length:
+            y[..., :length - lag] += k[:, 1, s, None] * u[..., lag:]
+    return y
+
+
+@pytest.mark.parametrize("name, shift", [("fftconv_ref", 0), (True, 0), ("m2", 1)])
+@pytest.mark.parametrize("length, taps", [(37, 37), (50, 23), (129, 128), (5, 1)])
+def test_each_convention_is_its_definition(name, shift, length, taps, gen):
+    """fftconv, FFTConv and explain() name and compute each convention as defined, with filters
+    as long as the sequence (M2's last tap falls off the end) and shorter, odd sizes; the
+    gradients are the definition's too."""
+    u = randn(gen, 3, 4, length, dtype=torch.float64).requires_grad_()
+    k = randn(gen, 4, 2, taps, dtype=torch.float64).requires_grad_()
+    y = mf.fftconv(u, k, bidirectional=name)
+    want = direct_bidirectional(u, k, shift)
+    assert rel_l2(y, want) <= 1e-12
+    g = randn(gen, *y.shape, dtype=torch.float64)
+    got = torch.autograd.grad(y, (u, k), g)
+    expected = torch.autograd.grad(want, (u, k), g)
+    assert all(rel_l2(a, b) <= 1e-12 for a, b in zip(got, expected))
+    convention = "fftconv_ref" if name is True else name
+    assert mf.explain(u, k, bidirectional=name)["bidirectional"] == convention
+    layer = mf.FFTConv(4, length, bidirectional=name).double()
+    assert layer.bidirectional == convention and f"bidirectional={convention!r}" in repr(layer)
+    with torch.no_grad():
+        layer.filter.zero_()
+        layer.filter[..., :taps] = k
+        assert rel_l2(layer(u), want) <= 1e-12
+
+
+def test_hyena_operator_names_the_conventions(gen):
+    """HyenaOperator(bidirectional=True) is M2's convention, as it has been; the names give
+    each convention, the same as fftconv's."""
+    for given, convention in ((True, "m2"), ("m2", "m2"), ("fftconv_ref", "fftconv_ref"), (False, False)):
+        assert HyenaOperator(8, 32, bidirectional=given).bidirectional == convention
+    op = HyenaOperator(8, 32, bidirectional="fftconv_ref").double()
+    x = randn(gen, 2, 31, 8, dtype=torch.float64)
+    m2 = HyenaOperator(8, 32, bidirectional="m2").double()
+    m2.load_state_dict(op.state_dict())
+    assert rel_l2(op(x), m2(x)) > 1e-3  # the same filters, another placement: another result
+    with pytest.raises(ValueError, match=r"bidirectional must be False, True \(= 'fftconv_ref'\), 'fftconv_ref' "
+                                         r"or 'm2', got 'M2'"):
+        mf.fftconv(randn(gen, 2, 3, 10), randn(gen, 3, 2, 10), bidirectional="M2")
