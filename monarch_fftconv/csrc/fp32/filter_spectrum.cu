@@ -31,43 +31,14 @@ __device__ __forceinline__ void stage_frequency(float2* stage, int h, cf x, floa
 // If one does, every source row takes its filter's values, and the CTA recomputes all its rows
 // (an unchanged row's recomputation writes the bits it already holds: the kernel is
 // deterministic). Reading k and source costs 8 bytes a tap; the FFT it may skip, far more.
-// The loads are independent and unrolled, 16 B each where the rows allow: a loop that waited
-// for each load in turn would take a memory latency per step, as long as the FFT.
-__device__ __forceinline__ bool differs(float a, float b) { return __float_as_uint(a) != __float_as_uint(b); }
-__device__ __forceinline__ bool differs(float4 a, float4 b) {
-  return differs(a.x, b.x) | differs(a.y, b.y) | differs(a.z, b.z) | differs(a.w, b.w);
-}
-
-template <class V>
-__device__ __forceinline__ bool row_differs(const V* k, const V* source, int64_t n, int tx, int threads) {
-  bool any = false;
-#pragma unroll 4
-  for (int64_t e = tx; e < n; e += threads) any |= differs(__ldg(k + e), source[e]);  // source: written below, no .nc
-  return any;
-}
-
-template <class V>
-__device__ __forceinline__ void copy_row(const V* k, V* source, int64_t n, int tx, int threads) {
-#pragma unroll 4
-  for (int64_t e = tx; e < n; e += threads) source[e] = __ldg(k + e);
-}
-
 __device__ __forceinline__ bool filter_rows_changed(const float* k, float* source, int64_t len, bool valid, int tx,
                                                     int threads) {
-  const bool vector = len % 4 == 0 && (reinterpret_cast<uintptr_t>(k) | reinterpret_cast<uintptr_t>(source)) % 16 == 0;
-  bool changed = false;
+  int differs = 0;
   if (valid)
-    changed = vector ? row_differs(reinterpret_cast<const float4*>(k), reinterpret_cast<const float4*>(source), len / 4,
-                                   tx, threads)
-                     : row_differs(k, source, len, tx, threads);
-  // Every thread of the CTA reaches this barrier (valid or not): the CTA decides as one.
-  if (!__syncthreads_or(changed)) return false;
-  if (valid) {
-    if (vector)
-      copy_row(reinterpret_cast<const float4*>(k), reinterpret_cast<float4*>(source), len / 4, tx, threads);
-    else
-      copy_row(k, source, len, tx, threads);
-  }
+    for (int64_t e = tx; e < len; e += threads) differs |= __float_as_uint(__ldg(k + e)) != __float_as_uint(source[e]);
+  if (!__syncthreads_or(differs)) return false;
+  if (valid)
+    for (int64_t e = tx; e < len; e += threads) source[e] = __ldg(k + e);
   return true;
 }
 
