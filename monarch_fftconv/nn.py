@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from . import functional, generation, policy
 from .backends import Backend
+from .ops import bits as _bits
 from .planner import compute_dtype
 from .hyena import HyenaOperator
 
@@ -155,11 +156,6 @@ class _SpectrumCache:
             spectrum = backend.filter_spectrum(source, length, precision)
         self.entries[key] = (source, spectrum)
         return spectrum
-
-
-def _bits(t: Tensor) -> Tensor:
-    """t's bits as integers: equal exactly when every bit is (NaN payloads and -0.0 included)."""
-    return t.view({8: torch.int64, 4: torch.int32, 2: torch.int16}[t.element_size()])
 
 
 @contextlib.contextmanager

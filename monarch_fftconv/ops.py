@@ -77,13 +77,13 @@ def refresh_filter_spectrum(k: Tensor, source: Tensor, spectrum: Tensor, seq_len
     if fourstep.covers(plan.fft_size):
         raise ValueError(f"refresh_filter_spectrum: no refresh at N={plan.fft_size} (four-step layout)")
     k = k.to(source.dtype)
-    rows = (_bits(k) != _bits(source)).any(dim=1).nonzero().squeeze(1)
+    rows = (bits(k) != bits(source)).any(dim=1).nonzero().squeeze(1)
     if rows.numel():
         spectrum[rows] = torch.view_as_real(portable.filter_spectrum(k[rows], plan, precision)).to(spectrum.dtype)
         source[rows] = k[rows]
 
 
-def _bits(t: Tensor) -> Tensor:
+def bits(t: Tensor) -> Tensor:
     """t's bits as integers: equal exactly when every bit is (NaN payloads and -0.0 included)."""
     return t.view({8: torch.int64, 4: torch.int32, 2: torch.int16}[t.element_size()])
 
