@@ -3,7 +3,8 @@
 #
 #   PRECISION=bf16 bash benchmarks/profile_ncu.sh        # seed workload 16x256x8192
 #   PRECISION=tf32 SHAPE=16x256x4096 bash benchmarks/profile_ncu.sh
-#   BACKWARD=1 KERNEL=regex:grad_kernel PRECISION=fp32 bash benchmarks/profile_ncu.sh  # a training step
+#   BACKWARD=1 KERNEL=regex:fftconv_fp32_grad_kernel PRECISION=fp32 bash benchmarks/profile_ncu.sh  # the grad kernel
+#     (regex:grad_kernel would match filter_grad_kernel too, and -s 1 -c 1 profiles whichever runs first)
 #   SECTIONS="--section SpeedOfLight --section WarpStateStats" ...   # fewer sections: faster
 # Results in $OUT: prof_<precision>.ncu-rep (open in ncu-ui), details.txt (every section),
 # source.csv (per-SASS-line instruction and stall counts, with the CUDA line that made it).
