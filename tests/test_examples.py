@@ -10,7 +10,6 @@ import pytest
 import torch
 
 _EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
-_SCRIPT = os.path.join(_EXAMPLES, "train_hyena.py")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # One key-value pair, so that a tiny model learns in seconds; the value still lies 62 tokens
 # back, past a blank stretch, so only the long convolution can bring it to the last position.
@@ -18,12 +17,17 @@ TINY = ["--device", "cpu", "--seq-len", "64", "--width", "32", "--layers", "2", 
         "--steps", "150", "--pairs", "1", "--lr", "3e-3", "--seed", "0", "--impls", "torch.fft,fp32"]
 
 
-@pytest.fixture(scope="module")
-def train_hyena():
-    spec = importlib.util.spec_from_file_location("train_hyena", _SCRIPT)
+def _load_example(name: str):
+    """examples/<name>.py as a module (the examples are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(_EXAMPLES, f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def train_hyena():
+    return _load_example("train_hyena")
 
 
 @pytest.fixture(scope="module")
@@ -88,10 +92,7 @@ def test_bad_arguments_are_refused(train_hyena):
 
 @pytest.fixture(scope="module")
 def train_ddp():
-    spec = importlib.util.spec_from_file_location("train_ddp", os.path.join(_EXAMPLES, "train_ddp.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _load_example("train_ddp")
 
 
 def test_ddp_sizes_default_to_the_device(train_ddp):
@@ -125,10 +126,7 @@ def test_progress_prints_each_step_without_tqdm(train_hyena, monkeypatch, capsys
 
 @pytest.fixture(scope="module")
 def generate_hyena():
-    spec = importlib.util.spec_from_file_location("generate_hyena", os.path.join(_EXAMPLES, "generate_hyena.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _load_example("generate_hyena")
 
 
 def test_generation_example_methods_agree_and_are_timed(generate_hyena, capsys):
