@@ -27,12 +27,9 @@ def fftconv(u: Tensor, k: Tensor, skip: Tensor | None, fft_size: int) -> Tensor:
     """conv(u, k) (+ skip·u) with the FFT size given: `conv(u, filter_spectrum(k))`, and while
     autograd records a causal call, `_CausalConv` (the same forward, a cheaper backward)."""
     if k.dim() == 2 and torch.is_grad_enabled() and (u.requires_grad or k.requires_grad):
-        fft_dtype = torch.float64 if k.dtype == torch.float64 else torch.float32
-        x = u if u.dtype == fft_dtype else u.to(fft_dtype)
-        y = _CausalConv.apply(x, k if k.dtype == fft_dtype else k.to(fft_dtype), fft_size)
-        if skip is not None:
-            y = y + skip.to(y.dtype).unsqueeze(-1) * x
-        return y if y.dtype == u.dtype else y.to(u.dtype)
+        fft_dtype = _fft_dtype(k)
+        x = _as(u, fft_dtype)
+        return _finish(_CausalConv.apply(x, _as(k, fft_dtype), fft_size), skip, x, u.dtype)
     return _conv(u, _spectrum(k, fft_size), skip, fft_size)
 
 
@@ -45,25 +42,34 @@ def conv(u: Tensor, spectrum: Tensor, skip: Tensor | None, plan: MonarchPlan) ->
 # The same ATen calls as the plain torch.fft model and nothing more: rfft's n= pads inside the
 # transform (no explicit pad), default norms (the inverse divides by N), no no-op casts.
 def _spectrum(k: Tensor, n: int) -> Tensor:
-    spectrum = torch.fft.rfft(k if k.dtype in _FFT_DTYPES else k.float(), n=n)
+    spectrum = torch.fft.rfft(_as(k, _fft_dtype(k)), n=n)
     if k.dim() == 3:
         spectrum = spectrum[:, 0] + spectrum[:, 1].conj_physical()
     return spectrum
 
 
 def _conv(u: Tensor, spectrum: Tensor, skip: Tensor | None, n: int) -> Tensor:
-    fft_dtype = torch.float64 if spectrum.dtype == torch.complex128 else torch.float32
-    x = u if u.dtype == fft_dtype else u.to(fft_dtype)  # a no-op .to() still costs a dispatch
+    x = _as(u, torch.float64 if spectrum.dtype == torch.complex128 else torch.float32)
     product = torch.fft.rfft(x, n=n)
     # In place where autograd records neither operand: one (B, C, N/2 + 1) allocation fewer.
     y = torch.fft.irfft(_times(product, spectrum, not (product.requires_grad or spectrum.requires_grad)), n=n)
-    y = y[..., : u.shape[-1]]
+    return _finish(y[..., : u.shape[-1]], skip, x, u.dtype)
+
+
+def _finish(y: Tensor, skip: Tensor | None, x: Tensor, dtype: torch.dtype) -> Tensor:
+    """y (+ skip·x, the skip term on the input as transformed), in the caller's dtype."""
     if skip is not None:
         y = y + skip.to(y.dtype).unsqueeze(-1) * x
-    return y if y.dtype == u.dtype else y.to(u.dtype)
+    return _as(y, dtype)
 
 
-_FFT_DTYPES = (torch.float32, torch.float64)  # what the FFTs compute in: half inputs go to float32
+def _fft_dtype(t: Tensor) -> torch.dtype:
+    """What the FFTs of t compute in: float64 stays, everything else (half inputs) float32."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _as(t: Tensor, dtype: torch.dtype) -> Tensor:
+    return t if t.dtype == dtype else t.to(dtype)  # a no-op .to() still costs a dispatch
 
 
 def _times(spectra: Tensor, rows: Tensor, in_place: bool) -> Tensor:
