@@ -243,15 +243,24 @@ def _check_max_len(max_len: object, longest: int | None = None) -> None:
 def _check_step(x_t: object, state: ConvState) -> None:
     if not isinstance(x_t, Tensor):
         raise TypeError(f"x_t must be a torch.Tensor, got {type(x_t).__name__}")
-    if state.position >= state.max_len:
-        raise RuntimeError(f"the stream is full: all max_len={state.max_len} positions were generated; "
-                           "prefill again with a larger max_len")
+    _check_room(state.position, state.max_len)
     if tuple(x_t.shape) != (state.batch, state.channels):
         raise ValueError(f"x_t must have shape (B, C) = ({state.batch}, {state.channels}) as at prefill, "
                          f"got {tuple(x_t.shape)}")
-    if x_t.dtype != state.dtype or x_t.device != state.device:
-        raise ValueError(f"x_t must be {state.dtype} on {state.device} as at prefill, got {x_t.dtype} on {x_t.device}")
-    if state.inputs.is_inference() and not torch.is_inference_mode_enabled():
+    _check_like_prefill(x_t, state.dtype, state.device, state.inputs)
+
+
+def _check_room(position: int, max_len: int) -> None:
+    if position >= max_len:
+        raise RuntimeError(f"the stream is full: all max_len={max_len} positions were generated; "
+                           "prefill again with a larger max_len")
+
+
+def _check_like_prefill(x_t: Tensor, dtype: torch.dtype, device: torch.device, buffer: Tensor) -> None:
+    """x_t in the prefill's dtype and device, stepped in the mode `buffer` (a state tensor) was made in."""
+    if x_t.dtype != dtype or x_t.device != device:
+        raise ValueError(f"x_t must be {dtype} on {device} as at prefill, got {x_t.dtype} on {x_t.device}")
+    if buffer.is_inference() and not torch.is_inference_mode_enabled():
         raise RuntimeError("this state was made under torch.inference_mode(): step it there too")
 
 
@@ -335,17 +344,11 @@ def prefill_hyena(op: HyenaOperator, x: Tensor, max_len: int) -> tuple[Tensor, H
 def step_hyena(op: HyenaOperator, x_t: Tensor, state: HyenaState) -> tuple[Tensor, HyenaState]:
     """`HyenaOperator.step`: x_t (B, d) -> y_t (B, d), as forward computes that position."""
     state.watch.check(_hyena_tensors(op), "a HyenaOperator parameter or buffer")
-    if state.position >= state.max_len:
-        raise RuntimeError(f"the stream is full: all max_len={state.max_len} positions were generated; "
-                           "prefill again with a larger max_len")
+    _check_room(state.position, state.max_len)
     batch, _, taps = state.window.shape
     if not isinstance(x_t, Tensor) or tuple(x_t.shape) != (batch, op.d_model):
         raise ValueError(f"x_t must have shape (B, d_model) = ({batch}, {op.d_model}), got {getattr(x_t, 'shape', x_t)}")
-    if x_t.dtype != state.window.dtype or x_t.device != state.window.device:
-        raise ValueError(f"x_t must be {state.window.dtype} on {state.window.device} as at prefill, "
-                         f"got {x_t.dtype} on {x_t.device}")
-    if state.window.is_inference() and not torch.is_inference_mode_enabled():
-        raise RuntimeError("this state was made under torch.inference_mode(): step it there too")
+    _check_like_prefill(x_t, state.window.dtype, state.window.device, state.window)
     with torch.no_grad():
         slot = state.position % taps
         state.window[..., slot] = op.in_proj(x_t)
