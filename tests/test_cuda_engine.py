@@ -112,4 +112,7 @@ def test_zero_and_tiny_channels(precision, engine, gen):
     for y, ref in ((plain, reference(u, k)), (mf.fftconv(u, k, D=d, precision=precision), reference(u, k, d))):
         assert torch.isfinite(y).all()
         for c in range(3):
-            assert rel_l2(y[:, c], ref[:, c]) <= BUDGETS[precision], f"channel {c}"
+            if not ref[:, c].any():  # the zero filter without D: exact zeros (a relative error is 0/0)
+                assert not y[:, c].any(), f"channel {c}"
+            else:
+                assert rel_l2(y[:, c], ref[:, c]) <= BUDGETS[precision], f"channel {c}"
