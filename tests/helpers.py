@@ -1,10 +1,12 @@
 """Shared test helpers: the float64 reference, the error measure, input generation, and a child
 process with a time limit (the watchdog's)."""
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -16,8 +18,9 @@ from monarch_fftconv.policy import ERROR_BUDGETS as BUDGETS  # noqa: F401  (re-e
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 WATCHDOG_CHILD_ENV = "MONARCH_FFTCONV_WATCHDOG_CHILD"  # set in a watchdog's child: run the test here
-# The limit of a watched GPU test (conftest.py's watchdog marker): a child's start (torch, the
-# built extension, a CUDA context) takes seconds, the tests themselves well under one.
+WATCHDOG_REPORT_ENV = "MONARCH_FFTCONV_WATCHDOG_REPORT"  # the file that child writes its tests' events to
+# The limit of a watched GPU test (conftest.py's watchdog marker), from the test's start in the
+# child (the child's own start has conftest's WATCHDOG_IDLE_S): the tests take well under a second.
 GPU_WATCHDOG_S = 60
 
 
@@ -54,20 +57,49 @@ class ChildRun:
         return self.output[-chars:]
 
 
+class Child:
+    """A process in a session of its own, for a caller that polls it and may kill it: its output
+    goes to a file (a pipe nobody reads while polling would fill and block the child)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None, cwd=None):
+        self.started = time.monotonic()
+        self.killed = False
+        self._output = tempfile.TemporaryFile()
+        self.process = subprocess.Popen(argv, stdout=self._output, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                        start_new_session=True)
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit status, or None if still running after `timeout` seconds."""
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        """SIGKILL to the whole session: a process spinning in a hung kernel ignores nothing else
+        reliably, and anything it started goes with it."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        self.killed = True
+
+    def output(self) -> str:
+        self._output.seek(0)
+        return self._output.read().decode(errors="replace")
+
+    def result(self) -> ChildRun:
+        """What it left: its exit status (None if it was killed), its output, its time."""
+        return ChildRun(None if self.killed else self.process.returncode, self.output(),
+                        time.monotonic() - self.started)
+
+
 def run_child(argv: list[str], timeout: float, env: dict[str, str] | None = None, cwd=None) -> ChildRun:
-    """Runs argv in a session of its own; past `timeout` seconds the whole session is killed
-    (SIGKILL: a process spinning in a hung kernel ignores nothing else reliably), so the caller
-    gets the output so far instead of waiting forever."""
-    start = time.monotonic()
-    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd,
-                             start_new_session=True)
-    try:
-        output, _ = child.communicate(timeout=timeout)
-        return ChildRun(child.returncode, output, time.monotonic() - start)
-    except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)
-        output, _ = child.communicate()
-        return ChildRun(None, output, time.monotonic() - start)
+    """Runs argv in a session of its own; past `timeout` seconds the whole session is killed, so
+    the caller gets the output so far instead of waiting forever."""
+    child = Child(argv, env, cwd)
+    if child.wait(timeout) is None:
+        child.kill()
+    return child.result()
 
 
 def run_python(code: str, timeout: float) -> ChildRun:
