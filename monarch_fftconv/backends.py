@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from . import _extension, fourstep, ops, torch_fft
+from .bidirectional import BidirectionalConv, folded_spectrum
 from .planner import MonarchPlan, plan_for, real_fft_flops
 
 
@@ -51,7 +52,7 @@ def _radix_conv_flops(plan: MonarchPlan, batch: int, channels: int, filters: int
 @dataclass(frozen=True)
 class Backend:
     """u is (B, C, L); k is a filter bank of G rows, G dividing C, channel c taking row
-    c // (C // G): (G, Lk) causal, or (G, 2, Lk) bidirectional (only torch.fft takes those)."""
+    c // (C // G): (G, Lk) causal, or (G, 2, Lk) bidirectional (`BidirectionalOps` and torch.fft)."""
 
     name: str
     kernel: str  # what runs, in words
@@ -230,6 +231,46 @@ class FourStep(_MonarchOps):
         ]
 
 
+@dataclass(frozen=True)
+class BidirectionalOps(Backend):
+    """A causal Monarch backend run on bidirectional filters (bidirectional.py): the folded
+    spectrum K_fwd + conj(K_rev) through the causal ops, forward and backward. The backward
+    calls the ops' backward twice (the anti-causal taps' gradient from the time-reversed
+    sequences)."""
+
+    causal: _MonarchOps | None = None
+
+    @classmethod
+    def on(cls, causal: _MonarchOps) -> BidirectionalOps:
+        return cls(causal.name, f"{causal.kernel}, on the folded spectrum K_fwd + conj(K_rev)",
+                   f"bidirectional filters run where the causal call would: {causal.reason}", causal.runs_as, causal)
+
+    def fftconv(self, u, k, skip, precision):
+        return BidirectionalConv.apply(u, _per_channel(k, u.shape[1]), skip, self.runs_as or precision)
+
+    def filter_spectrum(self, k, seq_len, precision):
+        return folded_spectrum(lambda rows: self.causal.filter_spectrum(rows, seq_len, precision), k)
+
+    def conv(self, u, spectrum, skip, precision):
+        return self.causal.conv(u, spectrum, skip, precision)
+
+    def arithmetic(self, precision, dtype):
+        return self.causal.arithmetic(precision, dtype)
+
+    def flops(self, plan, batch, channels, filters=None):
+        causal = self.causal.flops(plan, batch, channels)
+        # one more filter-bank FFT per channel (the anti-causal half)
+        return None if causal is None else causal + plan.flops_per_sequence() // 2 * channels
+
+    def stages(self, plan, batch, channels, itemsize, filters=None):
+        launches = self.causal.stages(plan, batch, channels, itemsize)
+        if launches is None:
+            return None
+        fold = {"stage": "the anti-causal half's filter spectrum, conjugated and added (ATen)",
+                "reads": channels * plan.seq_len * 4, "writes": channels * plan.half_rows * plan.row_size * 8}
+        return [fold, *launches]
+
+
 class Pending(Backend):
     """explain() before the CUDA extension is loaded: it never builds, so it can't know yet."""
 
@@ -336,10 +377,9 @@ def select_backend(
     key = (device, dtype, precision, plan, fills, requested, on_gpu and os.environ.get(TC_KERNEL_ENV), bidirectional)
     if (decided := _decisions.get(key)) is not None:
         return decided
+    backend = _decide(device, dtype, precision, plan, fills, build, requested)
     if bidirectional:
-        backend = _bidirectional(device, dtype, plan, requested)
-    else:
-        backend = _decide(device, dtype, precision, plan, fills, build, requested)
+        backend = _bidirectional(backend, device, dtype, plan, requested)
     # Remembered by eager calls only: a compiled graph decides at trace time, where storing
     # into a global would have to be replayed after the graph.
     if not isinstance(backend, Pending) and not torch.compiler.is_compiling():
@@ -347,16 +387,18 @@ def select_backend(
     return backend
 
 
-def _bidirectional(device: torch.device, dtype: torch.dtype, plan: MonarchPlan, requested: str) -> Backend:
-    """Bidirectional filters run on torch.fft on every device. The ops take causal filters, Lk taps
-    at the start of the N-point circle; the anti-causal taps sit at its end. Their spectrum
-    (conj(K_rev), the same bins) would fit the ops' layout, but their gradient is the end of the
-    circular correlation of g and u, which the ops' backward does not compute: a kernel change."""
+def _bidirectional(causal: Backend, device: torch.device, dtype: torch.dtype, plan: MonarchPlan,
+                   requested: str) -> Backend:
+    """Bidirectional filters run where the causal call would, on the folded spectrum
+    K_fwd + conj(K_rev) (bidirectional.py): the Monarch ops' layouts hold one value per
+    frequency, so the conjugate is taken bin by bin. Elsewhere (torch.fft, or a backend not
+    known yet), torch.fft."""
+    if isinstance(causal, _MonarchOps):
+        return BidirectionalOps.on(causal)
+    if isinstance(causal, Pending):
+        return causal
     fft = f"{'cuFFT' if device.type == 'cuda' else 'torch.fft'} rfft/irfft in {_accumulate_dtype(dtype)}, N={plan.fft_size}"
-    asked = f" ({BACKEND_ENV}=portable does not apply)" if requested == "portable" else ""
-    return TorchFFT("torch.fft", fft,
-                    "bidirectional filters: the Monarch ops and kernels take causal filters only (their backward "
-                    f"computes the causal lags' filter gradient); torch.fft serves the call{asked}")
+    return TorchFFT("torch.fft", fft, f"bidirectional filters, where the causal call would run: {causal.reason}")
 
 
 def _accumulate_dtype(dtype: torch.dtype) -> str:

@@ -173,7 +173,8 @@ def fftconv(
     `monarch_fftconv.policy` for how None is resolved).
 
     The gates are elementwise ATen ops around the convolution on every backend (one autograd
-    graph): no kernel fuses them yet. Bidirectional calls run on torch.fft (`explain()` says why).
+    graph): no kernel fuses them yet. Bidirectional calls run where the causal call would, the
+    Monarch kernels on the folded spectrum K_fwd + conj(K_rev) (bidirectional.py; `explain()`).
     """
     return conv(u, k, D, precision, pregate=pregate, postgate=postgate, bidirectional=bidirectional)
 

@@ -176,3 +176,4 @@ filter_spectrum_op = torch.ops.monarch_fftconv.filter_spectrum.default
 refresh_filter_spectrum_op = torch.ops.monarch_fftconv.refresh_filter_spectrum.default
 conv_forward_op = torch.ops.monarch_fftconv.conv_forward.default
 fftconv_op = torch.ops.monarch_fftconv.fftconv.default
+fftconv_backward_op = torch.ops.monarch_fftconv.fftconv_backward.default

@@ -2,6 +2,7 @@
 nvcc compile check of every kernel unit (CI has nvcc but no GPU), and the packaging."""
 
 import ast
+import json
 import concurrent.futures
 import importlib.util
 import math
@@ -38,7 +39,8 @@ def nvcc_check(source: Path, out_dir: Path) -> subprocess.CompletedProcess:
     checks host and device code, cicc and ptxas generate sm_90a code (inline PTX is checked by
     ptxas alone). Left out: the host compiler's pass over nvcc's launch stubs, 15% of the time."""
     includes = [f"-I{d}" for d in (_extension.CSRC, *_extension.cutlass_include_dirs())]
-    cmd = [NVCC, *_extension.NVCC_FLAGS, *includes, "-cubin", str(source), "-o", str(out_dir / f"{source.stem}.cubin")]
+    cmd = [NVCC, *_extension.NVCC_FLAGS, *includes, "-Xptxas", "-v", "-cubin", str(source),  # -v: spills (stderr)
+           "-o", str(out_dir / f"{source.stem}.cubin")]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=900)
 
 
@@ -96,6 +98,63 @@ def compiled_units(request, cubin_dir):
 def test_kernel_compiles(source, compiled_units):
     result = compiled_units[source]
     assert result.returncode == 0, result.stderr[-4000:]
+
+
+# --------------------------------------------------------------------------- spills
+
+SPILL_RECORD = Path(__file__).with_name("ptxas_spills.json")
+RECORD_SPILLS_ENV = "MONARCH_FFTCONV_RECORD_SPILLS"  # =1: rewrite the record from this compile
+_PTXAS_PROPERTIES = re.compile(r"Function properties for (\S+)\n\s*\d+ bytes stack frame, (\d+) bytes spill stores, "
+                               r"(\d+) bytes spill loads")
+# An anonymous namespace's mangled name carries a hash of the unit's path: left out of the key.
+_ANONYMOUS_NAMESPACE = re.compile(r"_GLOBAL__N__\w+?_cu_[0-9a-f]{8}")
+
+
+def kernel_spills(ptxas_log: str) -> dict[str, tuple[int, int]]:
+    """ptxas -v's spill stores and loads in bytes per thread, per kernel (entry functions only),
+    keyed by the mangled name without the anonymous namespace's hash."""
+    return {_ANONYMOUS_NAMESPACE.sub("_ANON_", name): (int(stores), int(loads))
+            for name, stores, loads in _PTXAS_PROPERTIES.findall(ptxas_log) if "_kernel" in name}
+
+
+def spill_record_text(spills: dict[str, tuple[int, int]]) -> str:
+    """The record's JSON, one kernel a line: "unit:mangled name": [stored, loaded]."""
+    lines = [f"  {json.dumps(name)}: [{stored}, {loaded}]" for name, (stored, loaded) in sorted(spills.items())]
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+def test_kernel_spills_parses_ptxas_output():
+    hashed = "_ZN15monarch_fftconv57_GLOBAL__N__433820f6_24_fftconv_fp32_backward_cu_67898586"
+    kernel = "11fp32_detail24fftconv_fp32_grad_kernelILi13EfEEvNS1_8GradArgsE"
+    log = (f"ptxas info    : Compiling entry function '{hashed}{kernel}' for 'sm_90a'\n"
+           f"ptxas info    : Function properties for {hashed}{kernel}\n"
+           "    144 bytes stack frame, 160 bytes spill stores, 432 bytes spill loads\n"
+           "ptxas info    : Used 128 registers, used 1 barriers, 144 bytes cumulative stack size\n"
+           "ptxas info    : Function properties for _Z6helperv\n"
+           "    0 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads\n")
+    assert kernel_spills(log) == {f"_ZN15monarch_fftconv57_ANON_{kernel}": (160, 432)}
+
+
+@needs_nvcc
+@needs_cutlass
+def test_spills_do_not_grow(compiled_units):
+    """A ratchet on register spills (local-memory traffic the profiler shows as L1/L2 requests:
+    2.4 million in the fp32 grad kernel at 16x256x8192): no kernel spills more bytes than
+    tests/ptxas_spills.json records for it, and a kernel the record lacks spills nothing. Lower
+    figures are welcome; rewrite the record with MONARCH_FFTCONV_RECORD_SPILLS=1 to keep them."""
+    measured = {}
+    for source, result in compiled_units.items():
+        assert result.returncode == 0, result.stderr[-4000:]
+        measured.update({f"{unit_name(source)}:{name}": spill for name, spill in kernel_spills(result.stderr).items()})
+    assert measured, "ptxas -v printed no kernel's properties"
+    if os.environ.get(RECORD_SPILLS_ENV) == "1":
+        SPILL_RECORD.write_text(spill_record_text(measured))
+    record = {name: tuple(spill) for name, spill in json.loads(SPILL_RECORD.read_text()).items()}
+    grown = {name: (record.get(name, (0, 0)), spill) for name, spill in measured.items()
+             if spill[0] > record.get(name, (0, 0))[0] or spill[1] > record.get(name, (0, 0))[1]}
+    assert not grown, "spills grew (recorded -> now, bytes stored/loaded per thread):\n" + "\n".join(
+        f"  {name}: {was} -> {now}" for name, (was, now) in sorted(grown.items()))
+    assert set(record) <= set(measured), f"recorded kernels no longer built: {sorted(set(record) - set(measured))}"
 
 
 # --------------------------------------------------------------------------- the engine's register pool

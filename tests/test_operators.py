@@ -12,7 +12,7 @@ from monarch_fftconv import backends, functional
 from monarch_fftconv.nn import HyenaOperator
 from monarch_fftconv.planner import plan_for, real_fft_flops
 
-from helpers import BUDGETS, randn, reference, rel_l2
+from helpers import BUDGETS, randn, reference, rel_l2, requires_cuda
 
 GATES = ["none", "pre", "post", "both"]
 
@@ -73,7 +73,7 @@ def test_every_option_matches_the_reference(engine, gates, group_share, bidirect
         assert rel_l2(grad, expected) <= 2 * BUDGETS["fp32"]
 
     info = mf.explain(u, k, D=D, pregate=pregate, postgate=postgate, bidirectional=bidirectional)
-    expected_backend = "torch.fft" if bidirectional or engine == "auto" else "portable"
+    expected_backend = "torch.fft" if engine == "auto" else "portable"  # bidirectional too: the causal call's
     assert info["backend"] == expected_backend
 
 
@@ -203,9 +203,13 @@ def test_explain_names_the_terms_groups_and_direction(engine, monkeypatch, gen):
     assert mf.explain(u, k, postgate=postgate)["terms"].keys() == {"postgate"}
 
     bidirectional = mf.explain(u, randn(gen, 9, 2, 100), bidirectional=True)
-    assert bidirectional["backend"] == "torch.fft" and bidirectional["bidirectional"]
+    assert bidirectional["backend"] == plain["backend"] and bidirectional["bidirectional"]
     assert (bidirectional["groups"], bidirectional["group_size"]) == (9, 1)
     assert "bidirectional" in bidirectional["reason"]
+    if engine == "portable":  # the Monarch ops on the folded spectrum, one more filter FFT per channel
+        assert "folded spectrum" in bidirectional["kernel"]
+        causal = mf.explain(u, randn(gen, 9, 100))
+        assert bidirectional["flops"] - causal["flops"] == plan_for(301).flops_per_sequence() // 2 * 9
     if engine == "auto":  # torch.fft transforms each filter row once: G rows, 2G bidirectional
         one_filter = real_fft_flops(info["fft_size"])
         per_channel = mf.explain(u, k.repeat(3, 1))["flops"]
@@ -311,3 +315,68 @@ def test_hyena_operator_names_the_conventions(gen):
     with pytest.raises(ValueError, match=r"bidirectional must be False, True \(= 'fftconv_ref'\), 'fftconv_ref' "
                                          r"or 'm2', got 'M2'"):
         mf.fftconv(randn(gen, 2, 3, 10), randn(gen, 3, 2, 10), bidirectional="M2")
+
+
+# ----------------------------------------------------------------------------- bidirectional on the ops
+
+def check_bidirectional_on_the_ops(u, k, D, convention, precision, budget):
+    """y and the gradients of u, k, D of a bidirectional call against the float64 definition
+    (`direct_bidirectional`), where `explain()` says the call runs on the folded spectrum."""
+    shift = {"fftconv_ref": 0, "m2": 1}[convention]
+    info = mf.explain(u, k, D=D, bidirectional=convention, precision=precision)
+    assert "folded spectrum" in info["kernel"], info
+    leaves = [t.requires_grad_() for t in (u, k, D)]
+    y = mf.fftconv(u, k, D=D, bidirectional=convention, precision=precision)
+    per_channel = k.detach().double().repeat_interleave(u.shape[-2] // k.shape[0], dim=0).requires_grad_()
+    Dd, ud = D.detach().double().requires_grad_(), u.detach().double().requires_grad_()
+    want = direct_bidirectional(ud, per_channel, shift) + Dd.unsqueeze(-1) * ud
+    assert rel_l2(y, want) <= budget
+    g = torch.randn_like(y)
+    got = torch.autograd.grad(y, leaves, g)
+    du, dk_per_channel, dD = torch.autograd.grad(want, (ud, per_channel, Dd), g.double())
+    dk = dk_per_channel.unflatten(0, (k.shape[0], -1)).sum(1)  # the rows' gradient: summed over the group
+    for name, a, b in zip(("du", "dk", "dD"), got, (du, dk, dD)):
+        assert a.shape == b.shape and rel_l2(a, b) <= 2 * budget, name
+
+
+@pytest.mark.parametrize("convention", ["fftconv_ref", "m2"])
+@pytest.mark.parametrize("length, groups", [(301, 5), (1000, 1), (40000, 5)])  # radix and four-step plans
+def test_bidirectional_runs_on_the_portable_ops(convention, length, groups, monkeypatch, gen):
+    """The portable engine (the kernels' executable spec) computes bidirectional calls on the
+    folded spectrum K_fwd + conj(K_rev), forward and backward, in both conventions, with D,
+    grouped filters shorter than the sequence and odd sizes."""
+    monkeypatch.setenv(backends.BACKEND_ENV, "portable")
+    u = randn(gen, 3, 5, length)
+    k = randn(gen, groups, 2, 97 if length > 1000 else length - 2)  # the definition's loop is one step a tap
+    check_bidirectional_on_the_ops(u, k, randn(gen, 5), convention, "fp32", BUDGETS["fp32"])
+
+
+def test_folded_spectrum_is_the_whole_circles(gen):
+    """The folded spectrum K_fwd + conj(K_rev) holds, in the radix layout, the DFT of the whole
+    circular filter (causal taps at bins s, anti-causal ones at bins N - s) at each entry's
+    frequency: what the causal ops multiply by. (The four-step layout: through the calls above.)"""
+    from monarch_fftconv import ops
+    from monarch_fftconv.bidirectional import folded_spectrum
+    from monarch_fftconv.planner import spectrum_frequencies
+    for length, taps in ((1000, 1000), (8191, 77)):
+        plan = plan_for(length)
+        n = plan.fft_size
+        k = randn(gen, 3, 2, taps, dtype=torch.float64)
+        circle = torch.zeros(3, n, dtype=torch.float64)
+        circle[:, :taps] += k[:, 0]
+        circle[:, 0] += k[:, 1, 0]
+        circle[:, n - torch.arange(1, taps)] += k[:, 1, 1:]
+        folded = torch.view_as_complex(folded_spectrum(lambda rows: ops.filter_spectrum_op(rows, length, "fp32"), k))
+        want = (torch.fft.fft(circle, n=n) / n)[:, spectrum_frequencies(plan)]
+        assert folded.shape == want.shape and rel_l2(folded, want) <= 1e-12
+
+
+@requires_cuda
+@pytest.mark.parametrize("convention", ["fftconv_ref", "m2"])
+@pytest.mark.parametrize("length, precision", [(8191, "fp32"), (8192, "bf16"), (40000, "fp32"), (1000, "fp16")])
+def test_bidirectional_runs_on_the_cuda_kernels(convention, length, precision, gen):
+    """The CUDA kernels (radix, tensor-core, four-step) on the folded spectrum, forward and both
+    backward calls, against the float64 definition within the precision's budget."""
+    u = randn(gen, 2, 6, length, device="cuda")
+    k = randn(gen, 3, 2, 97, device="cuda")
+    check_bidirectional_on_the_ops(u, k, randn(gen, 6, device="cuda"), convention, precision, BUDGETS[precision])

@@ -1,0 +1,81 @@
+"""Bidirectional filters on the Monarch ops and kernels (issue #39).
+
+A bidirectional filter, in the "fftconv_ref" convention (functional.py names both), puts causal
+tap s at lag s and anti-causal tap s at lag -s:
+
+    y[t] = sum_s k_fwd[s] u[t - s] + sum_s k_rev[s] u[t + s]
+
+On the ops' N-point circle (N >= 2L, u zero-padded) lag -s is bin N - s, and no lag of either
+half wraps onto the other's outputs. For real taps the DFT of the reversed half is the conjugate
+of its own DFT, bin by bin, so the whole filter's spectrum is
+
+    K_bi[f] = K_fwd[f] + conj(K_rev[f])
+
+in any layout that stores a value per frequency, which the ops' layouts do (the radix and four-step
+spectra are float64 torch.fft's bins, in their order: tests/test_cuda.py). The forward is then the
+causal call's: one conv launch on K_bi, with D fused as usual.
+
+The backward, from the same ops:
+- du = IFFT(DY conj K_bi), the causal backward's du given K_bi;
+- dk_fwd[s] = sum_b sum_t dy[t] u[t - s] and dD, the causal backward's dk and dskip (they do not
+  depend on the spectrum);
+- dk_rev[s] = sum_b sum_t dy[t] u[t + s]: the same correlation of the time-reversed dy and u,
+  a second backward call whose du is discarded. It doubles the backward's cost; a filter-gradient
+  kernel that also stores the circle's last Lk bins would make it free (not built).
+
+The "m2" convention (anti-causal tap s at lag -(s+1)) is turned into this one before the call
+(functional._m2_as_fftconv_ref), and its gradient follows through that shift's autograd.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import ops
+
+
+def folded_spectrum(spectrum_of, k: Tensor) -> Tensor:
+    """K_fwd + conj(K_rev) of a (G, 2, Lk) filter bank, in the ops' real view (..., 2):
+    `spectrum_of(rows)` is the backend's filter spectrum of (G, Lk) rows."""
+    causal = spectrum_of(k[:, 0].contiguous())
+    anti_causal = spectrum_of(k[:, 1].contiguous())
+    conj = torch.tensor([1.0, -1.0], dtype=anti_causal.dtype, device=anti_causal.device)
+    return causal + anti_causal * conj
+
+
+class BidirectionalConv(torch.autograd.Function):
+    """y = conv(u, k_bi) (+ skip u) on the ops, k a (C, 2, Lk) filter bank (one row per channel:
+    the caller repeats grouped rows, and their gradient sums through that repeat)."""
+
+    @staticmethod
+    def forward(u: Tensor, k: Tensor, skip: Tensor | None, precision: str) -> Tensor:
+        spectrum = folded_spectrum(lambda rows: ops.filter_spectrum_op(rows, u.shape[-1], precision), k)
+        return ops.conv_forward_op(u, spectrum, skip, precision)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        u, k, skip, precision = inputs
+        # The spectrum is recomputed in the backward (one filter-bank FFT, C rows): saving it
+        # would hold C x N complex values between the passes.
+        ctx.save_for_backward(u, k, skip)
+        ctx.precision = precision
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        u, k, skip = ctx.saved_tensors
+        precision, taps = ctx.precision, k.shape[-1]
+        spectrum = folded_spectrum(lambda rows: ops.filter_spectrum_op(rows, u.shape[-1], precision), k)
+        grad = grad.contiguous()
+        du, dk_causal, dskip = ops.fftconv_backward_op(grad, u, spectrum, skip, taps, precision)
+        dk_anti_causal = None
+        if ctx.needs_input_grad[1]:
+            reversed_grad, reversed_u = grad.flip(-1), u.flip(-1)
+            dk_anti_causal = ops.fftconv_backward_op(reversed_grad, reversed_u, spectrum, None, taps, precision)[1]
+        needs_u, needs_k, needs_skip, _ = ctx.needs_input_grad
+        return (
+            du.to(u.dtype) if needs_u else None,
+            torch.stack([dk_causal, dk_anti_causal], dim=1).to(k.dtype) if needs_k else None,
+            dskip.to(skip.dtype) if needs_skip else None,
+            None,
+        )
