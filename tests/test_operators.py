@@ -380,3 +380,17 @@ def test_bidirectional_runs_on_the_cuda_kernels(convention, length, precision, g
     u = randn(gen, 2, 6, length, device="cuda")
     k = randn(gen, 3, 2, 97, device="cuda")
     check_bidirectional_on_the_ops(u, k, randn(gen, 6, device="cuda"), convention, precision, BUDGETS[precision])
+
+
+def test_bidirectional_on_the_ops_compiles_whole(monkeypatch, gen):
+    """torch.compile(fullgraph=True) of a bidirectional training step on the ops (the autograd
+    Function over the custom ops traces without a graph break): the eager gradients, bit for bit."""
+    monkeypatch.setenv(backends.BACKEND_ENV, "portable")
+    u, k = randn(gen, 2, 3, 301).requires_grad_(), randn(gen, 3, 2, 50).requires_grad_()
+
+    def loss(u, k):
+        return mf.fftconv(u, k, bidirectional="m2").square().sum()
+
+    compiled = torch.autograd.grad(torch.compile(loss, fullgraph=True)(u, k), (u, k))
+    eager = torch.autograd.grad(loss(u, k), (u, k))
+    assert all(torch.equal(a, b) for a, b in zip(compiled, eager))
