@@ -68,6 +68,12 @@ static int aligned(const void *p) { return p != NULL && ((uintptr_t)p & 15) == 0
 static int known_dtype(int dtype) {
     return dtype == DATA_FLOAT || dtype == DATA_DOUBLE || dtype == DATA_BFLOAT16;
 }
+/* Every entry's first checks, in the library's order: an injected failure, then the dtype. */
+static int entry_status(int dtype) {
+    int status = take_failure();
+    if (status) return status;
+    return known_dtype(dtype) ? SUCCESS : NOT_SUPPORTED;
+}
 
 static int medium_ok(int B, int D, int L, int K) {
     return B > 0 && D > 0 && is_pow2(K) && K >= 128 && K <= 16384 && L >= K && L % K == 0;
@@ -114,9 +120,8 @@ int cudnnFFTCausalConv1dForward(void *stream, const void *x, const void *w, void
                                 int B, int D, int L, int K, int dtype) {
     RECORD("cudnnFFTCausalConv1dForward stream=%p x=%p w=%p y=%p B=%d D=%d L=%d K=%d dtype=%d",
            stream, x, w, y, B, D, L, K, dtype);
-    int status = take_failure();
+    int status = entry_status(dtype);
     if (status) return status;
-    if (!known_dtype(dtype)) return NOT_SUPPORTED;
     if (!medium_ok(B, D, L, K) || !aligned(x) || !aligned(w) || !aligned(y)) return BAD_PARAM;
     conv(x, dtype, w, dtype, y, dtype, B, D, L, K);
     return SUCCESS;
@@ -126,9 +131,8 @@ int cudnnFFTCausalConv1dBackward(void *stream, const void *x, const void *w, con
                                  void *dx, void *dw, int B, int D, int L, int K, int dtype) {
     RECORD("cudnnFFTCausalConv1dBackward stream=%p x=%p w=%p dy=%p dx=%p dw=%p B=%d D=%d L=%d K=%d "
            "dtype=%d", stream, x, w, dy, dx, dw, B, D, L, K, dtype);
-    int status = take_failure();
+    int status = entry_status(dtype);
     if (status) return status;
-    if (!known_dtype(dtype)) return NOT_SUPPORTED;
     if (!medium_ok(B, D, L, K) || !aligned(x) || !aligned(w) || !aligned(dy) || !aligned(dx) ||
         !aligned(dw))
         return BAD_PARAM;
@@ -143,19 +147,24 @@ static size_t reserve_size(int B, int D, int L) { return ((size_t)B * D * L + (s
 int cudnnLongFFTCausalConv1dGetBufferSizes(int B, int D, int L, int K, int dtype,
                                            size_t *workspace, size_t *reserve) {
     RECORD("cudnnLongFFTCausalConv1dGetBufferSizes B=%d D=%d L=%d K=%d dtype=%d", B, D, L, K, dtype);
-    int status = take_failure();
+    int status = entry_status(dtype);
     if (status) return status;
-    if (!known_dtype(dtype)) return NOT_SUPPORTED;
     if (!long_ok(B, D, L, K) || !workspace || !reserve) return BAD_PARAM;
     *workspace = workspace_size(B, D, L);
     *reserve = reserve_size(B, D, L);
     return SUCCESS;
 }
 
-static int long_buffers_ok(int B, int D, int L, void *ws, size_t ws_bytes, void *rs,
-                           size_t rs_bytes) {
-    return aligned(ws) && aligned(rs) && ws_bytes >= workspace_size(B, D, L) &&
-           rs_bytes >= reserve_size(B, D, L);
+/* The long forward's and backward's checks: entry_status's, then the shape, the three data
+   pointers' alignment and the buffers the sizes call asked for. */
+static int long_call_status(int dtype, int B, int D, int L, int K, const void *a, const void *b,
+                            const void *c, const void *ws, size_t ws_bytes, const void *rs,
+                            size_t rs_bytes) {
+    int status = entry_status(dtype);
+    if (status) return status;
+    int ok = long_ok(B, D, L, K) && aligned(a) && aligned(b) && aligned(c) && aligned(ws) &&
+             aligned(rs) && ws_bytes >= workspace_size(B, D, L) && rs_bytes >= reserve_size(B, D, L);
+    return ok ? SUCCESS : BAD_PARAM;
 }
 
 int cudnnLongFFTCausalConv1dForward(void *stream, const void *x, const void *w, void *y,
@@ -164,12 +173,8 @@ int cudnnLongFFTCausalConv1dForward(void *stream, const void *x, const void *w, 
     RECORD("cudnnLongFFTCausalConv1dForward stream=%p x=%p w=%p y=%p B=%d D=%d L=%d K=%d dtype=%d "
            "workspace=%p workspace_bytes=%zu reserve=%p reserve_bytes=%zu",
            stream, x, w, y, B, D, L, K, dtype, ws, ws_bytes, rs, rs_bytes);
-    int status = take_failure();
+    int status = long_call_status(dtype, B, D, L, K, x, w, y, ws, ws_bytes, rs, rs_bytes);
     if (status) return status;
-    if (!known_dtype(dtype)) return NOT_SUPPORTED;
-    if (!long_ok(B, D, L, K) || !aligned(x) || !aligned(w) || !aligned(y) ||
-        !long_buffers_ok(B, D, L, ws, ws_bytes, rs, rs_bytes))
-        return BAD_PARAM;
     memset(ws, 0xA5, ws_bytes);   /* scratch: the caller must not rely on it */
     long n_x = (long)B * D * L;
     for (long i = 0; i < n_x; i++) store(rs, i, DATA_DOUBLE, load(x, i, dtype));
@@ -184,12 +189,8 @@ int cudnnLongFFTCausalConv1dBackward(void *stream, const void *dy, void *dx, voi
     RECORD("cudnnLongFFTCausalConv1dBackward stream=%p dy=%p dx=%p dw=%p B=%d D=%d L=%d K=%d "
            "dtype=%d workspace=%p workspace_bytes=%zu reserve=%p reserve_bytes=%zu",
            stream, dy, dx, dw, B, D, L, K, dtype, ws, ws_bytes, rs, rs_bytes);
-    int status = take_failure();
+    int status = long_call_status(dtype, B, D, L, K, dy, dx, dw, ws, ws_bytes, rs, rs_bytes);
     if (status) return status;
-    if (!known_dtype(dtype)) return NOT_SUPPORTED;
-    if (!long_ok(B, D, L, K) || !aligned(dy) || !aligned(dx) || !aligned(dw) ||
-        !long_buffers_ok(B, D, L, ws, ws_bytes, rs, rs_bytes))
-        return BAD_PARAM;
     memset(ws, 0x5A, ws_bytes);
     const double *saved = rs;   /* x, then w, as the forward left them */
     conv_backward(saved, DATA_DOUBLE, saved + (long)B * D * L, DATA_DOUBLE, dy, dx, dw, dtype,
