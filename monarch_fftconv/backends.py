@@ -29,6 +29,7 @@ remembers the decision; `explain()` and the call share it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import ClassVar
@@ -379,7 +380,7 @@ def select_backend(
         return decided
     backend = _decide(device, dtype, precision, plan, fills, build, requested)
     if bidirectional:
-        backend = _bidirectional(backend, device, dtype, plan, requested)
+        backend = _bidirectional(backend)
     # Remembered by eager calls only: a compiled graph decides at trace time, where storing
     # into a global would have to be replayed after the graph.
     if not isinstance(backend, Pending) and not torch.compiler.is_compiling():
@@ -387,18 +388,17 @@ def select_backend(
     return backend
 
 
-def _bidirectional(causal: Backend, device: torch.device, dtype: torch.dtype, plan: MonarchPlan,
-                   requested: str) -> Backend:
+def _bidirectional(causal: Backend) -> Backend:
     """Bidirectional filters run where the causal call would, on the folded spectrum
     K_fwd + conj(K_rev) (bidirectional.py): the Monarch ops' layouts hold one value per
-    frequency, so the conjugate is taken bin by bin. Elsewhere (torch.fft, or a backend not
-    known yet), torch.fft."""
+    frequency, so the conjugate is taken bin by bin. torch.fft takes the (G, 2, Lk) filters
+    itself; a backend not known yet stays pending."""
     if isinstance(causal, _MonarchOps):
         return BidirectionalOps.on(causal)
-    if isinstance(causal, Pending):
-        return causal
-    fft = f"{'cuFFT' if device.type == 'cuda' else 'torch.fft'} rfft/irfft in {_accumulate_dtype(dtype)}, N={plan.fft_size}"
-    return TorchFFT("torch.fft", fft, f"bidirectional filters, where the causal call would run: {causal.reason}")
+    if isinstance(causal, TorchFFT):
+        return dataclasses.replace(causal, reason=f"bidirectional filters, where the causal call would run: "
+                                                  f"{causal.reason}")
+    return causal
 
 
 def _accumulate_dtype(dtype: torch.dtype) -> str:

@@ -44,14 +44,17 @@ def folded_spectrum(spectrum_of, k: Tensor) -> Tensor:
     return causal + anti_causal * conj
 
 
+def _ops_folded_spectrum(k: Tensor, seq_len: int, precision: str) -> Tensor:
+    return folded_spectrum(lambda rows: ops.filter_spectrum_op(rows, seq_len, precision), k)
+
+
 class BidirectionalConv(torch.autograd.Function):
     """y = conv(u, k_bi) (+ skip u) on the ops, k a (C, 2, Lk) filter bank (one row per channel:
     the caller repeats grouped rows, and their gradient sums through that repeat)."""
 
     @staticmethod
     def forward(u: Tensor, k: Tensor, skip: Tensor | None, precision: str) -> Tensor:
-        spectrum = folded_spectrum(lambda rows: ops.filter_spectrum_op(rows, u.shape[-1], precision), k)
-        return ops.conv_forward_op(u, spectrum, skip, precision)
+        return ops.conv_forward_op(u, _ops_folded_spectrum(k, u.shape[-1], precision), skip, precision)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
@@ -64,18 +67,18 @@ class BidirectionalConv(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         u, k, skip = ctx.saved_tensors
+        needs_u, needs_k, needs_skip, _ = ctx.needs_input_grad
         precision, taps = ctx.precision, k.shape[-1]
-        spectrum = folded_spectrum(lambda rows: ops.filter_spectrum_op(rows, u.shape[-1], precision), k)
+        spectrum = _ops_folded_spectrum(k, u.shape[-1], precision)
         grad = grad.contiguous()
         du, dk_causal, dskip = ops.fftconv_backward_op(grad, u, spectrum, skip, taps, precision)
-        dk_anti_causal = None
-        if ctx.needs_input_grad[1]:
-            reversed_grad, reversed_u = grad.flip(-1), u.flip(-1)
-            dk_anti_causal = ops.fftconv_backward_op(reversed_grad, reversed_u, spectrum, None, taps, precision)[1]
-        needs_u, needs_k, needs_skip, _ = ctx.needs_input_grad
+        dk = None
+        if needs_k:
+            dk_anti_causal = ops.fftconv_backward_op(grad.flip(-1), u.flip(-1), spectrum, None, taps, precision)[1]
+            dk = torch.stack([dk_causal, dk_anti_causal], dim=1).to(k.dtype)
         return (
             du.to(u.dtype) if needs_u else None,
-            torch.stack([dk_causal, dk_anti_causal], dim=1).to(k.dtype) if needs_k else None,
+            dk,
             dskip.to(skip.dtype) if needs_skip else None,
             None,
         )
