@@ -5,6 +5,7 @@ multi-launch path (four-step, backward) dominates. Medians over --reps calls, af
     python benchmarks/kernel_times.py --shape 1x128x1048576 --precision bf16
     python benchmarks/kernel_times.py --shape 8x256x65536 --backward
     python benchmarks/kernel_times.py --shape 3x5x1000 --flush-l2   # as bench_cufft.py times tiny shapes
+    python benchmarks/kernel_times.py --shape 16x256x8192 --backward --io-dtype bfloat16   # bf16 u, k, dy
 
 --flush-l2 writes a buffer of twice the L2 before every call (outside the timed kernels), as the
 benchmark does where its inputs are too small to rotate through: each call then also fetches its
@@ -28,10 +29,13 @@ def main() -> None:
     p.add_argument("--backward", action="store_true", help="a training step: forward and backward")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--flush-l2", action="store_true", help="evict L2 before every call")
+    p.add_argument("--io-dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                   help="dtype of u, k and dy (the kernels' I/O)")
     args = p.parse_args()
     b, c, length = (int(x) for x in args.shape.split("x"))
-    u = torch.randn(b, c, length, device="cuda", requires_grad=args.backward)
-    k = (torch.randn(c, length, device="cuda") / length**0.5).requires_grad_(args.backward)
+    io_dtype = getattr(torch, args.io_dtype)
+    u = torch.randn(b, c, length, device="cuda", dtype=io_dtype, requires_grad=args.backward)
+    k = (torch.randn(c, length, device="cuda") / length**0.5).to(io_dtype).requires_grad_(args.backward)
     g = torch.randn_like(u)
     flush = None
     if args.flush_l2:
@@ -56,7 +60,7 @@ def main() -> None:
         # the flush's fill kernel is not the call's
         if event.device_type == torch.autograd.DeviceType.CUDA and not (flush is not None and "fill" in event.name.lower()):
             times[event.name].append(event.device_time)
-    print(f"{args.shape} {args.precision} {'fwd+bwd' if args.backward else 'fwd'}: "
+    print(f"{args.shape} {args.io_dtype} I/O, {args.precision} {'fwd+bwd' if args.backward else 'fwd'}: "
           f"{mf.explain(u, k, precision=args.precision)['kernel']}{', L2 flushed before each call' if args.flush_l2 else ''}")
     total = 0.0
     for name, t in sorted(times.items(), key=lambda kv: -sum(kv[1])):

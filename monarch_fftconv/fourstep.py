@@ -125,11 +125,12 @@ def fold_skip(spectrum: Tensor, skip: Tensor | None, fft_size: int) -> Tensor:
 def inverse_reference(rows: Tensor, fft_size: int, length: int) -> Tensor:
     """The back half of the algorithm: per row the unnormalised inverse FFT_M, the conjugate
     twiddles, the inverse outer DFT (irfft: the middle rows count twice), the first `length`
-    samples. (..., P/2+1, M) complex -> (..., length) real."""
+    samples (length <= N: past N/2, a filter gradient's negative lags).
+    (..., P/2+1, M) complex -> (..., length) real."""
     inner_size = rows.shape[-1]
     P = outer_size(fft_size, inner_size)
     c = torch.fft.ifft(rows, dim=-1, norm="forward") * twiddles(fft_size, inner_size, rows).conj_physical()
-    y = torch.fft.irfft(c, n=P, dim=-2, norm="forward")[..., : P // 2, :]
+    y = torch.fft.irfft(c, n=P, dim=-2, norm="forward")[..., : P // 2 if length <= fft_size // 2 else P, :]
     return y.reshape(*y.shape[:-2], -1)[..., :length]
 
 

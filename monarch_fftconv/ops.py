@@ -16,6 +16,8 @@ op                                                          CPU              CUD
 ``fftconv(u, k, skip, precision) -> (y, S)``                the two above    the two above
 ``fftconv_backward(grad, u, S, skip, Lk, precision)``       portable engine  two fused fp32 kernels
                                                                              (four-step: eight)
+``fftconv_backward_two_sided(...)``: dk (C, 2, Lk)          portable engine  the same two kernels
+                                                                             (four-step: two backwards)
 ==========================================================  ===============  ==================================
 
 S is the filter spectrum, (C, n1/2+1, M, 2) real in the compute dtype, scaled by 1/N: the
@@ -134,6 +136,39 @@ def fftconv_backward(
     return du, dk, _empty_if_none(dskip, u)
 
 
+@torch.library.custom_op("monarch_fftconv::fftconv_backward_two_sided", mutates_args=(), device_types="cpu")
+def fftconv_backward_two_sided(
+    grad: Tensor, u: Tensor, filter_spectrum: Tensor, skip: Tensor | None, filter_len: int, precision: str
+) -> tuple[Tensor, Tensor, Tensor]:
+    """fftconv_backward's (du, dk, dskip) with dk (C, 2, Lk): row 0 the causal lags
+    Σ_b Σ_t dy[t]·u[t-s], row 1 the anti-causal ones Σ_b Σ_t dy[t]·u[t+s]. Both lie on the
+    backward's one N-point correlation (lag -s at bin N - s): the bidirectional filter's gradient
+    (bidirectional.py) in one backward."""
+    plan = plan_for(u.shape[-1])
+    spectrum = torch.view_as_complex(filter_spectrum.contiguous())
+    if fourstep.covers(plan.fft_size):
+        du, circle, dskip = fourstep.backward_reference(grad.to(u.dtype), u, spectrum, skip, plan.fft_size)
+    else:
+        du, circle, dskip = portable.conv_backward(grad.to(u.dtype), u, spectrum, skip, plan.fft_size, plan, precision)
+    return du, both_lag_signs(circle, filter_len), _empty_if_none(dskip, u)
+
+
+def both_lag_signs(circle: Tensor, filter_len: int) -> Tensor:
+    """(..., N) circular correlation -> (..., 2, Lk): lags s and -s (bin N - s) for s < Lk."""
+    fft_size = circle.shape[-1]
+    lags = torch.arange(filter_len, device=circle.device)
+    return torch.stack([circle[..., :filter_len], circle[..., (fft_size - lags) % fft_size]], dim=-2).contiguous()
+
+
+@fftconv_backward_two_sided.register_fake
+def _(
+    grad: Tensor, u: Tensor, filter_spectrum: Tensor, skip: Tensor | None, filter_len: int, precision: str
+) -> tuple[Tensor, Tensor, Tensor]:
+    du = torch.empty_like(u, memory_format=torch.contiguous_format)
+    dk = u.new_empty((u.shape[1], 2, filter_len), dtype=compute_dtype(u))
+    return du, dk, _empty_if_none(None if skip is None else torch.empty_like(skip), u)
+
+
 def _empty_if_none(dskip: Tensor | None, u: Tensor) -> Tensor:
     return u.new_empty(0, dtype=compute_dtype(u)) if dskip is None else dskip
 
@@ -177,3 +212,4 @@ refresh_filter_spectrum_op = torch.ops.monarch_fftconv.refresh_filter_spectrum.d
 conv_forward_op = torch.ops.monarch_fftconv.conv_forward.default
 fftconv_op = torch.ops.monarch_fftconv.fftconv.default
 fftconv_backward_op = torch.ops.monarch_fftconv.fftconv_backward.default
+fftconv_backward_two_sided_op = torch.ops.monarch_fftconv.fftconv_backward_two_sided.default

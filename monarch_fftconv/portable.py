@@ -112,14 +112,22 @@ def forward_spectrum(x: torch.Tensor, plan: MonarchPlan, precision: str) -> torc
 
 @_own_rounding
 def inverse_spectrum(spectrum: torch.Tensor, plan: MonarchPlan, precision: str, out_len: int) -> torch.Tensor:
-    """First `out_len` samples of the real sequence whose half spectrum (scaled by 1/N) is given."""
+    """First `out_len` samples (out_len <= N) of the real sequence whose half spectrum (scaled by
+    1/N) is given."""
     t = _tables(plan, spectrum.real.dtype, spectrum.device)
     a = _row_idft(spectrum, t.rows, precision) * t.twiddle.conj_physical()
-    live = -(-out_len // plan.row_size)  # only the output rows that are kept
+    a_re, a_im = round_operand(a.real, precision), round_operand(a.imag, precision)
+    half = plan.fft_size // 2
+    live = -(-min(out_len, half) // plan.row_size)  # only the output rows that are kept
     cos = round_operand(t.inverse_cos[:live], precision)
     sin = round_operand(t.inverse_sin[:live], precision)
-    y = torch.matmul(cos, round_operand(a.real, precision)) - torch.matmul(sin, round_operand(a.imag, precision))
-    return y.flatten(-2)[..., :out_len].contiguous()
+    y = (torch.matmul(cos, a_re) - torch.matmul(sin, a_im)).flatten(-2)
+    if out_len > half:
+        # The circle's back half (a filter gradient's negative lags): output row r + n1/2 is row
+        # r's with (-1)^k1 on spectrum row k1, as cos(2π(r + n1/2)k1/n1) = (-1)^k1 cos(2π r k1/n1).
+        sign = 1 - 2 * (torch.arange(cos.shape[-1], device=cos.device) % 2).to(cos.dtype)
+        y = torch.cat([y, (torch.matmul(cos * sign, a_re) - torch.matmul(sin * sign, a_im)).flatten(-2)], dim=-1)
+    return y[..., :out_len].contiguous()
 
 
 def filter_spectrum(k: torch.Tensor, plan: MonarchPlan, precision: str) -> torch.Tensor:

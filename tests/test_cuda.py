@@ -255,6 +255,66 @@ def test_gradients_are_deterministic(precision, gen):
             assert torch.equal(a, b)
 
 
+GRAD_ACCUMULATOR_ENV = "MONARCH_FFTCONV_GRAD_ACCUMULATOR"  # read by the binding at each backward call
+
+
+@pytest.mark.parametrize("batch, channels, length, filter_len", GRAD_CASES)
+def test_gradients_scratch_accumulator(batch, channels, length, filter_len, monkeypatch, gen):
+    """The scratch route (=global), the benchmark's baseline for the on-chip one, within budget at
+    every N (test_gradients_every_size runs the default route)."""
+    monkeypatch.setenv(GRAD_ACCUMULATOR_ENV, "global")
+    check_gradients(batch, channels, length, filter_len, "fp32", 1.5 * BUDGETS["fp32"], gen)
+
+
+@pytest.mark.parametrize("batch, channels, length", [(16, 8, 8192), (7, 100, 5000), (4, 3, 300), (5, 2, 16384)])
+def test_accumulator_routes_agree(batch, channels, length, monkeypatch, gen):
+    """On chip and through the scratch: the same sums in the same order, so equal up to how the
+    compiler contracts each route (not asserted bitwise). N = 32768 has no on-chip route: there
+    the default must be the scratch route itself, bit for bit."""
+    u, grad = randn(gen, batch, channels, length, device=DEVICE), randn(gen, batch, channels, length, device=DEVICE)
+    k, D = randn(gen, channels, length, device=DEVICE) / length**0.5, randn(gen, channels, device=DEVICE)
+    spectrum = ops.filter_spectrum(k, length, "fp32")
+    routes = {}
+    for route in ("auto", "global"):
+        monkeypatch.setenv(GRAD_ACCUMULATOR_ENV, route)
+        routes[route] = ops.fftconv_backward_op(grad, u, spectrum, D, length, "fp32")
+    for on_chip, scratch in zip(routes["auto"], routes["global"]):
+        assert torch.isfinite(on_chip).all()
+        if plan_for(length).fft_size > 16384:
+            assert torch.equal(on_chip, scratch)
+        else:
+            assert rel_l2(on_chip, scratch) <= 1e-6
+
+
+def test_an_unknown_accumulator_route_is_refused(monkeypatch, gen):
+    u, k = randn(gen, 2, 3, 1000, device=DEVICE), randn(gen, 3, 1000, device=DEVICE)
+    spectrum = ops.filter_spectrum(k, 1000, "fp32")
+    monkeypatch.setenv(GRAD_ACCUMULATOR_ENV, "onchip")
+    with pytest.raises(ValueError, match="MONARCH_FFTCONV_GRAD_ACCUMULATOR must be 'auto' or 'global'"):
+        ops.fftconv_backward_op(u, u, spectrum, None, 1000, "fp32")
+
+
+@pytest.mark.parametrize("batch, channels, length, filter_len", [(3, 5, 8192, 8192), (7, 100, 5000, 4999),
+                                                                 (2, 3, 300, 77), (2, 3, 12345, 3001),
+                                                                 (1, 2, 40000, 39999)])
+def test_two_sided_backward_on_the_kernels(batch, channels, length, filter_len, gen):
+    """The two-sided filter gradient (lags s and -s from one correlation) against float64, at
+    the radix kernels' N (on chip, N = 32768's scratch route) and the four-step one."""
+    u, grad = randn(gen, batch, channels, length, device=DEVICE), randn(gen, batch, channels, length, device=DEVICE)
+    k, D = randn(gen, channels, filter_len, device=DEVICE) / filter_len**0.5, randn(gen, channels, device=DEVICE)
+    spectrum = ops.filter_spectrum(k, length, "fp32")
+    du, dk, dskip = poisoned_call(lambda: ops.fftconv_backward_two_sided_op(grad, u, spectrum, D, filter_len, "fp32"), u)
+    du_causal, dk_causal, dskip_causal = ops.fftconv_backward_op(grad, u, spectrum, D, filter_len, "fp32")
+    n = 2 * length
+    circle = torch.fft.irfft(torch.fft.rfft(grad.double(), n=n) * torch.fft.rfft(u.double(), n=n).conj(), n=n).sum(0)
+    lags = torch.arange(filter_len, device=DEVICE)
+    assert dk.shape == (channels, 2, filter_len) and torch.isfinite(dk).all()
+    assert rel_l2(dk[:, 0], circle[:, lags]) <= 1.5 * BUDGETS["fp32"]
+    assert rel_l2(dk[:, 1], circle[:, (n - lags) % n]) <= 1.5 * BUDGETS["fp32"]
+    assert rel_l2(dk[:, 0], dk_causal) <= 1e-6
+    assert torch.equal(du, du_causal) and torch.equal(dskip, dskip_causal)
+
+
 def test_double_backward_is_refused_with_a_clear_error(gen):
     """The backward op has no derivative: create_graph=True fails loudly, never silently."""
     u = randn(gen, 2, 3, 1000, device=DEVICE).requires_grad_()
@@ -322,7 +382,7 @@ def test_the_cuda_op_is_the_extensions(gen):
     """The CUDA kernels of every op come from the binding, on the same ops as the CPU ones."""
     u, k = randn(gen, 2, 3, 1000, device=DEVICE), randn(gen, 3, 1000, device=DEVICE)
     mf.fftconv(u, k)  # loads the extension
-    for op in ("filter_spectrum", "conv_forward", "fftconv", "fftconv_backward"):
+    for op in ("filter_spectrum", "conv_forward", "fftconv", "fftconv_backward", "fftconv_backward_two_sided"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"monarch_fftconv::{op}", "CUDA"), op
     spectrum = ops.filter_spectrum(k, 1000, "fp32")
     y = torch.ops.monarch_fftconv.conv_forward(u, spectrum, None, "fp32")

@@ -377,6 +377,9 @@ def test_folded_spectrum_is_the_whole_circles(gen):
 def test_bidirectional_runs_on_the_cuda_kernels(convention, length, precision, gen):
     """The CUDA kernels (radix, tensor-core, four-step) on the folded spectrum, forward and both
     backward calls, against the float64 definition within the precision's budget."""
+    from monarch_fftconv import _extension
+
+    assert not isinstance(_extension.coverage(True), str)  # loaded: explain() reports the kernels, not "pending"
     u = randn(gen, 2, 6, length, device="cuda")
     k = randn(gen, 3, 2, 97, device="cuda")
     check_bidirectional_on_the_ops(u, k, randn(gen, 6, device="cuda"), convention, precision, BUDGETS[precision])

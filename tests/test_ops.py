@@ -53,6 +53,33 @@ def test_opcheck(gen):
     spectrum = ops.filter_spectrum(k, 40, "fp32")
     for skip in (None, D):
         torch.library.opcheck(ops.fftconv_backward, (randn(gen, 2, 3, 40), u, spectrum, skip, 30, "fp32"))
+        torch.library.opcheck(ops.fftconv_backward_two_sided, (randn(gen, 2, 3, 40), u, spectrum, skip, 30, "fp32"))
+
+
+def lags_float64(grad: torch.Tensor, u: torch.Tensor, filter_len: int) -> torch.Tensor:
+    """(C, 2, Lk): Σ_b Σ_t dy[t]·u[t-s] and Σ_b Σ_t dy[t]·u[t+s], one float64 torch.fft
+    correlation on a circle of 2L (nothing wraps), independent of the package."""
+    n = 2 * u.shape[-1]
+    circle = torch.fft.irfft(torch.fft.rfft(grad.double(), n=n) * torch.fft.rfft(u.double(), n=n).conj(), n=n).sum(0)
+    lags = torch.arange(filter_len)
+    return torch.stack([circle[:, lags], circle[:, (n - lags) % n]], dim=1)
+
+
+@pytest.mark.parametrize("batch, channels, length, filter_len", [(3, 2, 301, 301), (2, 3, 1000, 77), (1, 2, 40000, 39999)])
+def test_two_sided_backward_stores_both_lag_signs(batch, channels, length, filter_len, gen):
+    """dk (C, 2, Lk) of the two-sided backward: the causal lags and the anti-causal ones, against
+    a float64 correlation; du and dD are the one-sided backward's. 40000: the four-step spec."""
+    u, grad = randn(gen, batch, channels, length), randn(gen, batch, channels, length)
+    k, D = randn(gen, channels, filter_len) / filter_len**0.5, randn(gen, channels)
+    spectrum = ops.filter_spectrum(k, length, "fp32")
+    du, dk, dskip = ops.fftconv_backward_two_sided_op(grad, u, spectrum, D, filter_len, "fp32")
+    du_causal, dk_causal, dskip_causal = ops.fftconv_backward_op(grad, u, spectrum, D, filter_len, "fp32")
+    want = lags_float64(grad, u, filter_len)
+    assert dk.shape == (channels, 2, filter_len)
+    assert rel_l2(dk[:, 0], want[:, 0]) <= 2e-6 and rel_l2(dk[:, 1], want[:, 1]) <= 2e-6
+    assert torch.equal(dk[:, 0, 0], dk[:, 1, 0])  # lag 0 is one bin
+    assert rel_l2(dk[:, 0], dk_causal) <= 1e-6
+    assert torch.equal(du, du_causal) and torch.equal(dskip, dskip_causal)
 
 
 def test_torch_compile_fullgraph(gen):

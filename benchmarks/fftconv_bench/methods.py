@@ -414,6 +414,10 @@ def convolutions(device: str, *, compile: bool = False,
                                                         "times them)", operator.gated)))
     convs.append(cudnn_convolution(device, lacks_operator(
         "cudnn.ops.fft_causal_conv1d takes one causal filter per channel, no gates or D")))
+    convs.append(Convolution("monarch-scratch-grad", "monarch", "fp32", "fftconv_op + scratch-route backward",
+                             bind_function(_ScratchGradConv.apply), _explain("fp32", operator), _monarch_flops,
+                             unavailable=lacks_operator("a causal filter per channel, no gates or D")
+                             or (None if device == "cuda" else "the scratch route is the CUDA backward's")))
     for p in TENSOR_CORE_PRECISIONS:
         convs.append(Convolution(f"monarch-tc[{p}]", "monarch", p, "monarch_fftconv.ops.fftconv_op",
                                  _bind_tensor_core(p), _describe_tensor_core(p), _monarch_flops,
@@ -549,7 +553,37 @@ def cudnn_convolution(device: str, lacks_operator: Optional[str] = None) -> Conv
 # bf16/fp16 on calls that fill the GPU), so `monarch[bf16]` times what a user gets and
 # `monarch-tc[bf16]` the tensor-core kernel (issue #10's figure). Run only when --methods names them.
 TENSOR_CORE_PRECISIONS = ("bf16", "fp16", "tf32")
-ON_REQUEST_PREFIX = "monarch-tc["
+# Rows run only when --methods names them: the tensor-core op, and the fp32 backward's scratch
+# route (the on-chip route's baseline).
+ON_REQUEST_PREFIXES = ("monarch-tc[", "monarch-scratch-grad")
+GRAD_ACCUMULATOR_ENV = "MONARCH_FFTCONV_GRAD_ACCUMULATOR"  # read by the binding at each backward call
+
+
+class _ScratchGradConv(torch.autograd.Function):
+    """monarch[fp32]'s forward op, and its backward op with the per-channel sums in the global
+    scratch (MONARCH_FFTCONV_GRAD_ACCUMULATOR=global, set around the call only): the route the
+    on-chip accumulator replaced, timed beside it."""
+
+    @staticmethod
+    def forward(ctx, u: Tensor, k: Tensor) -> Tensor:
+        y, spectrum = mf.ops.fftconv_op(u, k, None, "fp32")
+        ctx.save_for_backward(u, spectrum)
+        ctx.filter_len = k.shape[-1]
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        u, spectrum = ctx.saved_tensors
+        before = os.environ.get(GRAD_ACCUMULATOR_ENV)
+        os.environ[GRAD_ACCUMULATOR_ENV] = "global"
+        try:
+            du, dk, _ = mf.ops.fftconv_backward_op(grad.contiguous(), u, spectrum, None, ctx.filter_len, "fp32")
+        finally:
+            if before is None:
+                del os.environ[GRAD_ACCUMULATOR_ENV]
+            else:
+                os.environ[GRAD_ACCUMULATOR_ENV] = before
+        return du, dk
 
 
 def _bind_tensor_core(precision: str) -> Callable[..., Bound]:
@@ -599,5 +633,5 @@ def make_methods(device: str, *, compile: bool = False, backward: bool = False,
                              f"known: {[m.name for m in methods]}")
         methods = [m for m in methods if m.name in set(only)]
     else:
-        methods = [m for m in methods if not m.name.startswith(ON_REQUEST_PREFIX)]
+        methods = [m for m in methods if not m.name.startswith(ON_REQUEST_PREFIXES)]
     return methods

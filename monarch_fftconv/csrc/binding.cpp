@@ -14,6 +14,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -265,7 +266,7 @@ void fill_backward(BackwardParams& p, const at::Tensor& grad, const at::Tensor& 
   p.batch = u.size(0);
   p.channels = u.size(1);
   p.seq_len = u.size(2);
-  p.filter_len = dk.size(1);
+  p.filter_len = dk.size(-1);  // dk (C, Lk), or (C, 2, Lk) two-sided
   p.io_type = io_type_of(u);
 }
 
@@ -285,12 +286,27 @@ void fourstep_backward(const at::Tensor& grad, const at::Tensor& u, const at::Te
   if (skip) dskip.copy_(u.to(at::kFloat).mul(grad.to(at::kFloat)).sum(at::IntArrayRef{0, 2}));
 }
 
-// (du in u's dtype, dk float32 (C, filter_len), dD float32 (C,) or empty): the fused fp32
-// backward, for every precision (gradients in fp32 arithmetic are within every budget).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> fftconv_backward(const at::Tensor& grad_in, const at::Tensor& u_in,
-                                                                const at::Tensor& spectrum_in,
-                                                                const std::optional<at::Tensor>& skip_in,
-                                                                int64_t filter_len, c10::string_view precision) {
+// Where the fused backward keeps its per-channel sums (mf::GradAccumulator), from
+// MONARCH_FFTCONV_GRAD_ACCUMULATOR, read at each call: unset or "auto" (on chip where it fits),
+// "global" (the scratch route, for the side-by-side benchmark). Read once per call, so the
+// workspace query and the launch see the same route.
+mf::GradAccumulator grad_accumulator_from_env() {
+  const char* value = std::getenv("MONARCH_FFTCONV_GRAD_ACCUMULATOR");
+  const std::string route = value == nullptr ? "" : value;
+  if (route.empty() || route == "auto") return mf::GradAccumulator::kAuto;
+  if (route == "global") return mf::GradAccumulator::kGlobal;
+  TORCH_CHECK_VALUE(false, "monarch_fftconv: MONARCH_FFTCONV_GRAD_ACCUMULATOR must be 'auto' or 'global', got '",
+                    route, "'");
+}
+
+// (du in u's dtype, dk float32 (C, filter_len) or, two-sided, (C, 2, filter_len) with lag -s in
+// dk[c][1][s], dD float32 (C,) or empty): the fused fp32 backward, for every precision
+// (gradients in fp32 arithmetic are within every budget).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& grad_in, const at::Tensor& u_in,
+                                                             const at::Tensor& spectrum_in,
+                                                             const std::optional<at::Tensor>& skip_in,
+                                                             int64_t filter_len, c10::string_view precision,
+                                                             bool two_sided) {
   precision_of(precision);  // a known name; the arithmetic is fp32 whatever it is
   const at::Tensor u = time_contiguous(u_in);
   const at::Tensor spectrum = spectrum_in.to(at::kFloat).contiguous();
@@ -307,7 +323,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fftconv_backward(const at::Tensor
   const c10::cuda::CUDAGuard guard(u.device());
   const auto fp32 = u.options().dtype(at::kFloat);
   at::Tensor du = at::empty(u.sizes(), u.options());
-  at::Tensor dk = at::empty({channels, filter_len}, fp32);
+  at::Tensor dk = two_sided ? at::empty({channels, 2, filter_len}, fp32) : at::empty({channels, filter_len}, fp32);
   at::Tensor dskip = at::empty({skip ? channels : 0}, fp32);
   if (batch == 0) {  // sums over no sequences
     dk.zero_();
@@ -316,7 +332,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fftconv_backward(const at::Tensor
   }
 
   if (split.fft_size >= mf::kFourStepMinSize) {
-    fourstep_backward(grad, u, spectrum, skip, split.fft_size, du, dk, dskip);
+    if (!two_sided) {
+      fourstep_backward(grad, u, spectrum, skip, split.fft_size, du, dk, dskip);
+      return {du, dk, dskip};
+    }
+    // The four-step kernels store the causal lags only: the negative ones are the causal lags
+    // of the time-reversed dy and u, a second backward whose du is discarded.
+    at::Tensor dk_causal = at::empty({channels, filter_len}, fp32), dk_anti = at::empty({channels, filter_len}, fp32);
+    at::Tensor du_unused = at::empty(u.sizes(), u.options()), no_skip = at::empty({0}, fp32);
+    fourstep_backward(grad, u, spectrum, skip, split.fft_size, du, dk_causal, dskip);
+    fourstep_backward(grad.flip(-1).contiguous(), u.flip(-1).contiguous(), spectrum, std::nullopt, split.fft_size,
+                      du_unused, dk_anti, no_skip);
+    dk.select(1, 0).copy_(dk_causal);
+    dk.select(1, 1).copy_(dk_anti);
     return {du, dk, dskip};
   }
 
@@ -326,6 +354,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fftconv_backward(const at::Tensor
   p.fft_size = static_cast<int>(split.fft_size);
   p.n1 = static_cast<int>(split.n1);
   p.n2 = static_cast<int>(split.n2);
+  p.accumulator = grad_accumulator_from_env();
+  p.two_sided = two_sided;
   const size_t workspace_bytes = mf::conv_backward_fp32_workspace_bytes(p);
   TORCH_CHECK(workspace_bytes > 0, "monarch_fftconv: no backward kernel for this call");
   // from the caching allocator, on this stream: freed when the kernels are done with it
@@ -333,6 +363,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fftconv_backward(const at::Tensor
   p.workspace = workspace.data_ptr();
   check_launch(mf::conv_backward_fp32(p, current_stream(u)));
   return {du, dk, dskip};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fftconv_backward(const at::Tensor& grad, const at::Tensor& u,
+                                                                const at::Tensor& spectrum,
+                                                                const std::optional<at::Tensor>& skip,
+                                                                int64_t filter_len, c10::string_view precision) {
+  return backward_impl(grad, u, spectrum, skip, filter_len, precision, false);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fftconv_backward_two_sided(
+    const at::Tensor& grad, const at::Tensor& u, const at::Tensor& spectrum, const std::optional<at::Tensor>& skip,
+    int64_t filter_len, c10::string_view precision) {
+  return backward_impl(grad, u, spectrum, skip, filter_len, precision, true);
 }
 
 // ------------------------------------------------------------------ autograd on CUDA
@@ -451,6 +494,7 @@ TORCH_LIBRARY_IMPL(monarch_fftconv, CUDA, m) {
   m.impl("conv_forward", &conv_forward);
   m.impl("fftconv", &fftconv);
   m.impl("fftconv_backward", &fftconv_backward);
+  m.impl("fftconv_backward_two_sided", &fftconv_backward_two_sided);
 }
 
 TORCH_LIBRARY_IMPL(monarch_fftconv, AutogradCUDA, m) {

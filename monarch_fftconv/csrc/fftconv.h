@@ -14,6 +14,12 @@ enum class Precision : int { kFP32 = 0, kTF32 = 1, kBF16 = 2, kFP16 = 3 };
 // Element type of u and y in device memory.
 enum class IOType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 
+// Where the fp32 backward keeps a channel's running sums Σ_b conj(U_b)·DY_b (and the parked
+// spectrum X_u) across its batch loop. kAuto: on chip wherever they fit in shared memory (one
+// CTA per SM, N <= 16384), else in a global scratch (two CTAs per SM, the sums through L2).
+// kGlobal forces the scratch route: the measured baseline, kept for the side-by-side benchmark.
+enum class GradAccumulator : int { kAuto = 0, kGlobal = 1 };
+
 // One causal convolution y = u * k (+ skip·u) over (batch, channels, seq_len).
 //
 // Monarch plan: fft_size N = 2·next_pow2(seq_len) = n1·n2 (n1 >= n2, powers of
@@ -54,7 +60,7 @@ struct ConvBackwardParams {
   const float* filter_spectrum;   // the forward's (not conjugated), layout as in ConvForwardParams
   const float* skip;              // (channels,) or nullptr
   void* grad_u;                   // (batch, channels, seq_len), contiguous, io_type
-  float* grad_filter;             // (channels, filter_len), contiguous
+  float* grad_filter;             // (channels, filter_len), contiguous; (channels, 2, filter_len) if two_sided
   float* grad_skip;               // (channels,) or nullptr
   void* workspace;                // conv_backward_fp32_workspace_bytes() bytes, 16-byte aligned
   int64_t batch;
@@ -65,6 +71,8 @@ struct ConvBackwardParams {
   int n1;
   int n2;
   IOType io_type;
+  GradAccumulator accumulator;    // kAuto unless a benchmark asks
+  bool two_sided;                 // grad_filter[c][1][s] = lag -s, Σ_b Σ_t dy[t]·u[t+s], beside lag s
 };
 
 // The filter spectrum that ConvForwardParams takes, from the filter k (fp32 arithmetic):

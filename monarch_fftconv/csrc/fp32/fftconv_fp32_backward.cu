@@ -14,14 +14,15 @@
 //   grad_kernel: one work item per (channel c, chunk of the batch). For each b of the chunk,
 //     in order:
 //       U  = forward passes of u[b,c]: each thread parks the spectrum pairs X_u[k], X_u[M-k]
-//            of its mid-pass frequency pairs, half in shared memory and half in a per-item
-//            scratch in global memory (it reads back only what it wrote itself, so no
-//            synchronisation; the scratch is meant to stay in L2, as the sequences are read
-//            and written with evict-first hints)
+//            of its mid-pass frequency pairs: all in shared memory on the on-chip route,
+//            half in smem and half in a per-item global scratch on the scratch route
+//            (GradLayout). Each thread reads back only what it wrote itself: no
+//            synchronisation.
 //       DY = forward passes of dy[b,c] (the same code as U's: one copy keeps the kernel
 //            small enough for the instruction cache), then two sweeps over the pairs:
-//              acc += conj(X_u)·X_dy            (fp32, per item, fixed b order), while the
-//                                               channel's K' is copied into smem
+//              acc += conj(X_u)·X_dy            (fp32, per item, fixed b order; in smem or
+//                                               the scratch), while the channel's K' is
+//                                               copied into smem
 //              V    = inverse split of X_dy · conj K'
 //            and the forward's inverse passes store du[b,c].
 //   filter_grad_kernel: per channel, the chunks' accumulators summed in chunk order, ·1/N,
@@ -44,9 +45,9 @@ struct GradArgs {
   KArgs k;           // u (+ strides), the filter spectrum K', the skip term, geometry; k.y unused
   const void* dy;    // (B, C, L) contiguous
   void* du;          // (B, C, L) contiguous
-  float* dk;         // (C, Lk) contiguous
+  float* dk;         // (C, Lk) contiguous; (C, 2, Lk) for filter_grad_kernel<LOGM, true>
   float* dskip;      // (C,) or nullptr
-  float4* xu;        // per work item: kScratchPairSlots·T pairs (X_u[k], X_u[M-k]); the rest are parked
+  float4* xu;        // per work item: GradLayout::kScratchSlots·T pairs (X_u[k], X_u[M-k]); the rest in smem
   float4* acc;       // per work item: kPairSlots·T pairs of Σ_b conj(X_u)·X_dy
   int64_t items;     // C · chunks; item w covers channel w / chunks
   int64_t chunk;     // batch entries per work item (the last may have fewer)
@@ -69,34 +70,49 @@ __device__ __forceinline__ float4* scratch_view(float4* p) {
   }
 }
 
-// X_u's first kParkedPairSlots pair slots of each thread live in shared memory, after the
-// tables, instead of in the global scratch: the scratch and the spectra outgrow L2 (above), and
-// the shared memory that two CTAs per SM leave over holds half of X_u at every N (the
-// host refuses a launch past the budget; the GPU gradient tests run every N). Measured at
-// 16x256x8192: grad kernel 804 -> 738 us, fwd+bwd 1.191 -> 1.146 ms (docs/performance.md,
-// session 12).
-constexpr int kParkedPairSlots = 8;
-constexpr int kScratchPairSlots = kPairSlots - kParkedPairSlots;  // X_u's slots in the scratch
-
-// The float offset of the parked slots in the kernel's shared memory: after the slots' areas
-// and the tables, 16-byte aligned.
-template <int LOGM>
-__host__ __device__ __forceinline__ size_t parked_offset_floats(int S) {
+// Where the grad kernel keeps a work item's X_u and its accumulator across the batch loop.
+//   Scratch (ON_CHIP = false): two CTAs per SM (128 registers a thread). X_u's first
+//     8 pair slots of each thread live in the shared memory two CTAs leave over
+//     (half of X_u at every N), the rest and the accumulator in a global scratch: 1.38 GB
+//     moved at 16x256x8192 against 0.40 GB compulsory, as the scratch and the spectra outgrow
+//     L2 (ncu, docs/performance.md, session 16). Parking half of X_u measured 804 -> 738 us
+//     (session 12).
+//   On chip (ON_CHIP = true): one CTA per SM, all of X_u and the accumulator in shared memory
+//     (2 x 17 float4 a thread: 139 KB for 256 threads, beside the 76 KB of areas and tables at
+//     N = 16384), and the register cap lifted to 255 (the scratch route spills at 128). The
+//     accumulator leaves the chip once per work item, for filter_grad_kernel. Half the warps
+//     per SM; N = 32768 (512 threads) does not fit and keeps the scratch route.
+template <int LOGM, bool ON_CHIP>
+struct GradLayout {
   using P = Plan<LOGM>;
-  return ((size_t)P::SPB * 2 * S + 2 * (size_t)P::N_TW + 3) & ~size_t(3);
-}
+  static constexpr bool kOnChip = ON_CHIP;
+  static constexpr int kMinCtas = ON_CHIP ? 1 : P::MIN_CTAS;
+  static constexpr int kParkedSlots = ON_CHIP ? kPairSlots : 8;  // X_u's pair slots in smem
+  static constexpr int kScratchSlots = kPairSlots - kParkedSlots;  // X_u's pair slots in the scratch
+  static constexpr int kAccSmemSlots = ON_CHIP ? kPairSlots : 0;   // the accumulator's, in smem
 
-template <int LOGM>
-inline size_t grad_smem_bytes(int n1, int n2) {
-  using P = Plan<LOGM>;
-  return (parked_offset_floats<LOGM>(area_floats<LOGM>(n1, n2)) * sizeof(float)) +
-         (size_t)kParkedPairSlots * P::THREADS * sizeof(float4);
-}
+  // The float offset of the parked slots in the kernel's shared memory: after the slots'
+  // areas and the tables, 16-byte aligned. The accumulator's slots follow them.
+  __host__ __device__ __forceinline__ static size_t parked_offset_floats(int S) {
+    return ((size_t)P::SPB * 2 * S + 2 * (size_t)P::N_TW + 3) & ~size_t(3);
+  }
+  static size_t smem_bytes(int n1, int n2) {
+    return parked_offset_floats(area_floats<LOGM>(n1, n2)) * sizeof(float) +
+           (size_t)(kParkedSlots + kAccSmemSlots) * P::THREADS * sizeof(float4);
+  }
+  // Per work item: X_u's scratch slots and the accumulator (the on-chip route's leaves once).
+  static size_t workspace_bytes(int64_t items) {
+    return (size_t)items * (kScratchSlots + kPairSlots) * P::T * sizeof(float4);
+  }
+};
 
-template <int LOGM, typename IO>
-__global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) fftconv_fp32_grad_kernel(const GradArgs g) {
+template <int LOGM, typename IO, bool ON_CHIP>
+__global__ void __launch_bounds__(Plan<LOGM>::THREADS, (GradLayout<LOGM, ON_CHIP>::kMinCtas))
+    fftconv_fp32_grad_kernel(const GradArgs g) {
   using P = Plan<LOGM>;
+  using Layout = GradLayout<LOGM, ON_CHIP>;
   constexpr int M = P::M, T = P::T, SPB = P::SPB;
+  constexpr int kParked = Layout::kParkedSlots;
   const KArgs& a = g.k;
   extern __shared__ float4 smem_raw[];
   const SlotSmem<LOGM> slot(reinterpret_cast<float*>(smem_raw), a.S);
@@ -113,11 +129,16 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) fft
   const int64_t b_end = b_begin + g.chunk < a.B ? b_begin + g.chunk : a.B;
   // The item's scratch: only this thread reads back what it wrote, so restrict holds and
   // the loads of later pairs may be issued early.
-  float4* __restrict__ xu = scratch_view<LOGM>(g.xu + item * (kScratchPairSlots * T) + tx);
-  float4* __restrict__ acc = scratch_view<LOGM>(g.acc + item * (kPairSlots * T) + tx);
-  // X_u's parked slots: slot `pair` of this thread at parked[pair * THREADS] (conflict free)
-  float4* parked = reinterpret_cast<float4*>(reinterpret_cast<float*>(smem_raw) + parked_offset_floats<LOGM>(a.S)) +
+  float4* __restrict__ xu = scratch_view<LOGM>(g.xu + item * (Layout::kScratchSlots * T) + tx);
+  float4* __restrict__ acc_out = g.acc + item * (kPairSlots * T) + tx;
+  float4* __restrict__ acc_scratch = scratch_view<LOGM>(acc_out);
+  // This thread's smem slots: X_u's parked pair `pair` at parked[pair * THREADS], the on-chip
+  // accumulator's at acc_smem[pair * THREADS] (consecutive threads, consecutive float4: no
+  // bank conflicts).
+  float4* parked = reinterpret_cast<float4*>(reinterpret_cast<float*>(smem_raw) + Layout::parked_offset_floats(a.S)) +
                    (ty * T + tx);
+  float4* acc_smem = parked + kParked * P::THREADS;
+  const auto acc_at = [&](int pair) -> float4& { return ON_CHIP ? acc_smem[pair * P::THREADS] : acc_scratch[pair * T]; };
   const int64_t L = a.L;
   cf A[16], Bv[16], A2[16], B2[16];
 
@@ -128,15 +149,15 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) fft
     const bool valid = has_item && b < b_end;
     const int Lv = valid ? (int)L : 0;
     const int64_t row = (b * a.C + c) * L;
-    // The accumulator is read at the end of the iteration: ask L2 for it now.
-    if (valid && i > 0) {
+    // The scratch accumulator is read at the end of the iteration: ask L2 for it now.
+    if (!ON_CHIP && valid && i > 0) {
 #pragma unroll
-      for (int pair = 0; pair < kPairSlots; ++pair) prefetch_l2(acc + pair * T);
+      for (int pair = 0; pair < kPairSlots; ++pair) prefetch_l2(acc_scratch + pair * T);
     }
 
     // Forward passes of u, then of dy, through one copy of the code (the kernel's size, not
     // its registers, limits it: instruction-fetch stalls). After the u pass, each thread
-    // parks its spectrum pairs X_u[k], X_u[M-k] in the scratch.
+    // parks its spectrum pairs X_u[k], X_u[M-k].
 #pragma unroll 1
     for (int pass = 0; pass < 2; ++pass) {
       const IO* x = pass == 0 ? static_cast<const IO*>(a.u) + b * a.ubs + c * a.ucs : static_cast<const IO*>(g.dy) + row;
@@ -147,29 +168,30 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) fft
         cf xk, xm;
         split_pair(zk, zm, w, xk, xm);
         const float4 x4 = make_float4(xk.x, xk.y, xm.x, xm.y);
-        if (pair < kParkedPairSlots) parked[pair * P::THREADS] = x4;  // pair is a constant once unrolled
-        else if (valid) xu[(pair - kParkedPairSlots) * T] = x4;
+        if (pair < kParked) parked[pair * P::THREADS] = x4;  // pair is a constant once unrolled
+        else if (valid) xu[(pair - kParked) * T] = x4;
       });
     }
 
-    // The filter stage's copy runs while the accumulator sweep below waits on L2.
+    // The filter stage's copy runs while the accumulator sweep below waits on memory.
     __syncthreads();  // all of Z is in registers: smem becomes the filter stage
     stage_filter_begin<T>(stage, a, c, valid, tx);
 
     // acc += conj(X_u)·X_dy per pair, in a sweep of its own: the filter sweep below then
-    // holds no scratch values (the split is cheap to redo).
+    // holds no X_u values (the split is cheap to redo).
     if (valid) {
       for_each_pair<M>(tx, A, Bv, A2, B2, wp0, wp1, [&](int pair, int, cf zk, cf zm, cf w, cf&, cf&) {
         cf xk, xm;
         split_pair(zk, zm, w, xk, xm);
-        const float4 x4 = pair < kParkedPairSlots ? parked[pair * P::THREADS] : xu[(pair - kParkedPairSlots) * T];
+        const float4 x4 = pair < kParked ? parked[pair * P::THREADS] : xu[(pair - kParked) * T];
         cf pk = cmul(cf{x4.x, -x4.y}, xk), pm = cmul(cf{x4.z, -x4.w}, xm);
+        float4& sum = acc_at(pair);
         if (i > 0) {
-          const float4 o = acc[pair * T];
+          const float4 o = sum;
           pk = cadd(pk, cf{o.x, o.y});
           pm = cadd(pm, cf{o.z, o.w});
         }
-        acc[pair * T] = make_float4(pk.x, pk.y, pm.x, pm.y);
+        sum = make_float4(pk.x, pk.y, pm.x, pm.y);
       });
     }
 
@@ -183,9 +205,22 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) fft
     });
     inverse_passes<LOGM, IO>(re, im, tx, twM, twIP2, A2, B2, static_cast<IO*>(g.du) + row, Lv);
   }
+
+  // The on-chip accumulator leaves once, for filter_grad_kernel: the 16 pair slots of every
+  // thread, and thread 0's 17th (kPairSlots).
+  if constexpr (ON_CHIP) {
+    if (has_item) {
+#pragma unroll
+      for (int pair = 0; pair < kPairSlots; ++pair) {
+        if (pair == kPairSlots - 1 && tx != 0) continue;
+        acc_out[pair * T] = acc_smem[pair * P::THREADS];
+      }
+    }
+  }
 }
 
-template <int LOGM>
+// TWO_SIDED: dk (C, 2, Lk), lag -s stored from the circle's bin N - s beside lag s.
+template <int LOGM, bool TWO_SIDED>
 __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) filter_grad_kernel(const GradArgs g) {
   using P = Plan<LOGM>;
   constexpr int M = P::M, T = P::T, SPB = P::SPB;
@@ -225,8 +260,19 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) fil
     const float4 s = sum[pair];
     merge_pair(cf{s.x * inv_n, s.y * inv_n}, cf{s.z * inv_n, s.w * inv_n}, w, vk, vm);
   });
-  float* dk = g.dk + c * g.Lk;
-  inverse_passes<LOGM, float>(slot.re, slot.im, tx, slot.mid(), slot.ip2(), A2, B2, dk, valid ? (int)g.Lk : 0);
+  float* dk = g.dk + c * g.Lk * (TWO_SIDED ? 2 : 1);
+  if constexpr (!TWO_SIDED) {
+    inverse_passes<LOGM, float>(slot.re, slot.im, tx, slot.mid(), slot.ip2(), A2, B2, dk, valid ? (int)g.Lk : 0);
+  } else {
+    // Lag s at bin s, lag -s at bin N - s (lag 0 in both rows).
+    const int64_t Lk = valid ? g.Lk : 0;
+    float* dk_rev = dk + g.Lk;
+    inverse_passes_circle<LOGM>(slot.re, slot.im, tx, slot.mid(), slot.ip2(), A2, B2, [&](int t, float v) {
+      if (t < Lk) dk[t] = v;
+      const int s = t == 0 ? 0 : a.N - t;
+      if (s < Lk) dk_rev[s] = v;
+    });
+  }
   // dD[c] = dk[c, 0], which this very thread stored (t = 0 belongs to thread 0)
   if (g.dskip != nullptr && valid && tx == 0) g.dskip[c] = dk[0];
 }
@@ -242,13 +288,14 @@ struct GradShape {
 
 // How the batch is cut into work items: enough items to fill the GPU once, each as long a
 // run of the batch as that allows (fewer partial accumulators to sum).
-template <int LOGM, typename IO>
+template <int LOGM, typename IO, bool ON_CHIP>
 cudaError_t grad_shape(const ConvBackwardParams& p, GradShape& shape) {
   using P = Plan<LOGM>;
+  using Layout = GradLayout<LOGM, ON_CHIP>;
   int ctas = 0, sms = 0;
-  shape.smem = grad_smem_bytes<LOGM>(p.n1, p.n2);
-  if (shape.smem > max_smem_per_cta(P::MIN_CTAS)) return cudaErrorInvalidConfiguration;
-  const cudaError_t err = residency<fftconv_fp32_grad_kernel<LOGM, IO>>(P::THREADS, shape.smem, ctas, sms);
+  shape.smem = Layout::smem_bytes(p.n1, p.n2);
+  if (shape.smem > max_smem_per_cta(Layout::kMinCtas)) return cudaErrorInvalidConfiguration;
+  const cudaError_t err = residency<fftconv_fp32_grad_kernel<LOGM, IO, ON_CHIP>>(P::THREADS, shape.smem, ctas, sms);
   if (err != cudaSuccess) return err;
   const int64_t slots = (int64_t)ctas * sms * P::SPB;
   int64_t chunks = slots / p.channels;
@@ -256,15 +303,16 @@ cudaError_t grad_shape(const ConvBackwardParams& p, GradShape& shape) {
   shape.chunk = (p.batch + chunks - 1) / chunks;
   shape.chunks = (p.batch + shape.chunk - 1) / shape.chunk;  // every chunk non-empty
   shape.items = p.channels * shape.chunks;
-  shape.workspace_bytes = (size_t)shape.items * (kScratchPairSlots + kPairSlots) * P::T * sizeof(float4);
+  shape.workspace_bytes = Layout::workspace_bytes(shape.items);
   return cudaSuccess;
 }
 
-template <int LOGM, typename IO>
+template <int LOGM, typename IO, bool ON_CHIP>
 cudaError_t launch_grad(const ConvBackwardParams& p, cudaStream_t stream, size_t* workspace_bytes) {
   using P = Plan<LOGM>;
+  using Layout = GradLayout<LOGM, ON_CHIP>;
   GradShape shape;
-  cudaError_t err = grad_shape<LOGM, IO>(p, shape);
+  cudaError_t err = grad_shape<LOGM, IO, ON_CHIP>(p, shape);
   if (err != cudaSuccess) return err;
   if (workspace_bytes != nullptr) {
     *workspace_bytes = shape.workspace_bytes;
@@ -286,26 +334,41 @@ cudaError_t launch_grad(const ConvBackwardParams& p, cudaStream_t stream, size_t
   g.dk = p.grad_filter;
   g.dskip = p.grad_skip;
   g.xu = static_cast<float4*>(p.workspace);
-  g.acc = g.xu + shape.items * kScratchPairSlots * P::T;
+  g.acc = g.xu + shape.items * Layout::kScratchSlots * P::T;
   g.items = shape.items;
   g.chunk = shape.chunk;
   g.chunks = (int)shape.chunks;
   g.Lk = p.filter_len;
   const size_t smem = smem_bytes<LOGM>(p.n1, p.n2);
   int ctas = 0, sms = 0;
-  if ((err = residency<filter_grad_kernel<LOGM>>(P::THREADS, smem, ctas, sms)) != cudaSuccess) return err;
+  const auto filter_grad = p.two_sided ? filter_grad_kernel<LOGM, true> : filter_grad_kernel<LOGM, false>;
+  if ((err = p.two_sided ? residency<filter_grad_kernel<LOGM, true>>(P::THREADS, smem, ctas, sms)
+                         : residency<filter_grad_kernel<LOGM, false>>(P::THREADS, smem, ctas, sms)) != cudaSuccess)
+    return err;
   const dim3 block(P::T, P::SPB);
-  fftconv_fp32_grad_kernel<LOGM, IO>
+  fftconv_fp32_grad_kernel<LOGM, IO, ON_CHIP>
       <<<(unsigned)((shape.items + P::SPB - 1) / P::SPB), block, shape.smem, stream>>>(g);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  filter_grad_kernel<LOGM><<<(unsigned)((p.channels + P::SPB - 1) / P::SPB), block, smem, stream>>>(g);
+  filter_grad<<<(unsigned)((p.channels + P::SPB - 1) / P::SPB), block, smem, stream>>>(g);
   return cudaGetLastError();
+}
+
+// The route: on chip where its shared memory fits one CTA per SM (never at 512 threads: N =
+// 32768, not even instantiated), unless the caller asks for the scratch route.
+template <int LOGM, typename IO>
+cudaError_t launch_grad_route(const ConvBackwardParams& p, cudaStream_t stream, size_t* workspace_bytes) {
+  if constexpr (Plan<LOGM>::THREADS <= 256) {
+    if (p.accumulator == GradAccumulator::kAuto &&
+        GradLayout<LOGM, true>::smem_bytes(p.n1, p.n2) <= max_smem_per_cta(1))
+      return launch_grad<LOGM, IO, true>(p, stream, workspace_bytes);
+  }
+  return launch_grad<LOGM, IO, false>(p, stream, workspace_bytes);
 }
 
 template <typename IO>
 cudaError_t grad_dispatch_size(const ConvBackwardParams& p, cudaStream_t stream, size_t* workspace_bytes) {
   return with_plan(p.fft_size, cudaErrorInvalidValue,
-                   [&](auto logm) { return launch_grad<decltype(logm)::value, IO>(p, stream, workspace_bytes); });
+                   [&](auto logm) { return launch_grad_route<decltype(logm)::value, IO>(p, stream, workspace_bytes); });
 }
 
 // workspace_bytes != nullptr: only size the workspace.

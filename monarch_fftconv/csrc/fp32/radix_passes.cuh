@@ -208,6 +208,30 @@ __device__ __forceinline__ void mid_inverse(float* re, float* im, int j0, int j1
   __syncthreads();
 }
 
+// inverse_passes' transform with every sample of the N-point circle handed to store(t, value),
+// t in [0, N): the filter gradient's negative lags live in its back half (bin N - s).
+template <int LOGM, class Store>
+__device__ __forceinline__ void inverse_passes_circle(float* re, float* im, int tx, const float2* twM,
+                                                      const float2* twIP2, cf (&A2)[16], cf (&B2)[16], Store&& store) {
+  using P = Plan<LOGM>;
+  constexpr int M = P::M, T = P::T;
+  mid_inverse(re, im, tx, tx == 0 ? M / 32 : M / 16 - tx, A2, B2);
+  if constexpr (P::LR2 > 0) pass_smem<M, T, P::R2, 16, true>(re, im, tx, twIP2);
+
+  constexpr int R = P::R1, NB = 32 / R, NS = M / R;
+  cf v[NB][R];
+  last_inverse_butterflies<LOGM>(re, im, tx, twM, v, [](int) {});
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int t0 = 2 * (tx + q * T + r * NS);
+      store(t0, v[q][r].x);
+      store(t0 + 1, v[q][r].y);
+    }
+  }
+}
+
 // The mid pass's inverse radix-16 butterflies, the inverse p2 and the last inverse pass
 // (smem -> global): stores y[t] for t < Lv.
 template <int LOGM, typename IO>
