@@ -74,6 +74,18 @@ class Backend:
         """y from a `filter_spectrum` (not differentiable in the spectrum)."""
         raise NotImplementedError
 
+    # Whether `gated_conv` fuses the gates into the kernel (explain()'s "terms").
+    fuses_gates: ClassVar[bool] = False
+
+    def gated_conv(self, u: Tensor, spectrum: Tensor, skip: Tensor | None, pregate: Tensor | None,
+                   postgate: Tensor | None, precision: str) -> Tensor:
+        """postgate ⊙ (conv(x) + skip·x), x = pregate ⊙ u, from a `filter_spectrum`, for inference
+        (not differentiable); each gate optional, of u's shape and dtype. Here the gates are
+        elementwise ops around `conv`; a backend whose kernel takes them overrides this."""
+        x = u if pregate is None else u * pregate
+        y = self.conv(x, spectrum, skip, precision)
+        return y if postgate is None else y * postgate
+
     def refreshes_in_place(self, k: Tensor, seq_len: int) -> bool:
         """Whether `refresh_spectrum` can bring a cached spectrum of k up to date on k's device
         without a host sync (a CUDA kernel that compares and recomputes the changed rows)."""
@@ -132,6 +144,10 @@ class _MonarchOps(Backend):
     def conv(self, u, spectrum, skip, precision):
         return ops.conv_forward_op(u, _per_channel(spectrum, u.shape[1]), skip, self.runs_as or precision)
 
+    def gated_conv(self, u, spectrum, skip, pregate, postgate, precision):
+        return ops.gated_conv_forward_op(u, _per_channel(spectrum, u.shape[1]), skip, pregate, postgate,
+                                         self.runs_as or precision)
+
     def refreshes_in_place(self, k, seq_len):
         # the radix spectrum kernel, which takes fp32 filters (a float64 one computes in float64)
         return k.is_cuda and k.dtype != torch.float64 and not fourstep.covers(plan_for(seq_len).fft_size)
@@ -169,6 +185,7 @@ def _fused_stages(plan: MonarchPlan, batch: int, channels: int, itemsize: int) -
 
 
 class FusedFP32(_MonarchOps):
+    fuses_gates = True  # gated_conv_forward: the gates in the kernel's load and store
     def flops(self, plan, batch, channels, filters=None):
         return _radix_conv_flops(plan, batch, channels)  # the ops transform C filters
 
@@ -236,8 +253,7 @@ class FourStep(_MonarchOps):
 class BidirectionalOps(Backend):
     """A causal Monarch backend run on bidirectional filters (bidirectional.py): the folded
     spectrum K_fwd + conj(K_rev) through the causal ops, forward and backward. The backward
-    calls the ops' backward twice (the anti-causal taps' gradient from the time-reversed
-    sequences)."""
+    is one call of the two-sided backward op (both lag signs of one correlation)."""
 
     causal: _MonarchOps | None = None
 
@@ -299,6 +315,10 @@ class Pending(Backend):
 FP32_KERNEL_POINTS_PER_SM = 32768
 # The share of one fp32-kernel wave from which a precision's call takes the fp32 kernel.
 TENSOR_CORE_WAVE_SHARE = {"bf16": 1.0, "fp16": 1.0, "tf32": 0.5}
+# The gates fused into the fp32 kernel (gated_conv_forward) for calls that record no gradient.
+# Off until measured: built in session 17 with no GPU left to time it (docs/performance.md).
+FUSED_GATES = False
+
 TF32_TENSOR_CORE_MAX_FFT = 4096  # the largest N at which tf32's tensor-core kernel measured faster
 SIZE_DEPENDENT_PRECISIONS = tuple(TENSOR_CORE_WAVE_SHARE)  # the precisions whose choice depends on B·C
 

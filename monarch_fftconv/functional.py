@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import policy
+from . import backends, policy
 from .backends import BACKEND_ENV, TC_KERNEL_ENV, Backend, select_backend
 from .planner import plan_for
 
@@ -212,6 +212,9 @@ def conv(
     backend, chosen, skip_dtype, flat = decided
     if backend is None:
         return _empty_batch(u, k, D, pregate, postgate)
+    if _gates_fuse(backend, u, pregate, postgate, k, D, bidirectional):
+        return _gated_inference(backend, u, k, D if D is None or D.dtype == skip_dtype else D.to(skip_dtype),
+                                pregate, postgate, chosen, flat, cached_spectrum)
     x = u if pregate is None else u * pregate  # u's shape (checked), the promoted dtype
     if flat:
         x = x.reshape(-1, *u.shape[-2:])  # (..., C, L) -> (B, C, L): a view unless the strides forbid
@@ -227,6 +230,33 @@ def conv(
     if postgate is not None:
         y = y * postgate
     return y if y.dtype == u.dtype else y.to(u.dtype)
+
+
+def _gates_fuse(backend: Backend, u: Tensor, pregate: Tensor | None, postgate: Tensor | None, k: Tensor,
+                D: Tensor | None, bidirectional: bool | str) -> bool:
+    """Whether the call's gates go into the kernel (`Backend.gated_conv`): a gated causal call
+    that records no gradient, on a backend whose kernel takes gates, with gates of u's own shape
+    and dtype (a broadcast or promoting gate keeps the elementwise ops)."""
+    gates = [g for g in (pregate, postgate) if g is not None]
+    return (bool(gates) and backends.FUSED_GATES and backend.fuses_gates and not bidirectional
+            and all(g.shape == u.shape and g.dtype == u.dtype for g in gates)
+            and not _records_grad(u, k, D, *gates))
+
+
+def _gated_inference(
+    backend: Backend, u: Tensor, k: Tensor, skip: Tensor | None, pregate: Tensor | None, postgate: Tensor | None,
+    precision: str, flat: bool, cached_spectrum: SpectrumCache | None,
+) -> Tensor:
+    """postgate ⊙ (conv(pregate ⊙ u, k) + D ⊙ x) with the gates in the kernel's load and store."""
+    if cached_spectrum is not None and not torch.compiler.is_compiling():
+        spectrum = cached_spectrum(backend, k, precision)
+    else:
+        spectrum = backend.filter_spectrum(k, u.shape[-1], precision)
+    shape = u.shape
+    if flat:  # (..., C, L) -> (B, C, L), the gates alike (they have u's shape)
+        u, pregate, postgate = (None if t is None else t.reshape(-1, *shape[-2:]) for t in (u, pregate, postgate))
+    y = backend.gated_conv(u, spectrum, skip, pregate, postgate, precision)
+    return y.reshape(shape) if flat else y
 
 
 # What `conv` decided per call key: (backend, precision, skip dtype, whether u is flattened to
@@ -339,12 +369,23 @@ def explain(
     groups = k.shape[0]
     filter_rows = groups * (2 if bidirectional else 1)
     terms = {}
+    # The gates go into the kernel when no gradient is recorded (`_gates_fuse`): explain() says
+    # where they would run without one, and that a training step keeps them outside.
+    fusable = (backends.FUSED_GATES and backend.fuses_gates and convention is None
+               and all(g is None or (g.shape == u.shape and g.dtype == u.dtype) for g in (pregate, postgate)))
+
+    def fused_gate(where: str) -> str:
+        return (f"fused into the fp32 kernel's {where} where no gradient is recorded (inference); "
+                f"an elementwise op when autograd records the call")
+
     if pregate is not None:
-        terms["pregate"] = "x = pregate ⊙ u, an elementwise op before the convolution (not fused yet)"
+        terms["pregate"] = ("x = pregate ⊙ u, " + (fused_gate("load") if fusable else
+                            "an elementwise op before the convolution"))
     if D is not None:
         terms["D"] = f"D ⊙ x, {backend.skip_term}"
     if postgate is not None:
-        terms["postgate"] = "postgate ⊙ (...), an elementwise op after the convolution (not fused yet)"
+        terms["postgate"] = ("postgate ⊙ (...), " + (fused_gate("store") if fusable else
+                             "an elementwise op after the convolution"))
     flops = backend.flops(plan, batch, channels, filter_rows)
     stages = backend.stages(plan, batch, channels, conv_dtype.itemsize, filter_rows)
     if flops is not None:

@@ -13,6 +13,8 @@ op                                                          CPU              CUD
 ``refresh_filter_spectrum(k, source!, S!, seq_len, prec.)``  portable engine  the same kernel, changed rows only
 ``conv_forward(u, S, skip, precision) -> y``                portable engine  the fused kernel of the precision
                                                                              (four-step: three, fp32)
+``gated_conv_forward(u, S, skip, pre, post, precision)``     portable engine  the fp32 kernel, gates fused
+                                                                             (elsewhere: ATen gates around)
 ``fftconv(u, k, skip, precision) -> (y, S)``                the two above    the two above
 ``fftconv_backward(grad, u, S, skip, Lk, precision)``       portable engine  two fused fp32 kernels
                                                                              (four-step: eight)
@@ -104,6 +106,27 @@ def conv_forward(u: Tensor, filter_spectrum: Tensor, skip: Tensor | None, precis
 
 @conv_forward.register_fake
 def _(u: Tensor, filter_spectrum: Tensor, skip: Tensor | None, precision: str) -> Tensor:
+    return torch.empty_like(u, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("monarch_fftconv::gated_conv_forward", mutates_args=(), device_types="cpu")
+def gated_conv_forward(u: Tensor, filter_spectrum: Tensor, skip: Tensor | None, pregate: Tensor | None,
+                       postgate: Tensor | None, precision: str) -> Tensor:
+    """postgate ⊙ (conv(x) + skip·x), x = pregate ⊙ u, each gate optional and of u's shape and
+    dtype. Not differentiable (inference). CUDA: the gates fused into the fp32 radix kernel's
+    load and store where it runs the call, ATen ops around the conv elsewhere; CPU: the latter."""
+    for name, gate in (("pregate", pregate), ("postgate", postgate)):
+        if gate is not None and (gate.shape != u.shape or gate.dtype != u.dtype):
+            raise ValueError(f"monarch_fftconv: {name} must have u's shape {tuple(u.shape)} and dtype {u.dtype}, "
+                             f"got {tuple(gate.shape)} {gate.dtype}")
+    x = u if pregate is None else u * pregate
+    y = conv_forward(x, filter_spectrum, skip, precision)
+    return y if postgate is None else y * postgate
+
+
+@gated_conv_forward.register_fake
+def _(u: Tensor, filter_spectrum: Tensor, skip: Tensor | None, pregate: Tensor | None, postgate: Tensor | None,
+      precision: str) -> Tensor:
     return torch.empty_like(u, memory_format=torch.contiguous_format)
 
 
@@ -210,6 +233,7 @@ torch.library.register_autograd("monarch_fftconv::fftconv", _backward, setup_con
 filter_spectrum_op = torch.ops.monarch_fftconv.filter_spectrum.default
 refresh_filter_spectrum_op = torch.ops.monarch_fftconv.refresh_filter_spectrum.default
 conv_forward_op = torch.ops.monarch_fftconv.conv_forward.default
+gated_conv_forward_op = torch.ops.monarch_fftconv.gated_conv_forward.default
 fftconv_op = torch.ops.monarch_fftconv.fftconv.default
 fftconv_backward_op = torch.ops.monarch_fftconv.fftconv_backward.default
 fftconv_backward_two_sided_op = torch.ops.monarch_fftconv.fftconv_backward_two_sided.default

@@ -196,7 +196,8 @@ def test_explain_names_the_terms_groups_and_direction(engine, monkeypatch, gen):
     info = mf.explain(u, k, D=D, pregate=pregate, postgate=postgate)
     assert (plain["groups"], plain["group_size"], plain["bidirectional"], plain["terms"]) == (3, 3, False, {})
     assert list(info["terms"]) == ["pregate", "D", "postgate"]  # the order they apply in
-    assert "not fused" in info["terms"]["pregate"] and "not fused" in info["terms"]["postgate"]
+    assert "elementwise op" in info["terms"]["pregate"] and "elementwise op" in info["terms"]["postgate"]
+    assert "fused" not in info["terms"]["pregate"] + info["terms"]["postgate"]  # backends.FUSED_GATES is off
     where_D = "inside the convolution op" if engine == "portable" else "after the inverse FFT"
     assert where_D in info["terms"]["D"]
     assert info["flops"] == plain["flops"] + 4 * u.numel()  # a multiply per gate, D's multiply-add
@@ -236,6 +237,102 @@ def test_explain_stages_put_the_gates_around_the_kernel(monkeypatch, gen):
     widened = mf.explain(u, k, pregate=pregate.float())["stages"]
     assert widened[0]["reads"] == (2 + 4) * elements and widened[0]["writes"] == 4 * elements
     assert widened[-1]["stage"].startswith("cast to bfloat16")
+
+
+# --------------------------------------------------------------------------- fused gates (inference)
+
+@pytest.fixture
+def gates_fused_on_the_ops(monkeypatch):
+    """backends.FUSED_GATES on, and the portable engine taken for a backend whose kernel takes
+    the gates: the routing to gated_conv_forward runs on the CPU op (the gates around its conv).
+    Yields the list of gated_conv_forward calls made."""
+    from monarch_fftconv import ops
+
+    monkeypatch.setenv(backends.BACKEND_ENV, "portable")
+    monkeypatch.setattr(backends, "FUSED_GATES", True)
+    monkeypatch.setattr(backends.Portable, "fuses_gates", True)
+    calls = []
+    real = ops.gated_conv_forward_op
+
+    def spy(*args):
+        calls.append(args)
+        return real(*args)
+    monkeypatch.setattr(ops, "gated_conv_forward_op", spy)
+    return calls
+
+
+@pytest.mark.parametrize("gates, group_share, with_D, leading", [("both", 1, True, (3,)), ("pre", 3, False, (2, 2)),
+                                                                  ("post", 3, True, ())])
+def test_gated_inference_goes_to_the_gated_op(gates, group_share, with_D, leading, gates_fused_on_the_ops, gen):
+    """Without autograd, gates of u's shape and dtype go to gated_conv_forward (leading batch
+    dims flattened, grouped spectra repeated, D cast), within the fp32 budget of float64."""
+    channels, (length, filter_len) = 9, odd_sizes(gen)
+    batch = 1
+    for size in leading:
+        batch *= size
+    u, k, D, pregate, postgate = operator_inputs(gen, batch, channels, channels // group_share, length, filter_len,
+                                                 gates, False, with_D)
+    u, pregate, postgate = (None if t is None else t.reshape(*leading, channels, length) for t in (u, pregate, postgate))
+    with torch.no_grad():
+        y = mf.fftconv(u, k, D=D, pregate=pregate, postgate=postgate)
+    assert len(gates_fused_on_the_ops) == 1 and y.shape == u.shape
+    assert rel_l2(y, reference_operator(u, k, D, pregate, postgate)) <= BUDGETS["fp32"]
+    info = mf.explain(u, k, D=D, pregate=pregate, postgate=postgate)
+    assert all("fused into the fp32 kernel's" in info["terms"][name] for name in info["terms"] if name != "D")
+
+
+def test_gates_stay_outside_when_autograd_records_or_the_gate_differs(gates_fused_on_the_ops, gen):
+    """A training call, a broadcast gate and a gate of another dtype keep the elementwise ops
+    (their gradients and promotion are autograd's); the results are the same either way."""
+    u, k, D, pregate, postgate = operator_inputs(gen, 2, 4, 4, 101, 60, "both", False, True)
+    leaves = [t.clone().requires_grad_() for t in (u, pregate)]
+    y = mf.fftconv(leaves[0], k, D=D, pregate=leaves[1], postgate=postgate)
+    torch.autograd.grad(y.sum(), leaves)
+    with torch.no_grad():
+        broadcast = mf.fftconv(u, k, D=D, pregate=pregate[:1], postgate=postgate)
+        widened = mf.fftconv(u, k, D=D, pregate=pregate.double(), postgate=postgate)
+    assert gates_fused_on_the_ops == []
+    assert rel_l2(y, reference_operator(u, k, D, pregate, postgate)) <= BUDGETS["fp32"]
+    assert rel_l2(broadcast, reference_operator(u, k, D, pregate[:1].expand_as(u), postgate)) <= BUDGETS["fp32"]
+    assert widened.dtype == torch.float32 and rel_l2(widened, reference_operator(u, k, D, pregate, postgate)) <= 1e-6
+
+
+def test_gated_op_refuses_gates_unlike_u(gen):
+    from monarch_fftconv import ops
+
+    u, k = randn(gen, 2, 3, 50), randn(gen, 3, 50)
+    spectrum = ops.filter_spectrum(k, 50, "fp32")
+    with pytest.raises(ValueError, match=r"pregate must have u's shape \(2, 3, 50\) and dtype torch.float32"):
+        ops.gated_conv_forward_op(u, spectrum, None, randn(gen, 1, 3, 50), None, "fp32")
+    with pytest.raises(ValueError, match="postgate must have u's shape"):
+        ops.gated_conv_forward_op(u, spectrum, None, None, u.double(), "fp32")
+
+
+@requires_cuda
+@pytest.mark.parametrize("length, io_dtype, precision", [(8192, torch.float32, "fp32"), (1000, torch.float32, "fp32"),
+                                                         (12345, torch.float32, "fp32"), (4096, torch.bfloat16, "fp32"),
+                                                         (777, torch.float16, "bf16"), (40000, torch.float32, "fp32")])
+def test_gates_fused_into_the_cuda_kernel(length, io_dtype, precision, monkeypatch, gen):
+    """The gated op on the GPU: the fp32 kernel with the gates in its load and store (N up to
+    32768), the tensor-core and four-step kernels with the gates around them (a small bf16 call,
+    N = 131072), against float64; a channel-strided u; every output written (NaN-poisoned)."""
+    from monarch_fftconv import _extension
+
+    assert not isinstance(_extension.coverage(True), str)
+    monkeypatch.setattr(backends, "FUSED_GATES", True)
+    base = randn(gen, 3, 10, length, device="cuda", dtype=io_dtype)
+    u = base[:, ::2]  # channel stride 2
+    k, D = randn(gen, 5, length, device="cuda") / length**0.5, randn(gen, 5, device="cuda")
+    pregate, postgate = (randn(gen, 3, 5, length, device="cuda", dtype=io_dtype) for _ in range(2))
+    torch.empty(3 * 5 * length, device="cuda", dtype=io_dtype).fill_(float("nan"))
+    with torch.inference_mode():
+        y = mf.fftconv(u, k, D=D, pregate=pregate, postgate=postgate, precision=precision)
+    info = mf.explain(u, k, D=D, pregate=pregate, postgate=postgate, precision=precision)
+    rounding = {torch.float32: 0.0, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}[io_dtype]
+    assert torch.isfinite(y).all() and y.dtype == io_dtype
+    assert rel_l2(y, reference_operator(u, k, D, pregate, postgate)) <= BUDGETS[precision] + 3 * rounding
+    if info["backend"] == "cuda-fp32":
+        assert "fused into the fp32 kernel's load" in info["terms"]["pregate"]
 
 
 # --------------------------------------------------------------------------- FFTConv

@@ -418,6 +418,9 @@ def convolutions(device: str, *, compile: bool = False,
                              bind_function(_ScratchGradConv.apply), _explain("fp32", operator), _monarch_flops,
                              unavailable=lacks_operator("a causal filter per channel, no gates or D")
                              or (None if device == "cuda" else "the scratch route is the CUDA backward's")))
+    convs.append(Convolution("monarch-fused-gates", "monarch", "fp32", "gated_conv_forward (gates in the kernel)",
+                             bind_function(_fused_gates_fftconv), _explain("fp32", operator), _monarch_flops,
+                             unavailable=lacks_operator("the gated operator's switch", not operator.gated)))
     for p in TENSOR_CORE_PRECISIONS:
         convs.append(Convolution(f"monarch-tc[{p}]", "monarch", p, "monarch_fftconv.ops.fftconv_op",
                                  _bind_tensor_core(p), _describe_tensor_core(p), _monarch_flops,
@@ -555,8 +558,20 @@ def cudnn_convolution(device: str, lacks_operator: Optional[str] = None) -> Conv
 TENSOR_CORE_PRECISIONS = ("bf16", "fp16", "tf32")
 # Rows run only when --methods names them: the tensor-core op, and the fp32 backward's scratch
 # route (the on-chip route's baseline).
-ON_REQUEST_PREFIXES = ("monarch-tc[", "monarch-scratch-grad")
+ON_REQUEST_PREFIXES = ("monarch-tc[", "monarch-scratch-grad", "monarch-fused-gates")
 GRAD_ACCUMULATOR_ENV = "MONARCH_FFTCONV_GRAD_ACCUMULATOR"  # read by the binding at each backward call
+
+
+def _fused_gates_fftconv(u: Tensor, k: Tensor, **terms: Tensor) -> Tensor:
+    """monarch[fp32] with backends.FUSED_GATES on for this call: a forward that records no
+    gradient takes the gates into the fp32 kernel (gated_conv_forward), timed beside the
+    default, which keeps them as elementwise ops while the switch is off."""
+    before = mf.backends.FUSED_GATES
+    mf.backends.FUSED_GATES = True
+    try:
+        return mf.fftconv(u, k, precision="fp32", **terms)
+    finally:
+        mf.backends.FUSED_GATES = before
 
 
 class _ScratchGradConv(torch.autograd.Function):

@@ -121,12 +121,49 @@ mf::FourStepParams fourstep_params(const at::Tensor& x, int64_t fft_size, at::Te
 // u may have any batch and channel strides; a u that is not contiguous in time, and a
 // spectrum or skip term that is not contiguous float32, are copied once (the kernels
 // compute in fp32 whatever the caller's dtype).
+// A gate of the gated op: u's shape, dtype and device (the Python caller routes only such
+// calls here), contiguous like y.
+std::optional<at::Tensor> gate_term(const std::optional<at::Tensor>& gate, const at::Tensor& u, const char* name) {
+  if (!gate) return std::nullopt;
+  TORCH_CHECK_VALUE(gate->sizes() == u.sizes() && gate->scalar_type() == u.scalar_type() && gate->device() == u.device(),
+                    "monarch_fftconv: ", name, " must have u's shape ", u.sizes(), ", dtype ", u.scalar_type(),
+                    " and device ", u.device(), ", got ", gate->sizes(), " ", gate->scalar_type(), " on ",
+                    gate->device());
+  return gate->contiguous();
+}
+
+at::Tensor conv_forward_gated(const at::Tensor& u_in, const at::Tensor& spectrum_in,
+                              const std::optional<at::Tensor>& skip_in, const std::optional<at::Tensor>& pregate_in,
+                              const std::optional<at::Tensor>& postgate_in, c10::string_view precision);
+
 at::Tensor conv_forward(const at::Tensor& u_in, const at::Tensor& spectrum_in,
                         const std::optional<at::Tensor>& skip_in, c10::string_view precision) {
+  return conv_forward_gated(u_in, spectrum_in, skip_in, std::nullopt, std::nullopt, precision);
+}
+
+// y = postgate ⊙ (conv(x) + D·x), x = pregate ⊙ u (each gate optional): fused into the fp32
+// radix kernel's load and store where that kernel runs the call; elsewhere (the tensor-core
+// kernels, four-step) the gates are elementwise ATen ops around the conv.
+at::Tensor conv_forward_gated(const at::Tensor& u_in, const at::Tensor& spectrum_in,
+                              const std::optional<at::Tensor>& skip_in, const std::optional<at::Tensor>& pregate_in,
+                              const std::optional<at::Tensor>& postgate_in, c10::string_view precision) {
   const at::Tensor u = time_contiguous(u_in);
   const at::Tensor spectrum = spectrum_in.to(at::kFloat).contiguous();
   const Split split = check_plan(u, spectrum);
   const std::optional<at::Tensor> skip = skip_term(skip_in, u);
+  const std::optional<at::Tensor> pregate = gate_term(pregate_in, u, "pregate");
+  const std::optional<at::Tensor> postgate = gate_term(postgate_in, u, "postgate");
+  // Splits no tensor-core kernel covers run the fp32-accurate kernel whatever the precision
+  // asked for: more accurate than asked, and the only kernel there.
+  const mf::Precision kernel_precision =
+      mf::covers_split(static_cast<int>(split.n1), static_cast<int>(split.n2)) ? precision_of(precision)
+                                                                               : mf::Precision::kFP32;
+  const bool radix = split.fft_size < mf::kFourStepMinSize && kernel_precision == mf::Precision::kFP32;
+  if ((pregate || postgate) && !radix) {  // the gates around the conv, as ATen ops
+    const at::Tensor x = pregate ? u.mul(*pregate) : u;
+    at::Tensor conv = conv_forward_gated(x, spectrum, skip, std::nullopt, std::nullopt, precision);
+    return postgate ? conv.mul_(*postgate) : conv;
+  }
 
   const c10::cuda::CUDAGuard guard(u.device());
   at::Tensor y = at::empty(u.sizes(), u.options());
@@ -146,7 +183,9 @@ at::Tensor conv_forward(const at::Tensor& u_in, const at::Tensor& spectrum_in,
   p.n1 = static_cast<int>(split.n1);
   p.n2 = static_cast<int>(split.n2);
   p.io_type = io_type_of(u);
-  p.precision = precision_of(precision);
+  p.precision = kernel_precision;
+  p.pregate = pregate ? pregate->data_ptr() : nullptr;
+  p.postgate = postgate ? postgate->data_ptr() : nullptr;
   if (split.fft_size >= mf::kFourStepMinSize) {  // fp32 for every precision
     at::Tensor intermediate;
     mf::FourStepParams f = fourstep_params(u, split.fft_size, intermediate);
@@ -156,9 +195,6 @@ at::Tensor conv_forward(const at::Tensor& u_in, const at::Tensor& spectrum_in,
     check_launch(mf::fourstep_conv(f, current_stream(u)));
     return y;
   }
-  // Splits no tensor-core kernel covers run the fp32-accurate kernel whatever the precision
-  // asked for: more accurate than asked, and the only kernel there.
-  if (!mf::covers_split(p.n1, p.n2)) p.precision = mf::Precision::kFP32;
   check_launch(p.precision == mf::Precision::kFP32 ? mf::conv_forward_fp32(p, current_stream(u))
                                                   : mf::conv_forward_tensor_core(p, current_stream(u)));
   return y;
@@ -492,6 +528,7 @@ TORCH_LIBRARY_IMPL(monarch_fftconv, CUDA, m) {
   m.impl("filter_spectrum", &filter_spectrum);
   m.impl("refresh_filter_spectrum", &refresh_filter_spectrum);
   m.impl("conv_forward", &conv_forward);
+  m.impl("gated_conv_forward", &conv_forward_gated);
   m.impl("fftconv", &fftconv);
   m.impl("fftconv_backward", &fftconv_backward);
   m.impl("fftconv_backward_two_sided", &fftconv_backward_two_sided);

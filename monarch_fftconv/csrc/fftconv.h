@@ -44,6 +44,10 @@ struct ConvForwardParams {
   int n2;                         // stage-2 (row) DFT size
   IOType io_type;
   Precision precision;
+  // Hyena's gates, fused into the fp32 kernel's load and store (y = postgate ⊙ conv(pregate ⊙ u)):
+  // (batch, channels, seq_len), contiguous, io_type, or nullptr. Other kernels refuse them.
+  const void* pregate;
+  const void* postgate;
 };
 
 // The gradients of one conv_forward call from dy = dL/dy, in fp32 arithmetic whatever the

@@ -51,7 +51,9 @@ namespace {
 namespace fp32_detail {
 
 
-template <int LOGM, typename IO>
+// GATED: Hyena's gates fused into p1's load and the last pass's store (a.pregate, a.postgate);
+// a separate instance, so that the ungated kernel's registers and code are untouched.
+template <int LOGM, typename IO, bool GATED>
 __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) fftconv_fp32_kernel(const KArgs a) {
   using P = Plan<LOGM>;
   constexpr int M = P::M, T = P::T, SPB = P::SPB;
@@ -82,7 +84,7 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) fft
     const ForwardSeq seq = forward_seq<IO>(a, s, nseq);
 
     // ================= forward p1: global -> smem, radix R1, NS = 1, upper half zero
-    forward_p1<LOGM, IO>(sm, re, im, tx, a, pf_cur, seq);
+    forward_p1<LOGM, IO, GATED>(sm, re, im, tx, a, pf_cur, seq);
     // ================= forward p2
     if constexpr (P::LR2 > 0) pass_smem<M, T, P::R2, P::R1, false>(re, im, tx, tables.fp2);
 
@@ -109,7 +111,7 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) fft
     if constexpr (P::LR2 > 0) pass_smem<M, T, P::R2, 16, true>(re, im, tx, tables.ip2);
 
     // ================= inverse last: smem -> global, radix R1, NS = M/R1, causal half stored
-    last_inverse_store<LOGM, IO>(re, im, tx, tables.mid, a, seq);
+    last_inverse_store<LOGM, IO, GATED>(re, im, tx, tables.mid, a, seq);
   }
 }
 
@@ -120,7 +122,7 @@ struct ForwardShape {
 
 // Resident CTAs, SM count, the u prefetch decision and the smem size for one kernel instance
 // on the current device. The occupancy queries cost host time: asked once per device.
-template <int LOGM, typename IO>
+template <int LOGM, typename IO, bool GATED>
 cudaError_t forward_shape(int n1, int n2, ForwardShape& shape) {
   using P = Plan<LOGM>;
   static ForwardShape cached[kMaxDevices];  // ctas_per_sm == 0: not asked yet
@@ -134,7 +136,7 @@ cudaError_t forward_shape(int n1, int n2, ForwardShape& shape) {
   const size_t smem0 = smem_bytes<LOGM>(n1, n2);
   const size_t smem_pf = smem0 + (size_t)P::SPB * P::M * sizeof(IO);  // + the u prefetch buffers
   const bool try_pf = kPrefetchU<IO> && smem_pf <= kMaxSmem;
-  auto kern = fftconv_fp32_kernel<LOGM, IO>;
+  auto kern = fftconv_fp32_kernel<LOGM, IO, GATED>;
   err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(try_pf ? smem_pf : smem0));
   if (err != cudaSuccess) return err;
   int sms = 0, occ = 0, occ_pf = 0;
@@ -154,7 +156,7 @@ cudaError_t forward_shape(int n1, int n2, ForwardShape& shape) {
   return cudaSuccess;
 }
 
-template <int LOGM, typename IO>
+template <int LOGM, typename IO, bool GATED>
 cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream) {
   using P = Plan<LOGM>;
   KArgs a;
@@ -172,15 +174,17 @@ cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream) {
   a.C = p.channels;
   a.L = p.seq_len;
   set_geometry<LOGM>(a, p.fft_size, p.n1, p.n2);
+  a.pregate = p.pregate;
+  a.postgate = p.postgate;
   const int64_t nseq = p.batch * p.channels;
   if (nseq == 0) return cudaSuccess;
   ForwardShape shape;
-  const cudaError_t err = forward_shape<LOGM, IO>(p.n1, p.n2, shape);
+  const cudaError_t err = forward_shape<LOGM, IO, GATED>(p.n1, p.n2, shape);
   if (err != cudaSuccess) return err;
   a.prefetch = shape.prefetch;
   const int occ = shape.ctas_per_sm, sms = shape.sms;
   const size_t smem = shape.smem;
-  auto kern = fftconv_fp32_kernel<LOGM, IO>;
+  auto kern = fftconv_fp32_kernel<LOGM, IO, GATED>;
   const int64_t blocks_needed = (nseq + P::SPB - 1) / P::SPB;
   int64_t grid = (int64_t)occ * sms;
   if (grid > blocks_needed) grid = blocks_needed;
@@ -190,7 +194,11 @@ cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream) {
 
 template <typename IO>
 cudaError_t dispatch_size(const ConvForwardParams& p, cudaStream_t stream) {
-  return with_plan(p.fft_size, cudaErrorInvalidValue, [&](auto logm) { return launch<decltype(logm)::value, IO>(p, stream); });
+  const bool gated = p.pregate != nullptr || p.postgate != nullptr;
+  return with_plan(p.fft_size, cudaErrorInvalidValue, [&](auto logm) {
+    constexpr int LOGM = decltype(logm)::value;
+    return gated ? launch<LOGM, IO, true>(p, stream) : launch<LOGM, IO, false>(p, stream);
+  });
 }
 
 }  // namespace fp32_detail

@@ -75,11 +75,36 @@ __device__ __forceinline__ bool prefetch_seq(const KArgs& a, IO* ubuf, int64_t s
   return staged;
 }
 
+// A gate (pregate or postgate: (B, C, L) contiguous, like y) applied to the values v[q][r] =
+// (x[t0], x[t0 + 1]), t0 = 2(j + r·NS), of this thread's butterflies j = tx + q·T, r < R/2:
+// the pairs the first forward and the last inverse pass read and write. Products in fp32.
+template <int T, int NB, int R, typename IO>
+__device__ __forceinline__ void apply_gate(cf (&v)[NB][R], const IO* gate, int tx, int ns, int Lv) {
+  const bool gpair = (reinterpret_cast<uintptr_t>(gate) & (2 * sizeof(IO) - 1)) == 0;
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+#pragma unroll
+    for (int r = 0; r < R / 2; ++r) {
+      const int t0 = 2 * (tx + q * T + r * ns);
+      if (gpair && t0 + 1 < Lv) {
+        const float2 g2 = io_load2<IO>(gate + t0);
+        v[q][r].x *= g2.x;
+        v[q][r].y *= g2.y;
+      } else {
+        if (t0 < Lv) v[q][r].x *= io_load<IO>(gate + t0);
+        if (t0 + 1 < Lv) v[q][r].y *= io_load<IO>(gate + t0 + 1);
+      }
+    }
+  }
+}
+
 // Forward p1: global (or, when pf_cur, the slot's prefetch buffer) -> smem, radix R1, NS = 1,
 // upper half zero. Waits for the prefetch and synchronizes before its smem writes, so the
 // previous sequence's last pass may still be reading smem when it is called. sm: the CTA's
 // shared memory, in which the prefetch buffer is found as the kernel places it.
-template <int LOGM, typename IO>
+// GATED: x = pregate ⊙ u where a.pregate is given (the ungated instance is the kernel as it
+// was, instruction for instruction).
+template <int LOGM, typename IO, bool GATED>
 __device__ __forceinline__ void forward_p1(const float* sm, float* re, float* im, int tx, const KArgs& a, bool pf_cur,
                                            const ForwardSeq& seq) {
   using P = Plan<LOGM>;
@@ -129,6 +154,10 @@ __device__ __forceinline__ void forward_p1(const float* sm, float* re, float* im
     }
 #pragma unroll
     for (int r = R / 2; r < R; ++r) v[q][r] = {0.f, 0.f};
+  }
+  if constexpr (GATED) {
+    if (a.pregate != nullptr)
+      apply_gate<T>(v, static_cast<const IO*>(a.pregate) + (b * a.C + c) * a.L, tx, M / R, Lv);
   }
 #pragma unroll
   for (int q = 0; q < NB; ++q) {
@@ -208,8 +237,10 @@ __device__ __forceinline__ void mid_filter_pairs(const float2* stage, const KArg
 }
 
 // The last inverse pass: smem -> global, radix R1, NS = M/R1; only the causal half (y[t] for
-// t < Lv) is stored, plus D·u there when the skip is not folded into the filter.
-template <int LOGM, typename IO>
+// t < Lv) is stored, plus D·u there when the skip is not folded into the filter. GATED: y =
+// postgate ⊙ (conv + D·x) where a.postgate is given (the skip is then always folded: the
+// direct form would need x, not u).
+template <int LOGM, typename IO, bool GATED>
 __device__ __forceinline__ void last_inverse_store(const float* re, const float* im, int tx, const float2* twM,
                                                    const KArgs& a, const ForwardSeq& seq) {
   using P = Plan<LOGM>;
@@ -222,6 +253,10 @@ __device__ __forceinline__ void last_inverse_store(const float* re, const float*
   constexpr int R = P::R1, NB = 32 / R, NS = M / R;
   cf v[NB][R];
   last_inverse_butterflies<LOGM>(re, im, tx, twM, v, [](int) {});
+  if constexpr (GATED) {
+    if (a.postgate != nullptr)
+      apply_gate<T>(v, static_cast<const IO*>(a.postgate) + (b * a.C + c) * a.L, tx, NS, Lv);
+  }
   const bool direct_skip = a.skip != nullptr && !a.skip_fold;
   const float sk = (direct_skip && valid) ? a.skip[c] : 0.f;
 #pragma unroll

@@ -84,6 +84,8 @@ struct KArgs {
   int prefetch;  // u of the next sequence is staged in shared memory (cp.async)
   int skip_fold; // always 1, see launch(): skip folded into the filter spectrum; 0: y += D·u at the store
   int N, n1, n2, ln1, ln2;
+  const void* pregate;   // (B, C, L) contiguous, IO, or nullptr: x = pregate ⊙ u at the load
+  const void* postgate;  // (B, C, L) contiguous, IO, or nullptr: y = postgate ⊙ (conv + D·x) at the store
 };
 
 // ------------------------------------------------------------------------------------

@@ -112,7 +112,8 @@ cudaError_t conv_forward_tensor_core(const ConvForwardParams& params, cudaStream
   if (launch == nullptr) launch = tc::pick(params);
   const bool valid = launch != nullptr && params.u != nullptr && params.y != nullptr &&
                      params.filter_spectrum != nullptr && params.batch * params.channels <= int64_t(0x7fffffff) &&
-                     reinterpret_cast<uintptr_t>(params.filter_spectrum) % 8 == 0;
+                     reinterpret_cast<uintptr_t>(params.filter_spectrum) % 8 == 0 &&
+                     params.pregate == nullptr && params.postgate == nullptr;  // gates: the fp32 kernel's only
   return valid ? launch(params, stream) : cudaErrorInvalidValue;
 }
 
