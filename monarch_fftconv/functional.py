@@ -173,7 +173,9 @@ def fftconv(
     `monarch_fftconv.policy` for how None is resolved).
 
     The gates are elementwise ATen ops around the convolution on every backend (one autograd
-    graph): no kernel fuses them yet. Bidirectional calls run where the causal call would, the
+    graph). A call that records no gradient can take them into the fp32 kernel instead
+    (`backends.FUSED_GATES`, off by default: measured only 4-7% faster; docs/design.md).
+    Bidirectional calls run where the causal call would, the
     Monarch kernels on the folded spectrum K_fwd + conj(K_rev) (bidirectional.py; `explain()`).
     """
     return conv(u, k, D, precision, pregate=pregate, postgate=postgate, bidirectional=bidirectional)
@@ -414,8 +416,9 @@ def explain(
 def _gate_stages(
     u: Tensor, pregate: Tensor | None, postgate: Tensor | None, conv_dtype: torch.dtype, conv: list[dict],
 ) -> list[dict]:
-    """The convolution's launches with the gates' around them: each gate an ATen launch that
-    reads its operands and writes the product (and a cast when it leaves u's dtype)."""
+    """The convolution's launches with the gates' around them, as a call that records a gradient
+    runs them (and every call while `backends.FUSED_GATES` is off): each gate an ATen launch
+    that reads its operands and writes the product (and a cast when it leaves u's dtype)."""
     elements = u.numel()
     before, after = [], []
     if pregate is not None:

@@ -114,7 +114,9 @@ def gated_conv_forward(u: Tensor, filter_spectrum: Tensor, skip: Tensor | None, 
                        postgate: Tensor | None, precision: str) -> Tensor:
     """postgate ⊙ (conv(x) + skip·x), x = pregate ⊙ u, each gate optional and of u's shape and
     dtype. Not differentiable (inference). CUDA: the gates fused into the fp32 radix kernel's
-    load and store where it runs the call, ATen ops around the conv elsewhere; CPU: the latter."""
+    load and store where it runs the call, ATen ops around the conv elsewhere; CPU: the latter.
+    With 2-byte I/O the two differ in rounding: the fused kernel multiplies in fp32 and rounds
+    y once, the ATen ops round x and y to the I/O dtype."""
     for name, gate in (("pregate", pregate), ("postgate", postgate)):
         if gate is not None and (gate.shape != u.shape or gate.dtype != u.dtype):
             raise ValueError(f"monarch_fftconv: {name} must have u's shape {tuple(u.shape)} and dtype {u.dtype}, "

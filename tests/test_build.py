@@ -100,6 +100,38 @@ def test_kernel_compiles(source, compiled_units):
     assert result.returncode == 0, result.stderr[-4000:]
 
 
+# --------------------------------------------------------------------------- the binding
+
+HOST_CXX = shutil.which("g++") or shutil.which("c++")
+
+
+@needs_nvcc
+@pytest.mark.skipif(HOST_CXX is None, reason="no host C++ compiler")
+def test_binding_compiles_against_torch_headers(tmp_path):
+    """binding.cpp, the one file that speaks to torch, through the host compiler's front end with
+    the build's C++ flags and this torch's headers: an error there otherwise shows first on the GPU
+    machine, minutes into its build. A CPU torch wheel lacks one generated header of c10/cuda
+    (impl/cuda_cmake_macros.h); an empty stand-in takes its place (its macros only select DLL
+    export attributes)."""
+    from torch.utils.cpp_extension import include_paths
+    import sysconfig
+
+    stand_in = tmp_path / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h"
+    stand_in.parent.mkdir(parents=True)
+    stand_in.write_text("#pragma once\n")
+    # nvcc's own include directory, as its dry run reports it (nvcc may be a wrapper script)
+    dry = subprocess.run([NVCC, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+                         capture_output=True, text=True, timeout=60)
+    cuda_includes = re.findall(r'^#\$ INCLUDES="-I([^"]+)"', dry.stdout + dry.stderr, re.MULTILINE)
+    assert cuda_includes, dry.stderr[-2000:]
+    includes = [tmp_path, *include_paths(), *cuda_includes, _extension.CSRC, sysconfig.get_paths()["include"]]
+    cmd = [HOST_CXX, *[f for f in _extension.CXX_FLAGS if f.startswith("-std")], "-fsyntax-only",
+           "-DTORCH_EXTENSION_NAME=monarch_fftconv_ext", *[f"-I{d}" for d in includes],
+           str(Path(_extension.CSRC) / "binding.cpp")]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
 # --------------------------------------------------------------------------- spills
 
 SPILL_RECORD = Path(__file__).with_name("ptxas_spills.json")

@@ -154,10 +154,11 @@ at::Tensor conv_forward_gated(const at::Tensor& u_in, const at::Tensor& spectrum
   const std::optional<at::Tensor> pregate = gate_term(pregate_in, u, "pregate");
   const std::optional<at::Tensor> postgate = gate_term(postgate_in, u, "postgate");
   // Splits no tensor-core kernel covers run the fp32-accurate kernel whatever the precision
-  // asked for: more accurate than asked, and the only kernel there.
+  // asked for: more accurate than asked, and the only kernel there. (The name is checked first,
+  // at every size.)
+  const mf::Precision asked = precision_of(precision);
   const mf::Precision kernel_precision =
-      mf::covers_split(static_cast<int>(split.n1), static_cast<int>(split.n2)) ? precision_of(precision)
-                                                                               : mf::Precision::kFP32;
+      mf::covers_split(static_cast<int>(split.n1), static_cast<int>(split.n2)) ? asked : mf::Precision::kFP32;
   const bool radix = split.fft_size < mf::kFourStepMinSize && kernel_precision == mf::Precision::kFP32;
   if ((pregate || postgate) && !radix) {  // the gates around the conv, as ATen ops
     const at::Tensor x = pregate ? u.mul(*pregate) : u;
@@ -344,6 +345,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
                                                              int64_t filter_len, c10::string_view precision,
                                                              bool two_sided) {
   precision_of(precision);  // a known name; the arithmetic is fp32 whatever it is
+  const mf::GradAccumulator accumulator = grad_accumulator_from_env();  // checked on every route
   const at::Tensor u = time_contiguous(u_in);
   const at::Tensor spectrum = spectrum_in.to(at::kFloat).contiguous();
   const Split split = check_plan(u, spectrum);
@@ -390,7 +392,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
   p.fft_size = static_cast<int>(split.fft_size);
   p.n1 = static_cast<int>(split.n1);
   p.n2 = static_cast<int>(split.n2);
-  p.accumulator = grad_accumulator_from_env();
+  p.accumulator = accumulator;
   p.two_sided = two_sided;
   const size_t workspace_bytes = mf::conv_backward_fp32_workspace_bytes(p);
   TORCH_CHECK(workspace_bytes > 0, "monarch_fftconv: no backward kernel for this call");

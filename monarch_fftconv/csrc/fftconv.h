@@ -16,7 +16,8 @@ enum class IOType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 
 // Where the fp32 backward keeps a channel's running sums Σ_b conj(U_b)·DY_b (and the parked
 // spectrum X_u) across its batch loop. kAuto: on chip wherever they fit in shared memory (one
-// CTA per SM, N <= 16384), else in a global scratch (two CTAs per SM, the sums through L2).
+// CTA per SM, N <= 16384), else in a global scratch (the sums through L2; at N = 32768 one
+// CTA of 512 threads per SM, elsewhere two of 256).
 // kGlobal forces the scratch route: the measured baseline, kept for the side-by-side benchmark.
 enum class GradAccumulator : int { kAuto = 0, kGlobal = 1 };
 

@@ -27,11 +27,12 @@
 //            and the forward's inverse passes store du[b,c].
 //   filter_grad_kernel: per channel, the chunks' accumulators summed in chunk order, ·1/N,
 //     the inverse split and inverse passes, the first Lk samples stored as dk[c] (and
-//     dk[c, 0] as dD[c]).
+//     dk[c, 0] as dD[c]); two-sided, also bins N - s as lag -s (dk (C, 2, Lk)).
 //
 // Deterministic: no atomics; every sum has a fixed order. The chunking (how many work items
-// share a channel) depends only on the shape and the device, so a given call on a given GPU
-// gives the same bits run after run.
+// share a channel) depends only on the shape, the device and the route (GradLayout: the
+// default or MONARCH_FFTCONV_GRAD_ACCUMULATOR=global), so a given call on a given GPU gives
+// the same bits run after run.
 
 #include "fp32/radix.cuh"
 
@@ -71,7 +72,8 @@ __device__ __forceinline__ float4* scratch_view(float4* p) {
 }
 
 // Where the grad kernel keeps a work item's X_u and its accumulator across the batch loop.
-//   Scratch (ON_CHIP = false): two CTAs per SM (128 registers a thread). X_u's first
+//   Scratch (ON_CHIP = false): two CTAs of 256 threads per SM, or at N = 32768 (the route's one
+//     default use) one of 512 (128 registers a thread either way). X_u's first
 //     8 pair slots of each thread live in the shared memory two CTAs leave over
 //     (half of X_u at every N), the rest and the accumulator in a global scratch: 1.38 GB
 //     moved at 16x256x8192 against 0.40 GB compulsory, as the scratch and the spectra outgrow
