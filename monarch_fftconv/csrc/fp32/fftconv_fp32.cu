@@ -159,21 +159,12 @@ cudaError_t forward_shape(int n1, int n2, ForwardShape& shape) {
 template <int LOGM, typename IO, bool GATED>
 cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream) {
   using P = Plan<LOGM>;
-  KArgs a;
-  a.u = p.u;
-  a.ubs = p.u_batch_stride;
-  a.ucs = p.u_channel_stride;
-  a.K = reinterpret_cast<const float2*>(p.filter_spectrum);
-  a.skip = p.skip;
+  KArgs a = conv_kargs<LOGM>(p);
   // The skip is always folded into the spectrum. The direct form stays compiled, though never
   // used, because the register allocation depends on it: without it fp32 io at N <= 2048
   // spills more and runs slower (2-byte io and larger N run faster).
   a.skip_fold = 1;
   a.y = p.y;
-  a.B = p.batch;
-  a.C = p.channels;
-  a.L = p.seq_len;
-  set_geometry<LOGM>(a, p.fft_size, p.n1, p.n2);
   a.pregate = p.pregate;
   a.postgate = p.postgate;
   const int64_t nseq = p.batch * p.channels;

@@ -321,16 +321,7 @@ cudaError_t launch_grad(const ConvBackwardParams& p, cudaStream_t stream, size_t
     return cudaSuccess;
   }
   GradArgs g{};
-  KArgs& a = g.k;
-  a.u = p.u;
-  a.ubs = p.u_batch_stride;
-  a.ucs = p.u_channel_stride;
-  a.K = reinterpret_cast<const float2*>(p.filter_spectrum);
-  a.skip = p.skip;
-  a.B = p.batch;
-  a.C = p.channels;
-  a.L = p.seq_len;
-  set_geometry<LOGM>(a, p.fft_size, p.n1, p.n2);
+  g.k = conv_kargs<LOGM>(p);  // its y and gates unused
   g.dy = p.grad;
   g.du = p.grad_u;
   g.dk = p.grad_filter;

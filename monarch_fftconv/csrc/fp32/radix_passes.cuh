@@ -208,19 +208,29 @@ __device__ __forceinline__ void mid_inverse(float* re, float* im, int j0, int j1
   __syncthreads();
 }
 
-// inverse_passes' transform with every sample of the N-point circle handed to store(t, value),
+// The mid pass's inverse radix-16 butterflies, the inverse p2 and the last inverse pass's
+// butterflies (smem -> registers): v[q][r] = (w[m], ...) holds the samples (y[t0], y[t0 + 1]),
+// t0 = 2(tx + q·T + r·NS), NS = M/R1, of the N-point circle.
+template <int LOGM>
+__device__ __forceinline__ void inverse_to_registers(float* re, float* im, int tx, const float2* twM,
+                                                     const float2* twIP2, cf (&A2)[16], cf (&B2)[16],
+                                                     cf (&v)[32 / Plan<LOGM>::R1][Plan<LOGM>::R1]) {
+  using P = Plan<LOGM>;
+  constexpr int M = P::M, T = P::T;
+  mid_inverse(re, im, tx, tx == 0 ? M / 32 : M / 16 - tx, A2, B2);
+  if constexpr (P::LR2 > 0) pass_smem<M, T, P::R2, 16, true>(re, im, tx, twIP2);
+  last_inverse_butterflies<LOGM>(re, im, tx, twM, v, [](int) {});
+}
+
+// inverse_to_registers, then every sample of the N-point circle handed to store(t, value),
 // t in [0, N): the filter gradient's negative lags live in its back half (bin N - s).
 template <int LOGM, class Store>
 __device__ __forceinline__ void inverse_passes_circle(float* re, float* im, int tx, const float2* twM,
                                                       const float2* twIP2, cf (&A2)[16], cf (&B2)[16], Store&& store) {
   using P = Plan<LOGM>;
-  constexpr int M = P::M, T = P::T;
-  mid_inverse(re, im, tx, tx == 0 ? M / 32 : M / 16 - tx, A2, B2);
-  if constexpr (P::LR2 > 0) pass_smem<M, T, P::R2, 16, true>(re, im, tx, twIP2);
-
-  constexpr int R = P::R1, NB = 32 / R, NS = M / R;
+  constexpr int T = P::T, R = P::R1, NB = 32 / R, NS = P::M / R;
   cf v[NB][R];
-  last_inverse_butterflies<LOGM>(re, im, tx, twM, v, [](int) {});
+  inverse_to_registers<LOGM>(re, im, tx, twM, twIP2, A2, B2, v);
 #pragma unroll
   for (int q = 0; q < NB; ++q) {
 #pragma unroll
@@ -232,19 +242,14 @@ __device__ __forceinline__ void inverse_passes_circle(float* re, float* im, int 
   }
 }
 
-// The mid pass's inverse radix-16 butterflies, the inverse p2 and the last inverse pass
-// (smem -> global): stores y[t] for t < Lv.
+// inverse_to_registers, then the causal half stored (smem -> global): y[t] for t < Lv.
 template <int LOGM, typename IO>
 __device__ __forceinline__ void inverse_passes(float* re, float* im, int tx, const float2* twM, const float2* twIP2,
                                                cf (&A2)[16], cf (&B2)[16], IO* y, int Lv) {
   using P = Plan<LOGM>;
-  constexpr int M = P::M, T = P::T;
-  mid_inverse(re, im, tx, tx == 0 ? M / 32 : M / 16 - tx, A2, B2);
-  if constexpr (P::LR2 > 0) pass_smem<M, T, P::R2, 16, true>(re, im, tx, twIP2);
-
-  constexpr int R = P::R1, NB = 32 / R, NS = M / R;
+  constexpr int T = P::T, R = P::R1, NB = 32 / R, NS = P::M / R;
   cf v[NB][R];
-  last_inverse_butterflies<LOGM>(re, im, tx, twM, v, [](int) {});
+  inverse_to_registers<LOGM>(re, im, tx, twM, twIP2, A2, B2, v);
   const bool ypair = (reinterpret_cast<uintptr_t>(y) & (2 * sizeof(IO) - 1)) == 0;
 #pragma unroll
   for (int q = 0; q < NB; ++q) {

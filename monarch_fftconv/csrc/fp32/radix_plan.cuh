@@ -146,6 +146,24 @@ inline void set_geometry(KArgs& a, int fft_size, int n1, int n2) {
   a.S = area_floats<LOGM>(n1, n2);
 }
 
+// The KArgs fields a conv call gives both radix conv kernels (ConvForwardParams and
+// ConvBackwardParams name them alike): u and its strides, the spectrum, the skip term, the shape
+// and the plan's geometry. The rest is zero until the caller sets it.
+template <int LOGM, class ConvParams>
+inline KArgs conv_kargs(const ConvParams& p) {
+  KArgs a{};
+  a.u = p.u;
+  a.ubs = p.u_batch_stride;
+  a.ucs = p.u_channel_stride;
+  a.K = reinterpret_cast<const float2*>(p.filter_spectrum);
+  a.skip = p.skip;
+  a.B = p.batch;
+  a.C = p.channels;
+  a.L = p.seq_len;
+  set_geometry<LOGM>(a, p.fft_size, p.n1, p.n2);
+  return a;
+}
+
 }  // namespace fp32_detail
 }  // namespace
 }  // namespace monarch_fftconv
