@@ -87,7 +87,6 @@ __device__ __forceinline__ float4* scratch_view(float4* p) {
 template <int LOGM, bool ON_CHIP>
 struct GradLayout {
   using P = Plan<LOGM>;
-  static constexpr bool kOnChip = ON_CHIP;
   static constexpr int kMinCtas = ON_CHIP ? 1 : P::MIN_CTAS;
   static constexpr int kParkedSlots = ON_CHIP ? kPairSlots : 8;  // X_u's pair slots in smem
   static constexpr int kScratchSlots = kPairSlots - kParkedSlots;  // X_u's pair slots in the scratch
