@@ -114,6 +114,12 @@ class Backend:
         return None
 
 
+def _filter_rows(rows: Tensor, channels: int) -> Tensor:
+    """What the ops are given of a G-row filter bank (filters or spectra): the G rows themselves
+    where the ops take groups (GROUPS_IN_KERNELS), else a row per channel (`_per_channel`)."""
+    return rows if GROUPS_IN_KERNELS else _per_channel(rows, channels)
+
+
 def _per_channel(rows: Tensor, channels: int) -> Tensor:
     """Row c // (C // G) of a G-row filter bank (filters or spectra) for each channel c: each
     row repeated over its group, a copy of C rows. Its gradient, the sum over each group, is
@@ -127,25 +133,24 @@ def _per_channel(rows: Tensor, channels: int) -> Tensor:
 class _MonarchOps(Backend):
     """Runs the monarch_fftconv ops; the dispatcher picks their CPU or CUDA implementation.
 
-    Grouped filters: the ops take one filter per channel, and their autograd (Python on CPU, C++
-    on CUDA) differentiates through that filter, so a differentiable call repeats the G filters
-    over their groups before the op (`_per_channel`), which then transforms C filters, each
-    group's C/G times. A spectrum given to `conv` (inference_cache) is computed for the G rows
-    once and its rows repeated. Transforming G filters in the differentiable call too needs the
-    kernels to read spectrum row c // (C // G), and the filter-gradient kernel to sum each group:
-    a kernel change."""
+    Grouped filters: the ops take a spectrum of G rows (G dividing C) and return a filter
+    gradient of G rows, each its channels' sum (inside, the rows are repeated for the kernels
+    and the channels' gradients summed after). Until that is measured (GROUPS_IN_KERNELS, off), the G filters are
+    repeated over their groups before the op (`_filter_rows`), which then transforms C filters,
+    each group's C/G times; a spectrum given to `conv` (inference_cache) is computed for the G
+    rows once and its rows repeated."""
 
     def fftconv(self, u, k, skip, precision):
-        return ops.fftconv_op(u, _per_channel(k, u.shape[1]), skip, self.runs_as or precision)[0]
+        return ops.fftconv_op(u, _filter_rows(k, u.shape[1]), skip, self.runs_as or precision)[0]
 
     def filter_spectrum(self, k, seq_len, precision):
         return ops.filter_spectrum_op(k, seq_len, self.runs_as or precision)
 
     def conv(self, u, spectrum, skip, precision):
-        return ops.conv_forward_op(u, _per_channel(spectrum, u.shape[1]), skip, self.runs_as or precision)
+        return ops.conv_forward_op(u, _filter_rows(spectrum, u.shape[1]), skip, self.runs_as or precision)
 
     def gated_conv(self, u, spectrum, skip, pregate, postgate, precision):
-        return ops.gated_conv_forward_op(u, _per_channel(spectrum, u.shape[1]), skip, pregate, postgate,
+        return ops.gated_conv_forward_op(u, _filter_rows(spectrum, u.shape[1]), skip, pregate, postgate,
                                          self.runs_as or precision)
 
     def refreshes_in_place(self, k, seq_len):
@@ -157,7 +162,7 @@ class _MonarchOps(Backend):
 
     def stages(self, plan, batch, channels, itemsize, filters=None):
         launches = self._conv_stages(plan, batch, channels, itemsize)
-        if launches is None or filters in (None, channels):
+        if launches is None or filters in (None, channels) or GROUPS_IN_KERNELS:
             return launches
         repeat = {"stage": f"repeat the {filters} filters over their groups (ATen copy)",
                   "reads": filters * plan.seq_len * 4, "writes": channels * plan.seq_len * 4}
@@ -263,7 +268,7 @@ class BidirectionalOps(Backend):
                    f"bidirectional filters run where the causal call would: {causal.reason}", causal.runs_as, causal)
 
     def fftconv(self, u, k, skip, precision):
-        return BidirectionalConv.apply(u, _per_channel(k, u.shape[1]), skip, self.runs_as or precision)
+        return BidirectionalConv.apply(u, _filter_rows(k, u.shape[1]), skip, self.runs_as or precision)
 
     def filter_spectrum(self, k, seq_len, precision):
         return folded_spectrum(lambda rows: self.causal.filter_spectrum(rows, seq_len, precision), k)
@@ -315,6 +320,12 @@ class Pending(Backend):
 FP32_KERNEL_POINTS_PER_SM = 32768
 # The share of one fp32-kernel wave from which a precision's call takes the fp32 kernel.
 TENSOR_CORE_WAVE_SHARE = {"bf16": 1.0, "fp16": 1.0, "tf32": 0.5}
+# Grouped filters given to the ops as their G rows (the ops repeat them for the kernels and sum
+# each group's filter gradient inside), instead of repeated to a row per channel before the op.
+# Off until measured: built in session 17 with no device time left (docs/design.md, "Groups in
+# the ops").
+GROUPS_IN_KERNELS = False
+
 # The gates fused into the fp32 kernel (gated_conv_forward) for calls that record no gradient.
 # Off: on an H100 (session 17, docs/performance.md) the gated forward took 0.597 ms against the
 # ATen gates' 0.619 at 16x256x8192 (0.42 predicted), and one call at a time 0.01 ms longer.

@@ -95,10 +95,29 @@ def bits(t: Tensor) -> Tensor:
 # --------------------------------------------------------------------------- conv_forward
 
 
+def _channel_spectrum(filter_spectrum: Tensor, channels: int) -> Tensor:
+    """The spectrum as complex, a row per channel: a grouped spectrum's G rows (G dividing C)
+    repeated over their groups, as the CUDA binding gives them to its kernels."""
+    spectrum = torch.view_as_complex(filter_spectrum.contiguous())
+    rows = spectrum.shape[0]
+    return spectrum if rows == channels else spectrum.repeat_interleave(channels // rows, dim=0)
+
+
+def _by_row(channel_grads: Tensor, rows: int) -> Tensor:
+    """Per-channel filter gradients (C, ...) summed over each group of channels sharing a row:
+    (G, ...), in channel order."""
+    channels = channel_grads.shape[0]
+    if rows == channels:
+        return channel_grads
+    return channel_grads.unflatten(0, (rows, channels // rows)).sum(1)
+
+
 @torch.library.custom_op("monarch_fftconv::conv_forward", mutates_args=(), device_types="cpu")
 def conv_forward(u: Tensor, filter_spectrum: Tensor, skip: Tensor | None, precision: str) -> Tensor:
+    """y = conv(u, k) (+ skip·u) from k's spectrum: a row per channel, or per group of C/G
+    channels (grouped filters)."""
     plan = plan_for(u.shape[-1])
-    spectrum = torch.view_as_complex(filter_spectrum.contiguous())
+    spectrum = _channel_spectrum(filter_spectrum, u.shape[1])
     if fourstep.covers(plan.fft_size):
         return fourstep.conv_reference(u, spectrum, skip).to(u.dtype)
     return portable.conv_forward(u, spectrum, skip, plan, precision)
@@ -151,14 +170,15 @@ def _(u: Tensor, k: Tensor, skip: Tensor | None, precision: str) -> tuple[Tensor
 def fftconv_backward(
     grad: Tensor, u: Tensor, filter_spectrum: Tensor, skip: Tensor | None, filter_len: int, precision: str
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(du, dk, dskip) in the compute dtype; dskip is empty when skip is None."""
+    """(du, dk, dskip) in the compute dtype; dskip is empty when skip is None. dk has a row per
+    spectrum row: a grouped filter's row is the sum over its channels."""
     plan = plan_for(u.shape[-1])
-    spectrum = torch.view_as_complex(filter_spectrum.contiguous())
+    spectrum = _channel_spectrum(filter_spectrum, u.shape[1])
     if fourstep.covers(plan.fft_size):
         du, dk, dskip = fourstep.backward_reference(grad.to(u.dtype), u, spectrum, skip, filter_len)
     else:
         du, dk, dskip = portable.conv_backward(grad.to(u.dtype), u, spectrum, skip, filter_len, plan, precision)
-    return du, dk, _empty_if_none(dskip, u)
+    return du, _by_row(dk, filter_spectrum.shape[0]), _empty_if_none(dskip, u)
 
 
 @torch.library.custom_op("monarch_fftconv::fftconv_backward_two_sided", mutates_args=(), device_types="cpu")
@@ -170,12 +190,12 @@ def fftconv_backward_two_sided(
     backward's one N-point correlation (lag -s at bin N - s): the bidirectional filter's gradient
     (bidirectional.py) in one backward."""
     plan = plan_for(u.shape[-1])
-    spectrum = torch.view_as_complex(filter_spectrum.contiguous())
+    spectrum = _channel_spectrum(filter_spectrum, u.shape[1])
     if fourstep.covers(plan.fft_size):
         du, circle, dskip = fourstep.backward_reference(grad.to(u.dtype), u, spectrum, skip, plan.fft_size)
     else:
         du, circle, dskip = portable.conv_backward(grad.to(u.dtype), u, spectrum, skip, plan.fft_size, plan, precision)
-    return du, both_lag_signs(circle, filter_len), _empty_if_none(dskip, u)
+    return du, _by_row(both_lag_signs(circle, filter_len), filter_spectrum.shape[0]), _empty_if_none(dskip, u)
 
 
 def both_lag_signs(circle: Tensor, filter_len: int) -> Tensor:
@@ -190,7 +210,7 @@ def _(
     grad: Tensor, u: Tensor, filter_spectrum: Tensor, skip: Tensor | None, filter_len: int, precision: str
 ) -> tuple[Tensor, Tensor, Tensor]:
     du = torch.empty_like(u, memory_format=torch.contiguous_format)
-    dk = u.new_empty((u.shape[1], 2, filter_len), dtype=compute_dtype(u))
+    dk = u.new_empty((filter_spectrum.shape[0], 2, filter_len), dtype=compute_dtype(u))
     return du, dk, _empty_if_none(None if skip is None else torch.empty_like(skip), u)
 
 
@@ -203,7 +223,7 @@ def _(
     grad: Tensor, u: Tensor, filter_spectrum: Tensor, skip: Tensor | None, filter_len: int, precision: str
 ) -> tuple[Tensor, Tensor, Tensor]:
     du = torch.empty_like(u, memory_format=torch.contiguous_format)
-    dk = u.new_empty((u.shape[1], filter_len), dtype=compute_dtype(u))
+    dk = u.new_empty((filter_spectrum.shape[0], filter_len), dtype=compute_dtype(u))
     return du, dk, _empty_if_none(None if skip is None else torch.empty_like(skip), u)
 
 

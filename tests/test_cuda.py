@@ -315,6 +315,40 @@ def test_two_sided_backward_on_the_kernels(batch, channels, length, filter_len, 
     assert torch.equal(du, du_causal) and torch.equal(dskip, dskip_causal)
 
 
+@pytest.mark.parametrize("route", ["auto", "global"])
+@pytest.mark.parametrize("batch, channels, groups, length, precision", [(3, 12, 3, 8192, "fp32"), (5, 8, 2, 1000, "fp32"),
+                                                                        (2, 6, 1, 12345, "fp32"), (2, 6, 3, 40000, "fp32"),
+                                                                        (3, 8, 4, 777, "bf16")])
+def test_grouped_spectrum_on_the_kernels(route, batch, channels, groups, length, precision, monkeypatch, gen):
+    """A G-row spectrum on the CUDA ops (the binding repeats the rows for the kernels and sums
+    each group's filter gradient): the radix kernels on both accumulator routes (N up to
+    32768), four-step and tensor-core. y, du, dk (G rows, plain and two-sided) and dD against
+    float64; bitwise the same on a second call."""
+    monkeypatch.setenv(GRAD_ACCUMULATOR_ENV, route)
+    filter_len = max(1, length // 3)
+    u, grad = randn(gen, batch, channels, length, device=DEVICE), randn(gen, batch, channels, length, device=DEVICE)
+    k, D = randn(gen, groups, filter_len, device=DEVICE) / filter_len**0.5, randn(gen, channels, device=DEVICE)
+    spectrum = ops.filter_spectrum(k, length, precision)
+    per_channel = k.repeat_interleave(channels // groups, dim=0)
+    y = poisoned_call(lambda: ops.conv_forward_op(u, spectrum, D, precision), u)
+    assert rel_l2(y, reference(u, per_channel, D)) <= BUDGETS[precision]
+    n = 2 * length
+    circle = torch.fft.irfft(torch.fft.rfft(grad.double(), n=n) * torch.fft.rfft(u.double(), n=n).conj(), n=n).sum(0)
+    lags = torch.arange(filter_len, device=DEVICE)
+    want_dk = circle[:, lags].unflatten(0, (groups, channels // groups)).sum(1)
+    want_rev = circle[:, (n - lags) % n].unflatten(0, (groups, channels // groups)).sum(1)
+    want_du = torch.fft.irfft(torch.fft.rfft(grad.double(), n=n) * torch.fft.rfft(per_channel.double(), n=n).conj(),
+                              n=n)[..., :length] + D.double()[:, None] * grad.double()
+    first = ops.fftconv_backward_op(grad, u, spectrum, D, filter_len, precision)
+    du, dk, dskip = first
+    assert dk.shape == (groups, filter_len) and torch.isfinite(dk).all()
+    assert rel_l2(du, want_du) <= 1.5 * BUDGETS["fp32"] and rel_l2(dk, want_dk) <= 1.5 * BUDGETS["fp32"]
+    assert rel_l2(dskip, (u.double() * grad.double()).sum((0, 2))) <= 1.5 * BUDGETS["fp32"]
+    assert all(torch.equal(a, b) for a, b in zip(first, ops.fftconv_backward_op(grad, u, spectrum, D, filter_len, precision)))
+    _, dk2, _ = ops.fftconv_backward_two_sided_op(grad, u, spectrum, D, filter_len, precision)
+    assert rel_l2(dk2[:, 0], want_dk) <= 1.5 * BUDGETS["fp32"] and rel_l2(dk2[:, 1], want_rev) <= 1.5 * BUDGETS["fp32"]
+
+
 def test_double_backward_is_refused_with_a_clear_error(gen):
     """The backward op has no derivative: create_graph=True fails loudly, never silently."""
     u = randn(gen, 2, 3, 1000, device=DEVICE).requires_grad_()

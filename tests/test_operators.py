@@ -239,6 +239,58 @@ def test_explain_stages_put_the_gates_around_the_kernel(monkeypatch, gen):
     assert widened[-1]["stage"].startswith("cast to bfloat16")
 
 
+# --------------------------------------------------------------------------- groups in the ops
+
+@pytest.mark.parametrize("gates, bidirectional, with_D, length", [("none", False, True, None), ("both", False, True, None),
+                                                                   ("pre", True, True, None), ("none", False, True, 40000),
+                                                                   ("post", True, False, 40001)])
+def test_groups_given_to_the_ops_as_their_rows(gates, bidirectional, with_D, length, monkeypatch, gen):
+    """With backends.GROUPS_IN_KERNELS on, the ops get the G filter rows (not C) and return a
+    G-row filter gradient: y and every gradient against float64, at odd sizes and at the
+    four-step plan (L = 40000), gates, D and bidirectional filters included."""
+    from monarch_fftconv import ops
+
+    monkeypatch.setenv(backends.BACKEND_ENV, "portable")
+    monkeypatch.setattr(backends, "GROUPS_IN_KERNELS", True)
+    rows_seen = []
+    real = ops.fftconv_op
+    monkeypatch.setattr(ops, "fftconv_op", lambda u, k, *rest: rows_seen.append(k.shape[0]) or real(u, k, *rest))
+    channels, groups = 9, 3
+    if length is None:
+        length, filter_len = odd_sizes(gen)
+    else:
+        filter_len = 300
+    inputs = operator_inputs(gen, 2, channels, groups, length, filter_len, gates, bidirectional, with_D)
+    u, k, D, pregate, postgate = (None if t is None else t.double().requires_grad_() for t in inputs)
+    y = mf.fftconv(u, k, D=D, pregate=pregate, postgate=postgate, bidirectional=bidirectional)
+    want = reference_operator(u, k, D, pregate, postgate, bidirectional=bidirectional)
+    assert rel_l2(y, want) <= 1e-10
+    if not bidirectional:
+        assert rows_seen == [groups]
+    leaves = [t for t in (u, k, D, pregate, postgate) if t is not None]
+    g = torch.randn(y.shape, generator=gen, dtype=torch.float64)
+    for got, expected in zip(torch.autograd.grad(y, leaves, g), torch.autograd.grad(want, leaves, g)):
+        assert got.shape == expected.shape and rel_l2(got, expected) <= 1e-10
+
+
+def test_grouped_filter_gradient_on_the_ops_is_the_group_sum(monkeypatch, gen):
+    """The backward op with a G-row spectrum: dk's row g is the sum of its channels' rows as the
+    per-channel spectrum gives them (two-sided too); du and dD the same."""
+    from monarch_fftconv import ops
+
+    u, grad = randn(gen, 3, 8, 301), randn(gen, 3, 8, 301)
+    k, D = randn(gen, 2, 120), randn(gen, 8)
+    grouped = ops.filter_spectrum_op(k, 301, "fp32")
+    per_channel = grouped.repeat_interleave(4, dim=0)
+    for backward in (ops.fftconv_backward_op, ops.fftconv_backward_two_sided_op):
+        du, dk, dskip = backward(grad, u, grouped, D, 120, "fp32")
+        du_c, dk_c, dskip_c = backward(grad, u, per_channel, D, 120, "fp32")
+        assert dk.shape[0] == 2 and torch.equal(du, du_c) and torch.equal(dskip, dskip_c)
+        assert torch.allclose(dk, dk_c.unflatten(0, (2, 4)).sum(1), rtol=0, atol=1e-5)
+    y = ops.conv_forward_op(u, grouped, D, "fp32")
+    assert torch.equal(y, ops.conv_forward_op(u, per_channel, D, "fp32"))
+
+
 # --------------------------------------------------------------------------- fused gates (inference)
 
 @pytest.fixture

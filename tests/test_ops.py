@@ -54,6 +54,14 @@ def test_opcheck(gen):
     for skip in (None, D):
         torch.library.opcheck(ops.fftconv_backward, (randn(gen, 2, 3, 40), u, spectrum, skip, 30, "fp32"))
         torch.library.opcheck(ops.fftconv_backward_two_sided, (randn(gen, 2, 3, 40), u, spectrum, skip, 30, "fp32"))
+    # grouped filters: one row for the three channels (spectrum, filter gradient and the fakes)
+    grouped_k = randn(gen, 1, 30)
+    grouped = ops.filter_spectrum(grouped_k, 40, "fp32")
+    torch.library.opcheck(ops.fftconv, (u.clone().requires_grad_(), grouped_k.clone().requires_grad_(), D, "fp32"))
+    torch.library.opcheck(ops.conv_forward, (u, grouped, D, "fp32"))
+    for backward in (ops.fftconv_backward, ops.fftconv_backward_two_sided):
+        torch.library.opcheck(backward, (randn(gen, 2, 3, 40), u, grouped, D, 30, "fp32"))
+    torch.library.opcheck(ops.gated_conv_forward, (u, grouped, D, randn(gen, 2, 3, 40), None, "fp32"))
 
 
 def lags_float64(grad: torch.Tensor, u: torch.Tensor, filter_len: int) -> torch.Tensor:

@@ -56,10 +56,12 @@ struct Split {
 // (N <= 32768), or the four-step (P, M) for longer sequences.
 Split check_plan(const at::Tensor& u, const at::Tensor& spectrum) {
   const int64_t channels = u.size(1), seq_len = u.size(2);
-  TORCH_CHECK_VALUE(spectrum.dim() == 4 && spectrum.size(0) == channels && spectrum.size(1) >= 2 &&
-                        spectrum.size(3) == 2,
-                    "monarch_fftconv: the filter spectrum must be (C, n1/2+1, n2, 2) with C=", channels, ", got ",
-                    spectrum.sizes());
+  // One row per channel, or per group of channels (grouped filters: G rows, G dividing C).
+  const bool rows_fit = spectrum.dim() == 4 && (spectrum.size(0) == channels ||
+                                                (spectrum.size(0) > 0 && channels % spectrum.size(0) == 0));
+  TORCH_CHECK_VALUE(rows_fit && spectrum.size(1) >= 2 && spectrum.size(3) == 2,
+                    "monarch_fftconv: the filter spectrum must be (G, n1/2+1, n2, 2) with G dividing C=", channels,
+                    ", got ", spectrum.sizes());
   const int64_t n1 = 2 * (spectrum.size(1) - 1), n2 = spectrum.size(2), fft_size = n1 * n2;
   TORCH_CHECK_VALUE(is_pow2(fft_size) && fft_size / 4 < seq_len && seq_len <= fft_size / 2,
                     "monarch_fftconv: the spectrum's plan N=", fft_size, " (", n1, "x", n2,
@@ -74,6 +76,19 @@ Split check_plan(const at::Tensor& u, const at::Tensor& spectrum) {
   TORCH_CHECK_VALUE(spectrum.device() == u.device(), "monarch_fftconv: u and the filter spectrum are on ", u.device(),
                     " and ", spectrum.device());
   return {n1, n2, fft_size};
+}
+
+// Channels per spectrum row: 1, or C / G for a grouped spectrum of G rows (check_plan has
+// checked that G divides C).
+int64_t channels_per_filter(const at::Tensor& u, const at::Tensor& spectrum) {
+  return spectrum.size(0) > 0 && spectrum.size(0) < u.size(1) ? u.size(1) / spectrum.size(0) : 1;
+}
+
+// A grouped spectrum's rows repeated over their groups (a row per channel), as the kernels take
+// it; a per-channel spectrum as it is. (Reading row c / (C/G) in the kernels changed their
+// register allocation and spills: docs/design.md, "Groups in the ops".)
+at::Tensor per_channel_rows(const at::Tensor& spectrum, int64_t group_size) {
+  return group_size > 1 ? spectrum.repeat_interleave(group_size, 0) : spectrum;
 }
 
 // u as the kernels take it: (B, C, L), contiguous in time (copied once if it is not).
@@ -148,7 +163,7 @@ at::Tensor conv_forward_gated(const at::Tensor& u_in, const at::Tensor& spectrum
                               const std::optional<at::Tensor>& skip_in, const std::optional<at::Tensor>& pregate_in,
                               const std::optional<at::Tensor>& postgate_in, c10::string_view precision) {
   const at::Tensor u = time_contiguous(u_in);
-  const at::Tensor spectrum = spectrum_in.to(at::kFloat).contiguous();
+  at::Tensor spectrum = spectrum_in.to(at::kFloat).contiguous();
   const Split split = check_plan(u, spectrum);
   const std::optional<at::Tensor> skip = skip_term(skip_in, u);
   const std::optional<at::Tensor> pregate = gate_term(pregate_in, u, "pregate");
@@ -160,6 +175,7 @@ at::Tensor conv_forward_gated(const at::Tensor& u_in, const at::Tensor& spectrum
   const mf::Precision kernel_precision =
       mf::covers_split(static_cast<int>(split.n1), static_cast<int>(split.n2)) ? asked : mf::Precision::kFP32;
   const bool radix = split.fft_size < mf::kFourStepMinSize && kernel_precision == mf::Precision::kFP32;
+  spectrum = per_channel_rows(spectrum, channels_per_filter(u, spectrum));
   if ((pregate || postgate) && !radix) {  // the gates around the conv, as ATen ops
     const at::Tensor x = pregate ? u.mul(*pregate) : u;
     at::Tensor conv = conv_forward_gated(x, spectrum, skip, std::nullopt, std::nullopt, precision);
@@ -360,8 +376,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
 
   const c10::cuda::CUDAGuard guard(u.device());
   const auto fp32 = u.options().dtype(at::kFloat);
+  const int64_t rows = spectrum.size(0), group_size = channels_per_filter(u, spectrum);
   at::Tensor du = at::empty(u.sizes(), u.options());
-  at::Tensor dk = two_sided ? at::empty({channels, 2, filter_len}, fp32) : at::empty({channels, filter_len}, fp32);
+  at::Tensor dk = two_sided ? at::empty({rows, 2, filter_len}, fp32) : at::empty({rows, filter_len}, fp32);
   at::Tensor dskip = at::empty({skip ? channels : 0}, fp32);
   if (batch == 0) {  // sums over no sequences
     dk.zero_();
@@ -369,25 +386,38 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
     return {du, dk, dskip};
   }
 
+  // The kernels take a row per channel: a grouped spectrum is repeated, and the channels' filter
+  // gradients summed over each group after, in channel order (deterministic).
+  const at::Tensor per_channel = per_channel_rows(spectrum, group_size);
   if (split.fft_size >= mf::kFourStepMinSize) {
-    if (!two_sided) {
-      fourstep_backward(grad, u, spectrum, skip, split.fft_size, du, dk, dskip);
-      return {du, dk, dskip};
-    }
-    // The four-step kernels store the causal lags only: the negative ones are the causal lags
+    at::Tensor dk_causal = at::empty({channels, filter_len}, fp32);
+    fourstep_backward(grad, u, per_channel, skip, split.fft_size, du, dk_causal, dskip);
+    // Two-sided: the kernels store the causal lags only; the negative ones are the causal lags
     // of the time-reversed dy and u, a second backward whose du is discarded.
-    at::Tensor dk_causal = at::empty({channels, filter_len}, fp32), dk_anti = at::empty({channels, filter_len}, fp32);
-    at::Tensor du_unused = at::empty(u.sizes(), u.options()), no_skip = at::empty({0}, fp32);
-    fourstep_backward(grad, u, spectrum, skip, split.fft_size, du, dk_causal, dskip);
-    fourstep_backward(grad.flip(-1).contiguous(), u.flip(-1).contiguous(), spectrum, std::nullopt, split.fft_size,
-                      du_unused, dk_anti, no_skip);
-    dk.select(1, 0).copy_(dk_causal);
-    dk.select(1, 1).copy_(dk_anti);
+    at::Tensor dk_anti;
+    if (two_sided) {
+      dk_anti = at::empty({channels, filter_len}, fp32);
+      at::Tensor du_unused = at::empty(u.sizes(), u.options()), no_skip = at::empty({0}, fp32);
+      fourstep_backward(grad.flip(-1).contiguous(), u.flip(-1).contiguous(), per_channel, std::nullopt,
+                        split.fft_size, du_unused, dk_anti, no_skip);
+    }
+    const auto group_sum = [&](const at::Tensor& t) { return t.view({rows, group_size, filter_len}).sum(1); };
+    if (!two_sided) {
+      dk.copy_(group_sum(dk_causal));
+    } else {
+      dk.select(1, 0).copy_(group_sum(dk_causal));
+      dk.select(1, 1).copy_(group_sum(dk_anti));
+    }
     return {du, dk, dskip};
   }
 
+  // The radix kernels write a row per channel: into dk itself, or a per-channel buffer summed
+  // into dk's G rows after.
+  at::Tensor dk_channels = group_size == 1 ? dk
+                           : two_sided     ? at::empty({channels, 2, filter_len}, fp32)
+                                           : at::empty({channels, filter_len}, fp32);
   mf::ConvBackwardParams p{};
-  fill_backward(p, grad, u, spectrum, skip, du, dk);
+  fill_backward(p, grad, u, per_channel, skip, du, dk_channels);
   p.grad_skip = skip ? dskip.data_ptr<float>() : nullptr;
   p.fft_size = static_cast<int>(split.fft_size);
   p.n1 = static_cast<int>(split.n1);
@@ -400,6 +430,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
   const at::Tensor workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, u.options().dtype(at::kByte));
   p.workspace = workspace.data_ptr();
   check_launch(mf::conv_backward_fp32(p, current_stream(u)));
+  if (group_size > 1) dk.copy_(dk_channels.view({rows, group_size, -1}).sum(1).view(dk.sizes()));
   return {du, dk, dskip};
 }
 
