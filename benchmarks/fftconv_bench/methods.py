@@ -418,6 +418,9 @@ def convolutions(device: str, *, compile: bool = False,
                              bind_function(_ScratchGradConv.apply), _explain("fp32", operator), _monarch_flops,
                              unavailable=lacks_operator("a causal filter per channel, no gates or D")
                              or (None if device == "cuda" else "the scratch route is the CUDA backward's")))
+    convs.append(Convolution("monarch-grouped-ops", "monarch", "fp32", "the ops on G filter rows",
+                             bind_function(_grouped_ops_fftconv), _explain("fp32", operator), _monarch_flops,
+                             unavailable=lacks_operator("the grouped operator's switch", operator.name != "grouped")))
     convs.append(Convolution("monarch-fused-gates", "monarch", "fp32", "gated_conv_forward (gates in the kernel)",
                              bind_function(_fused_gates_fftconv), _explain("fp32", operator), _monarch_flops,
                              unavailable=lacks_operator("the gated operator's switch", not operator.gated)))
@@ -558,8 +561,20 @@ def cudnn_convolution(device: str, lacks_operator: Optional[str] = None) -> Conv
 TENSOR_CORE_PRECISIONS = ("bf16", "fp16", "tf32")
 # Rows run only when --methods names them: the tensor-core op, and the fp32 backward's scratch
 # route (the on-chip route's baseline).
-ON_REQUEST_PREFIXES = ("monarch-tc[", "monarch-scratch-grad", "monarch-fused-gates")
+ON_REQUEST_PREFIXES = ("monarch-tc[", "monarch-scratch-grad", "monarch-fused-gates", "monarch-grouped-ops")
 GRAD_ACCUMULATOR_ENV = "MONARCH_FFTCONV_GRAD_ACCUMULATOR"  # read by the binding at each backward call
+
+
+def _grouped_ops_fftconv(u: Tensor, k: Tensor, **terms: Tensor) -> Tensor:
+    """monarch[fp32] with backends.GROUPS_IN_KERNELS on for this call: the ops get the G filter
+    rows (their backward, recorded by this call, sums each group inside), timed beside the
+    default, which repeats the rows before the op while the switch is off."""
+    before = mf.backends.GROUPS_IN_KERNELS
+    mf.backends.GROUPS_IN_KERNELS = True
+    try:
+        return mf.fftconv(u, k, precision="fp32", **terms)
+    finally:
+        mf.backends.GROUPS_IN_KERNELS = before
 
 
 def _fused_gates_fftconv(u: Tensor, k: Tensor, **terms: Tensor) -> Tensor:
