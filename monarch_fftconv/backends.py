@@ -80,11 +80,9 @@ class Backend:
     def gated_conv(self, u: Tensor, spectrum: Tensor, skip: Tensor | None, pregate: Tensor | None,
                    postgate: Tensor | None, precision: str) -> Tensor:
         """postgate ⊙ (conv(x) + skip·x), x = pregate ⊙ u, from a `filter_spectrum`, for inference
-        (not differentiable); each gate optional, of u's shape and dtype. Here the gates are
-        elementwise ops around `conv`; a backend whose kernel takes them overrides this."""
-        x = u if pregate is None else u * pregate
-        y = self.conv(x, spectrum, skip, precision)
-        return y if postgate is None else y * postgate
+        (not differentiable); each gate optional, of u's shape and dtype. Called only where
+        `fuses_gates` (functional._gates_fusable); elsewhere the gates stay elementwise ops."""
+        raise NotImplementedError
 
     def refreshes_in_place(self, k: Tensor, seq_len: int) -> bool:
         """Whether `refresh_spectrum` can bring a cached spectrum of k up to date on k's device
@@ -191,6 +189,7 @@ def _fused_stages(plan: MonarchPlan, batch: int, channels: int, itemsize: int) -
 
 class FusedFP32(_MonarchOps):
     fuses_gates = True  # gated_conv_forward: the gates in the kernel's load and store
+
     def flops(self, plan, batch, channels, filters=None):
         return _radix_conv_flops(plan, batch, channels)  # the ops transform C filters
 

@@ -234,15 +234,22 @@ def conv(
     return y if y.dtype == u.dtype else y.to(u.dtype)
 
 
+def _gates_fusable(backend: Backend, u: Tensor, pregate: Tensor | None, postgate: Tensor | None,
+                   bidirectional: bool | str) -> bool:
+    """Whether a call that records no gradient takes its gates into the kernel
+    (`Backend.gated_conv`): a causal call, with the switch on, on a backend whose kernel takes
+    gates, with gates of u's own shape and dtype (a broadcast or promoting gate keeps the
+    elementwise ops)."""
+    return (backends.FUSED_GATES and backend.fuses_gates and not bidirectional
+            and all(g is None or (g.shape == u.shape and g.dtype == u.dtype) for g in (pregate, postgate)))
+
+
 def _gates_fuse(backend: Backend, u: Tensor, pregate: Tensor | None, postgate: Tensor | None, k: Tensor,
                 D: Tensor | None, bidirectional: bool | str) -> bool:
-    """Whether the call's gates go into the kernel (`Backend.gated_conv`): a gated causal call
-    that records no gradient, on a backend whose kernel takes gates, with gates of u's own shape
-    and dtype (a broadcast or promoting gate keeps the elementwise ops)."""
-    gates = [g for g in (pregate, postgate) if g is not None]
-    return (bool(gates) and backends.FUSED_GATES and backend.fuses_gates and not bidirectional
-            and all(g.shape == u.shape and g.dtype == u.dtype for g in gates)
-            and not _records_grad(u, k, D, *gates))
+    """Whether this gated call's gates go into the kernel: `_gates_fusable`, and no gradient recorded."""
+    gated = pregate is not None or postgate is not None
+    return (gated and _gates_fusable(backend, u, pregate, postgate, bidirectional)
+            and not _records_grad(u, k, D, pregate, postgate))
 
 
 def _gated_inference(
@@ -373,8 +380,7 @@ def explain(
     terms = {}
     # The gates go into the kernel when no gradient is recorded (`_gates_fuse`): explain() says
     # where they would run without one, and that a training step keeps them outside.
-    fusable = (backends.FUSED_GATES and backend.fuses_gates and convention is None
-               and all(g is None or (g.shape == u.shape and g.dtype == u.dtype) for g in (pregate, postgate)))
+    fusable = _gates_fusable(backend, u, pregate, postgate, convention is not None)
 
     def fused_gate(where: str) -> str:
         return (f"fused into the fp32 kernel's {where} where no gradient is recorded (inference); "

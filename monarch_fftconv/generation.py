@@ -124,6 +124,9 @@ def start(x: Tensor, k: Tensor, max_len: int, *, precision: str | None = None) -
         filt = k.to(dtype)
         to_generate = max_len - prompt_len
         toeplitz, spectra = _filter_blocks(filt, to_generate)
+        # (2, C): k[:, 0] and k[:, 1] (zero for a one-tap filter) per channel, each row contiguous
+        first_taps = F.pad(filt[:, :2], (0, 2 - min(filt.shape[-1], 2))).repeat_interleave(channels // k.shape[0], 0)
+        first_taps = first_taps.T.contiguous()
         inputs = x.new_zeros(batch, channels, to_generate, dtype=dtype)
         pending = x.new_zeros(batch, channels, _pending_length(to_generate), dtype=dtype)
         if prompt_len and to_generate:
@@ -131,8 +134,7 @@ def start(x: Tensor, k: Tensor, max_len: int, *, precision: str | None = None) -
         return ConvState(
             max_len=max_len, prompt_len=prompt_len, position=prompt_len, batch=batch, channels=channels,
             groups=k.shape[0], dtype=x.dtype, device=x.device,
-            first_tap=filt[:, 0].repeat_interleave(channels // k.shape[0]),
-            second_tap=F.pad(filt[:, 1:2], (0, 2 - min(filt.shape[-1], 2)))[:, 0].repeat_interleave(channels // k.shape[0]),
+            first_tap=first_taps[0], second_tap=first_taps[1],
             toeplitz=toeplitz, spectra=spectra, inputs=inputs, pending=pending)
 
 

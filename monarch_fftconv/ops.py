@@ -172,13 +172,19 @@ def fftconv_backward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(du, dk, dskip) in the compute dtype; dskip is empty when skip is None. dk has a row per
     spectrum row: a grouped filter's row is the sum over its channels."""
+    du, dk, dskip = _channel_backward(grad, u, filter_spectrum, skip, filter_len, precision)
+    return du, _by_row(dk, filter_spectrum.shape[0]), _empty_if_none(dskip, u)
+
+
+def _channel_backward(grad: Tensor, u: Tensor, filter_spectrum: Tensor, skip: Tensor | None, lags: int,
+                      precision: str) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(du, the first `lags` samples of each channel's correlation Σ_b dy ⋆ u, dD), by the
+    portable engine or, at the four-step sizes, its reference."""
     plan = plan_for(u.shape[-1])
     spectrum = _channel_spectrum(filter_spectrum, u.shape[1])
     if fourstep.covers(plan.fft_size):
-        du, dk, dskip = fourstep.backward_reference(grad.to(u.dtype), u, spectrum, skip, filter_len)
-    else:
-        du, dk, dskip = portable.conv_backward(grad.to(u.dtype), u, spectrum, skip, filter_len, plan, precision)
-    return du, _by_row(dk, filter_spectrum.shape[0]), _empty_if_none(dskip, u)
+        return fourstep.backward_reference(grad.to(u.dtype), u, spectrum, skip, lags)
+    return portable.conv_backward(grad.to(u.dtype), u, spectrum, skip, lags, plan, precision)
 
 
 @torch.library.custom_op("monarch_fftconv::fftconv_backward_two_sided", mutates_args=(), device_types="cpu")
@@ -189,12 +195,8 @@ def fftconv_backward_two_sided(
     Σ_b Σ_t dy[t]·u[t-s], row 1 the anti-causal ones Σ_b Σ_t dy[t]·u[t+s]. Both lie on the
     backward's one N-point correlation (lag -s at bin N - s): the bidirectional filter's gradient
     (bidirectional.py) in one backward."""
-    plan = plan_for(u.shape[-1])
-    spectrum = _channel_spectrum(filter_spectrum, u.shape[1])
-    if fourstep.covers(plan.fft_size):
-        du, circle, dskip = fourstep.backward_reference(grad.to(u.dtype), u, spectrum, skip, plan.fft_size)
-    else:
-        du, circle, dskip = portable.conv_backward(grad.to(u.dtype), u, spectrum, skip, plan.fft_size, plan, precision)
+    fft_size = plan_for(u.shape[-1]).fft_size
+    du, circle, dskip = _channel_backward(grad, u, filter_spectrum, skip, fft_size, precision)
     return du, _by_row(both_lag_signs(circle, filter_len), filter_spectrum.shape[0]), _empty_if_none(dskip, u)
 
 

@@ -418,12 +418,14 @@ def convolutions(device: str, *, compile: bool = False,
                              bind_function(_ScratchGradConv.apply), _explain("fp32", operator), _monarch_flops,
                              unavailable=lacks_operator("a causal filter per channel, no gates or D")
                              or (None if device == "cuda" else "the scratch route is the CUDA backward's")))
-    convs.append(Convolution("monarch-grouped-ops", "monarch", "fp32", "the ops on G filter rows",
-                             bind_function(_grouped_ops_fftconv), _explain("fp32", operator), _monarch_flops,
-                             unavailable=lacks_operator("the grouped operator's switch", operator.name != "grouped")))
-    convs.append(Convolution("monarch-fused-gates", "monarch", "fp32", "gated_conv_forward (gates in the kernel)",
-                             bind_function(_fused_gates_fftconv), _explain("fp32", operator), _monarch_flops,
-                             unavailable=lacks_operator("the gated operator's switch", not operator.gated)))
+    switched = (("monarch-grouped-ops", "the ops on G filter rows", "GROUPS_IN_KERNELS", "grouped",
+                 operator.name != "grouped"),
+                ("monarch-fused-gates", "gated_conv_forward (gates in the kernel)", "FUSED_GATES", "gated",
+                 not operator.gated))
+    for name, entry, switch, kind, lacking in switched:
+        convs.append(Convolution(name, "monarch", "fp32", entry, bind_function(_fftconv_switched_on(switch)),
+                                 _explain("fp32", operator), _monarch_flops,
+                                 unavailable=lacks_operator(f"the {kind} operator's switch", lacking)))
     for p in TENSOR_CORE_PRECISIONS:
         convs.append(Convolution(f"monarch-tc[{p}]", "monarch", p, "monarch_fftconv.ops.fftconv_op",
                                  _bind_tensor_core(p), _describe_tensor_core(p), _monarch_flops,
@@ -559,34 +561,41 @@ def cudnn_convolution(device: str, lacks_operator: Optional[str] = None) -> Conv
 # bf16/fp16 on calls that fill the GPU), so `monarch[bf16]` times what a user gets and
 # `monarch-tc[bf16]` the tensor-core kernel (issue #10's figure). Run only when --methods names them.
 TENSOR_CORE_PRECISIONS = ("bf16", "fp16", "tf32")
-# Rows run only when --methods names them: the tensor-core op, and the fp32 backward's scratch
-# route (the on-chip route's baseline).
+# Rows run only when --methods names them: the tensor-core op, and the switches' routes beside
+# the defaults (the fp32 backward's scratch route, the fused gates, the ops on grouped rows).
 ON_REQUEST_PREFIXES = ("monarch-tc[", "monarch-scratch-grad", "monarch-fused-gates", "monarch-grouped-ops")
 GRAD_ACCUMULATOR_ENV = "MONARCH_FFTCONV_GRAD_ACCUMULATOR"  # read by the binding at each backward call
 
 
-def _grouped_ops_fftconv(u: Tensor, k: Tensor, **terms: Tensor) -> Tensor:
-    """monarch[fp32] with backends.GROUPS_IN_KERNELS on for this call: the ops get the G filter
-    rows (their backward, recorded by this call, sums each group inside), timed beside the
-    default, which repeats the rows before the op while the switch is off."""
-    before = mf.backends.GROUPS_IN_KERNELS
-    mf.backends.GROUPS_IN_KERNELS = True
+@contextlib.contextmanager
+def _set(owner: Any, name: str, value: Any):
+    """owner.name = value (an attribute, or a key of os.environ) for the block only."""
+    if owner is os.environ:
+        before = os.environ.get(name)
+        os.environ[name] = value
+    else:
+        before = getattr(owner, name)
+        setattr(owner, name, value)
     try:
-        return mf.fftconv(u, k, precision="fp32", **terms)
+        yield
     finally:
-        mf.backends.GROUPS_IN_KERNELS = before
+        if owner is not os.environ:
+            setattr(owner, name, before)
+        elif before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
 
 
-def _fused_gates_fftconv(u: Tensor, k: Tensor, **terms: Tensor) -> Tensor:
-    """monarch[fp32] with backends.FUSED_GATES on for this call: a forward that records no
-    gradient takes the gates into the fp32 kernel (gated_conv_forward), timed beside the
-    default, which keeps them as elementwise ops while the switch is off."""
-    before = mf.backends.FUSED_GATES
-    mf.backends.FUSED_GATES = True
-    try:
-        return mf.fftconv(u, k, precision="fp32", **terms)
-    finally:
-        mf.backends.FUSED_GATES = before
+def _fftconv_switched_on(switch: str) -> Callable[..., Tensor]:
+    """monarch[fp32] with the module switch backends.<switch> on for each call, timed beside the
+    default while the switch is off: FUSED_GATES (a forward that records no gradient takes the
+    gates into the fp32 kernel) or GROUPS_IN_KERNELS (the ops get the G filter rows; the
+    backward this call records sums each group inside)."""
+    def fftconv(u: Tensor, k: Tensor, **terms: Tensor) -> Tensor:
+        with _set(mf.backends, switch, True):
+            return mf.fftconv(u, k, precision="fp32", **terms)
+    return fftconv
 
 
 class _ScratchGradConv(torch.autograd.Function):
@@ -604,15 +613,8 @@ class _ScratchGradConv(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         u, spectrum = ctx.saved_tensors
-        before = os.environ.get(GRAD_ACCUMULATOR_ENV)
-        os.environ[GRAD_ACCUMULATOR_ENV] = "global"
-        try:
+        with _set(os.environ, GRAD_ACCUMULATOR_ENV, "global"):
             du, dk, _ = mf.ops.fftconv_backward_op(grad.contiguous(), u, spectrum, None, ctx.filter_len, "fp32")
-        finally:
-            if before is None:
-                del os.environ[GRAD_ACCUMULATOR_ENV]
-            else:
-                os.environ[GRAD_ACCUMULATOR_ENV] = before
         return du, dk
 
 

@@ -133,9 +133,6 @@ mf::FourStepParams fourstep_params(const at::Tensor& x, int64_t fft_size, at::Te
   return p;
 }
 
-// u may have any batch and channel strides; a u that is not contiguous in time, and a
-// spectrum or skip term that is not contiguous float32, are copied once (the kernels
-// compute in fp32 whatever the caller's dtype).
 // A gate of the gated op: u's shape, dtype and device (the Python caller routes only such
 // calls here), contiguous like y.
 std::optional<at::Tensor> gate_term(const std::optional<at::Tensor>& gate, const at::Tensor& u, const char* name) {
@@ -147,6 +144,9 @@ std::optional<at::Tensor> gate_term(const std::optional<at::Tensor>& gate, const
   return gate->contiguous();
 }
 
+// u may have any batch and channel strides; a u that is not contiguous in time, and a
+// spectrum or skip term that is not contiguous float32, are copied once (the kernels
+// compute in fp32 whatever the caller's dtype).
 at::Tensor conv_forward_gated(const at::Tensor& u_in, const at::Tensor& spectrum_in,
                               const std::optional<at::Tensor>& skip_in, const std::optional<at::Tensor>& pregate_in,
                               const std::optional<at::Tensor>& postgate_in, c10::string_view precision);
@@ -386,36 +386,35 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
     return {du, dk, dskip};
   }
 
-  // The kernels take a row per channel: a grouped spectrum is repeated, and the channels' filter
-  // gradients summed over each group after, in channel order (deterministic).
+  // The kernels take a row per channel: a grouped spectrum is repeated, and the kernels write
+  // the channels' filter gradients into a per-channel buffer, summed into dk's G rows at the
+  // end in channel order (deterministic); ungrouped, they write dk itself.
   const at::Tensor per_channel = per_channel_rows(spectrum, group_size);
-  if (split.fft_size >= mf::kFourStepMinSize) {
-    at::Tensor dk_causal = at::empty({channels, filter_len}, fp32);
-    fourstep_backward(grad, u, per_channel, skip, split.fft_size, du, dk_causal, dskip);
-    // Two-sided: the kernels store the causal lags only; the negative ones are the causal lags
-    // of the time-reversed dy and u, a second backward whose du is discarded.
-    at::Tensor dk_anti;
-    if (two_sided) {
-      dk_anti = at::empty({channels, filter_len}, fp32);
-      at::Tensor du_unused = at::empty(u.sizes(), u.options()), no_skip = at::empty({0}, fp32);
-      fourstep_backward(grad.flip(-1).contiguous(), u.flip(-1).contiguous(), per_channel, std::nullopt,
-                        split.fft_size, du_unused, dk_anti, no_skip);
-    }
-    const auto group_sum = [&](const at::Tensor& t) { return t.view({rows, group_size, filter_len}).sum(1); };
-    if (!two_sided) {
-      dk.copy_(group_sum(dk_causal));
-    } else {
-      dk.select(1, 0).copy_(group_sum(dk_causal));
-      dk.select(1, 1).copy_(group_sum(dk_anti));
-    }
-    return {du, dk, dskip};
-  }
-
-  // The radix kernels write a row per channel: into dk itself, or a per-channel buffer summed
-  // into dk's G rows after.
   at::Tensor dk_channels = group_size == 1 ? dk
                            : two_sided     ? at::empty({channels, 2, filter_len}, fp32)
                                            : at::empty({channels, filter_len}, fp32);
+  const auto group_sum = [&] {
+    if (group_size > 1) dk.copy_(dk_channels.view({rows, group_size, -1}).sum(1).view(dk.sizes()));
+  };
+  if (split.fft_size >= mf::kFourStepMinSize) {
+    if (!two_sided) {
+      fourstep_backward(grad, u, per_channel, skip, split.fft_size, du, dk_channels, dskip);
+    } else {
+      // The four-step kernels store the causal lags only, into a contiguous (C, Lk): the
+      // negative ones are the causal lags of the time-reversed dy and u, a second backward
+      // whose du is discarded.
+      at::Tensor dk_causal = at::empty({channels, filter_len}, fp32), dk_anti = at::empty({channels, filter_len}, fp32);
+      at::Tensor du_unused = at::empty(u.sizes(), u.options()), no_skip = at::empty({0}, fp32);
+      fourstep_backward(grad, u, per_channel, skip, split.fft_size, du, dk_causal, dskip);
+      fourstep_backward(grad.flip(-1).contiguous(), u.flip(-1).contiguous(), per_channel, std::nullopt,
+                        split.fft_size, du_unused, dk_anti, no_skip);
+      dk_channels.select(1, 0).copy_(dk_causal);
+      dk_channels.select(1, 1).copy_(dk_anti);
+    }
+    group_sum();
+    return {du, dk, dskip};
+  }
+
   mf::ConvBackwardParams p{};
   fill_backward(p, grad, u, per_channel, skip, du, dk_channels);
   p.grad_skip = skip ? dskip.data_ptr<float>() : nullptr;
@@ -430,7 +429,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
   const at::Tensor workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, u.options().dtype(at::kByte));
   p.workspace = workspace.data_ptr();
   check_launch(mf::conv_backward_fp32(p, current_stream(u)));
-  if (group_size > 1) dk.copy_(dk_channels.view({rows, group_size, -1}).sum(1).view(dk.sizes()));
+  group_sum();
   return {du, dk, dskip};
 }
 
