@@ -6,6 +6,7 @@
 #   BACKWARD=1 KERNEL=regex:fftconv_fp32_grad_kernel PRECISION=fp32 bash benchmarks/profile_ncu.sh  # the grad kernel
 #     (regex:grad_kernel would match filter_grad_kernel too, and -s 1 -c 1 profiles whichever runs first)
 #   SECTIONS="--section SpeedOfLight --section WarpStateStats" ...   # fewer sections: faster
+#   IO_DTYPE=bfloat16 ...                                    # u (and dy) in bf16 or fp16: the half-precision I/O instances
 # Results in $OUT: prof_<precision>.ncu-rep (open in ncu-ui), details.txt (every section),
 # source.csv (per-SASS-line instruction and stall counts, with the CUDA line that made it).
 set -uo pipefail
@@ -22,7 +23,7 @@ NCU=${NCU:-$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1
 cat > /tmp/profile_driver.py <<PY
 import torch, monarch_fftconv as mf
 B, C, L = (int(x) for x in "$SHAPE".split("x"))
-u = torch.randn(B, C, L, device="cuda")
+u = torch.randn(B, C, L, device="cuda", dtype=getattr(torch, "${IO_DTYPE:-float32}"))
 k = torch.randn(C, L, device="cuda") / L ** 0.5
 backward = bool("${BACKWARD:-}")
 k.requires_grad_(backward)
@@ -35,7 +36,7 @@ torch.cuda.synchronize()
 print("backend:", mf.explain(u, k, precision="$PRECISION")["backend"])
 PY
 python3 /tmp/profile_driver.py 2>&1 | tail -2
-rep="$OUT/prof_${PRECISION}"
+rep="$OUT/prof_${PRECISION}${IO_DTYPE:+_$IO_DTYPE}"
 "$NCU" --clock-control none ${SECTIONS:---set full} --import-source yes -k "$KERNEL" -s 1 -c 1 \
   -f -o "$rep" python3 /tmp/profile_driver.py 2>&1 | tail -5
 "$NCU" -i "$rep.ncu-rep" --page details > "$OUT/details.txt" 2>&1

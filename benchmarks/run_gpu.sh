@@ -12,7 +12,7 @@
 #   SKIP_LONG=1 bash benchmarks/run_gpu.sh      # no long-sequence run (--preset long, forward)
 #   OPERATORS=1 bash benchmarks/run_gpu.sh      # also the operator rows (gated, grouped, bidirectional)
 #                                               # and bf16 I/O, forward and fwd+bwd, at OP_SHAPES, and the
-#                                               # switches' rows (fused gates, grouped ops, scratch-route grad)
+#                                               # switches' rows (ATen gates, grouped ops, scratch-route grad)
 #   BF16_IO=1 bash benchmarks/run_gpu.sh        # also the forward and fwd+bwd benchmarks with bf16 I/O
 #                                               # at SHAPES and BWD_SHAPES ($OUT/bench_json_bf16/)
 # cuDNN's rows (the cudnn method) need cuDNN >= 9.26: carry .cudnn_kit (and .whl) and gpu_setup.sh
@@ -109,9 +109,9 @@ if [ -n "${OPERATORS:-}" ]; then
     timeout 200 python3 benchmarks/bench_cufft.py --io-dtype bfloat16 $pass --shapes "${OP_SHAPES:-16x256x8192}" \
       --no-plots --out "/tmp/bench_bf16io${pass:+_bwd}" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_bf16io${pass:+_bwd}.log"
   done
-  # The switches' rows beside the defaults (backends.FUSED_GATES, GROUPS_IN_KERNELS; the
-  # backward's scratch route), each off until these rows say otherwise.
-  for spec in "gated:reference,monarch[fp32],monarch-fused-gates:" "grouped:reference,monarch[fp32],monarch-grouped-ops:--backward" \
+  # The switches' rows beside the defaults: the ATen gates (backends.FUSED_GATES off), the ops
+  # on grouped rows (GROUPS_IN_KERNELS on), the backward's scratch route.
+  for spec in "gated:reference,monarch[fp32],monarch-aten-gates:" "grouped:reference,monarch[fp32],monarch-grouped-ops:--backward" \
               "plain:reference,monarch[fp32],monarch-scratch-grad:--backward"; do
     IFS=: read -r op methods pass <<< "$spec"
     echo "== benchmark: --operator $op $pass, $methods"

@@ -326,9 +326,10 @@ TENSOR_CORE_WAVE_SHARE = {"bf16": 1.0, "fp16": 1.0, "tf32": 0.5}
 GROUPS_IN_KERNELS = False
 
 # The gates fused into the fp32 kernel (gated_conv_forward) for calls that record no gradient.
-# Off: on an H100 (session 17, docs/performance.md) the gated forward took 0.597 ms against the
-# ATen gates' 0.619 at 16x256x8192 (0.42 predicted), and one call at a time 0.01 ms longer.
-FUSED_GATES = False
+# On since session 18: with the gate's loads issued before its products (apply_gate), the gated
+# forward took 0.432 ms against the ATen gates' 0.616 at 16x256x8192 on an H100, and 0.549
+# against 0.650 one call at a time (docs/performance.md). False keeps the ATen gates.
+FUSED_GATES = True
 
 TF32_TENSOR_CORE_MAX_FFT = 4096  # the largest N at which tf32's tensor-core kernel measured faster
 SIZE_DEPENDENT_PRECISIONS = tuple(TENSOR_CORE_WAVE_SHARE)  # the precisions whose choice depends on B·C

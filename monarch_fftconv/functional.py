@@ -173,8 +173,8 @@ def fftconv(
     `monarch_fftconv.policy` for how None is resolved).
 
     The gates are elementwise ATen ops around the convolution on every backend (one autograd
-    graph). A call that records no gradient can take them into the fp32 kernel instead
-    (`backends.FUSED_GATES`, off by default: measured only 4-7% faster; docs/design.md).
+    graph). A call that records no gradient takes them into the fp32 kernel where it runs the
+    call (`backends.FUSED_GATES`, on by default; docs/design.md).
     Bidirectional calls run where the causal call would, the
     Monarch kernels on the folded spectrum K_fwd + conj(K_rev) (bidirectional.py; `explain()`).
     """

@@ -294,6 +294,24 @@ def test_an_unknown_accumulator_route_is_refused(monkeypatch, gen):
         ops.fftconv_backward_op(u, u, spectrum, None, 1000, "fp32")
 
 
+@pytest.mark.parametrize("io_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("batch, channels, length", [(16, 8, 8192), (7, 5, 4999), (3, 3, 301), (2, 3, 4096)])
+def test_half_io_backward_reads_what_fp32_io_reads(io_dtype, batch, channels, length, gen):
+    """A 16-bit u and dy are widened exactly, so the backward on them is the fp32-I/O backward
+    on their widened values: dk and dD alike up to the compiler's contraction, du up to its own
+    rounding to io_dtype. Odd lengths and odd row offsets take the element-wise loads."""
+    u = randn(gen, batch, channels, length, device=DEVICE).to(io_dtype)
+    grad = randn(gen, batch, channels, length, device=DEVICE).to(io_dtype)
+    k, D = randn(gen, channels, length, device=DEVICE) / length**0.5, randn(gen, channels, device=DEVICE)
+    spectrum = ops.filter_spectrum(k, length, "fp32")
+    half = ops.fftconv_backward_op(grad, u, spectrum, D, length, "fp32")
+    wide = ops.fftconv_backward_op(grad.float(), u.float(), spectrum, D, length, "fp32")
+    assert half[0].dtype == io_dtype
+    assert rel_l2(half[0].float(), wide[0]) <= IO_ROUNDING[io_dtype]
+    for got, want in zip(half[1:], wide[1:]):
+        assert rel_l2(got, want) <= 1e-6
+
+
 @pytest.mark.parametrize("batch, channels, length, filter_len", [(3, 5, 8192, 8192), (7, 100, 5000, 4999),
                                                                  (2, 3, 300, 77), (2, 3, 12345, 3001),
                                                                  (1, 2, 40000, 39999)])

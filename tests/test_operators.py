@@ -197,7 +197,7 @@ def test_explain_names_the_terms_groups_and_direction(engine, monkeypatch, gen):
     assert (plain["groups"], plain["group_size"], plain["bidirectional"], plain["terms"]) == (3, 3, False, {})
     assert list(info["terms"]) == ["pregate", "D", "postgate"]  # the order they apply in
     assert "elementwise op" in info["terms"]["pregate"] and "elementwise op" in info["terms"]["postgate"]
-    assert "fused" not in info["terms"]["pregate"] + info["terms"]["postgate"]  # backends.FUSED_GATES is off
+    assert "fused" not in info["terms"]["pregate"] + info["terms"]["postgate"]  # no CPU backend fuses gates
     where_D = "inside the convolution op" if engine == "portable" else "after the inverse FFT"
     assert where_D in info["terms"]["D"]
     assert info["flops"] == plain["flops"] + 4 * u.numel()  # a multiply per gate, D's multiply-add

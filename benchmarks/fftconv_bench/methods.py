@@ -418,12 +418,12 @@ def convolutions(device: str, *, compile: bool = False,
                              bind_function(_ScratchGradConv.apply), _explain("fp32", operator), _monarch_flops,
                              unavailable=lacks_operator("a causal filter per channel, no gates or D")
                              or (None if device == "cuda" else "the scratch route is the CUDA backward's")))
-    switched = (("monarch-grouped-ops", "the ops on G filter rows", "GROUPS_IN_KERNELS", "grouped",
+    switched = (("monarch-grouped-ops", "the ops on G filter rows", "GROUPS_IN_KERNELS", True, "grouped",
                  operator.name != "grouped"),
-                ("monarch-fused-gates", "gated_conv_forward (gates in the kernel)", "FUSED_GATES", "gated",
+                ("monarch-aten-gates", "fftconv_op with ATen gates around it", "FUSED_GATES", False, "gated",
                  not operator.gated))
-    for name, entry, switch, kind, lacking in switched:
-        convs.append(Convolution(name, "monarch", "fp32", entry, bind_function(_fftconv_switched_on(switch)),
+    for name, entry, switch, value, kind, lacking in switched:
+        convs.append(Convolution(name, "monarch", "fp32", entry, bind_function(_fftconv_switched(switch, value)),
                                  _explain("fp32", operator), _monarch_flops,
                                  unavailable=lacks_operator(f"the {kind} operator's switch", lacking)))
     for p in TENSOR_CORE_PRECISIONS:
@@ -563,7 +563,7 @@ def cudnn_convolution(device: str, lacks_operator: Optional[str] = None) -> Conv
 TENSOR_CORE_PRECISIONS = ("bf16", "fp16", "tf32")
 # Rows run only when --methods names them: the tensor-core op, and the switches' routes beside
 # the defaults (the fp32 backward's scratch route, the fused gates, the ops on grouped rows).
-ON_REQUEST_PREFIXES = ("monarch-tc[", "monarch-scratch-grad", "monarch-fused-gates", "monarch-grouped-ops")
+ON_REQUEST_PREFIXES = ("monarch-tc[", "monarch-scratch-grad", "monarch-aten-gates", "monarch-grouped-ops")
 GRAD_ACCUMULATOR_ENV = "MONARCH_FFTCONV_GRAD_ACCUMULATOR"  # read by the binding at each backward call
 
 
@@ -587,13 +587,13 @@ def _set(owner: Any, name: str, value: Any):
             os.environ[name] = before
 
 
-def _fftconv_switched_on(switch: str) -> Callable[..., Tensor]:
-    """monarch[fp32] with the module switch backends.<switch> on for each call, timed beside the
-    default while the switch is off: FUSED_GATES (a forward that records no gradient takes the
-    gates into the fp32 kernel) or GROUPS_IN_KERNELS (the ops get the G filter rows; the
-    backward this call records sums each group inside)."""
+def _fftconv_switched(switch: str, value: bool) -> Callable[..., Tensor]:
+    """monarch[fp32] with the module switch backends.<switch> set to value for each call, timed
+    beside the default: GROUPS_IN_KERNELS on (the ops get the G filter rows; the backward this
+    call records sums each group inside), or FUSED_GATES off (a forward that records no gradient
+    keeps the ATen gates around the kernel, the route the fused gates replaced)."""
     def fftconv(u: Tensor, k: Tensor, **terms: Tensor) -> Tensor:
-        with _set(mf.backends, switch, True):
+        with _set(mf.backends, switch, value):
             return mf.fftconv(u, k, precision="fp32", **terms)
     return fftconv
 

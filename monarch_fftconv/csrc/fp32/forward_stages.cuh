@@ -81,19 +81,22 @@ __device__ __forceinline__ bool prefetch_seq(const KArgs& a, IO* ubuf, int64_t s
 template <int T, int NB, int R, typename IO>
 __device__ __forceinline__ void apply_gate(cf (&v)[NB][R], const IO* gate, int tx, int ns, int Lv) {
   const bool gpair = (reinterpret_cast<uintptr_t>(gate) & (2 * sizeof(IO) - 1)) == 0;
+  // Every load issued before the first product (load_pair_bits): a product inside the load's
+  // branch waited for that load before the next one issued. Zero past Lv, where v is zero
+  // or not stored.
+  pair_bits_t<IO> bits[NB][R / 2];
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+#pragma unroll
+    for (int r = 0; r < R / 2; ++r) bits[q][r] = load_pair_bits<IO>(gate, 2 * (tx + q * T + r * ns), Lv, gpair);
+  }
 #pragma unroll
   for (int q = 0; q < NB; ++q) {
 #pragma unroll
     for (int r = 0; r < R / 2; ++r) {
-      const int t0 = 2 * (tx + q * T + r * ns);
-      if (gpair && t0 + 1 < Lv) {
-        const float2 g2 = io_load2<IO>(gate + t0);
-        v[q][r].x *= g2.x;
-        v[q][r].y *= g2.y;
-      } else {
-        if (t0 < Lv) v[q][r].x *= io_load<IO>(gate + t0);
-        if (t0 + 1 < Lv) v[q][r].y *= io_load<IO>(gate + t0 + 1);
-      }
+      const float2 g2 = pair_bits_to_float2<IO>(bits[q][r]);
+      v[q][r].x *= g2.x;
+      v[q][r].y *= g2.y;
     }
   }
 }

@@ -100,6 +100,41 @@ template <> __device__ __forceinline__ void io_store2<__half>(__half* p, float a
   __stcs(reinterpret_cast<unsigned*>(p), as_bits(__floats2half2_rn(a, b)));
 }
 
+// Two consecutive elements x[t0], x[t0 + 1] (zero at and past Lv) in two steps: their bits as
+// memory holds them (a float2, or one 32-bit word of two 16-bit halves), then the floats. The
+// load's branch (paired or element by element at a row's end) only moves bits; the conversion
+// follows once the branches merge. Converted inside the branch, each 16-bit load was waited
+// for before the next one issued (a PRMT on the scoreboard after every LDG: the bf16 grad
+// kernel took 967 us against fp32's 581, ncu, docs/performance.md session 18).
+template <typename IO> struct PairBits { using type = unsigned; };  // 16-bit: low half x[t0]
+template <> struct PairBits<float> { using type = float2; };
+template <typename IO> using pair_bits_t = typename PairBits<IO>::type;
+
+// paired: x + t0 is aligned for one two-element access (t0 even and x aligned to two elements)
+template <typename IO>
+__device__ __forceinline__ pair_bits_t<IO> load_pair_bits(const IO* x, int t0, int Lv, bool paired) {
+  if constexpr (sizeof(IO) == 4) {
+    if (paired && t0 + 1 < Lv) return __ldcs(reinterpret_cast<const float2*>(x + t0));
+    float2 w;  // element by element, x[t0] first
+    w.x = t0 < Lv ? __ldcs(x + t0) : 0.f;
+    w.y = t0 + 1 < Lv ? __ldcs(x + t0 + 1) : 0.f;
+    return w;
+  } else {
+    if (paired && t0 + 1 < Lv) return __ldcs(reinterpret_cast<const unsigned*>(x + t0));
+    const unsigned short* h = reinterpret_cast<const unsigned short*>(x);
+    const unsigned lo = t0 < Lv ? __ldcs(h + t0) : 0u, hi = t0 + 1 < Lv ? __ldcs(h + t0 + 1) : 0u;
+    return lo | (hi << 16);
+  }
+}
+template <typename IO> __device__ __forceinline__ float2 pair_bits_to_float2(pair_bits_t<IO> w);
+template <> __device__ __forceinline__ float2 pair_bits_to_float2<float>(float2 w) { return w; }
+template <> __device__ __forceinline__ float2 pair_bits_to_float2<__nv_bfloat16>(unsigned w) {
+  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));  // bf16 is fp32's top half
+}
+template <> __device__ __forceinline__ float2 pair_bits_to_float2<__half>(unsigned w) {
+  return __half22float2(bits_as<__half2>(w));
+}
+
 __device__ __forceinline__ void cp_async8(void* smem_dst, const void* gmem_src) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(gmem_src) : "memory");
