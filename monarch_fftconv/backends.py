@@ -325,11 +325,16 @@ TENSOR_CORE_WAVE_SHARE = {"bf16": 1.0, "fp16": 1.0, "tf32": 0.5}
 # the ops").
 GROUPS_IN_KERNELS = False
 
-# The gates fused into the fp32 kernel (gated_conv_forward) for calls that record no gradient.
-# On since session 18: with the gate's loads issued before its products (apply_gate), the gated
-# forward took 0.432 ms against the ATen gates' 0.616 at 16x256x8192 on an H100, and 0.549
-# against 0.650 one call at a time (docs/performance.md). False keeps the ATen gates.
+# The gates fused into the fp32 kernel (gated_conv_forward) for calls that record no gradient,
+# where u (and so the gates) has one of FUSED_GATE_IO_DTYPES. On since session 18: with the
+# gate's loads issued before its products (apply_gate), the fp32-I/O gated forward took 0.430 ms
+# against the ATen gates' 0.618 at 16x256x8192 on an H100 (0.528 against 0.668 one call at a
+# time; 0.249 against 0.353 at 16x256x4096). With bf16 I/O the fused kernel was the slower one
+# (0.548 against 0.514, 0.359 against 0.325), so 2-byte I/O keeps the ATen gates (which round
+# pregate ⊙ u to bf16: error 2.8e-3 against the fused 1.6e-3). docs/performance.md, session 18.
+# False keeps the ATen gates everywhere.
 FUSED_GATES = True
+FUSED_GATE_IO_DTYPES = frozenset({torch.float32})
 
 TF32_TENSOR_CORE_MAX_FFT = 4096  # the largest N at which tf32's tensor-core kernel measured faster
 SIZE_DEPENDENT_PRECISIONS = tuple(TENSOR_CORE_WAVE_SHARE)  # the precisions whose choice depends on B·C

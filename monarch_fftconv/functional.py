@@ -173,8 +173,9 @@ def fftconv(
     `monarch_fftconv.policy` for how None is resolved).
 
     The gates are elementwise ATen ops around the convolution on every backend (one autograd
-    graph). A call that records no gradient takes them into the fp32 kernel where it runs the
-    call (`backends.FUSED_GATES`, on by default; docs/design.md).
+    graph). A float32 call that records no gradient takes them into the fp32 kernel where it
+    runs the call (`backends.FUSED_GATES`, on by default; `backends.FUSED_GATE_IO_DTYPES`;
+    docs/design.md).
     Bidirectional calls run where the causal call would, the
     Monarch kernels on the folded spectrum K_fwd + conj(K_rev) (bidirectional.py; `explain()`).
     """
@@ -238,9 +239,10 @@ def _gates_fusable(backend: Backend, u: Tensor, pregate: Tensor | None, postgate
                    bidirectional: bool | str) -> bool:
     """Whether a call that records no gradient takes its gates into the kernel
     (`Backend.gated_conv`): a causal call, with the switch on, on a backend whose kernel takes
-    gates, with gates of u's own shape and dtype (a broadcast or promoting gate keeps the
-    elementwise ops)."""
+    gates, u of a dtype whose fused call measured faster (`backends.FUSED_GATE_IO_DTYPES`), with
+    gates of u's own shape and dtype (a broadcast or promoting gate keeps the elementwise ops)."""
     return (backends.FUSED_GATES and backend.fuses_gates and not bidirectional
+            and u.dtype in backends.FUSED_GATE_IO_DTYPES
             and all(g is None or (g.shape == u.shape and g.dtype == u.dtype) for g in (pregate, postgate)))
 
 

@@ -349,6 +349,21 @@ def test_gates_stay_outside_when_autograd_records_or_the_gate_differs(gates_fuse
     assert widened.dtype == torch.float32 and rel_l2(widened, reference_operator(u, k, D, pregate, postgate)) <= 1e-6
 
 
+def test_half_precision_io_keeps_the_aten_gates(gates_fused_on_the_ops, gen):
+    """bf16 and fp16 I/O are not in backends.FUSED_GATE_IO_DTYPES (the fused kernel measured
+    slower there): their gated inference calls keep the elementwise ops, and say so."""
+    for dtype in (torch.bfloat16, torch.float16):
+        u, k, D, pregate, postgate = operator_inputs(gen, 2, 4, 4, 101, 60, "both", False, True)
+        u, pregate, postgate = (t.to(dtype) for t in (u, pregate, postgate))
+        with torch.no_grad():
+            y = mf.fftconv(u, k, D=D, pregate=pregate, postgate=postgate)
+        assert y.dtype == dtype
+        assert rel_l2(y, reference_operator(u, k, D, pregate, postgate)) <= BUDGETS["bf16"]
+        info = mf.explain(u, k, D=D, pregate=pregate, postgate=postgate)
+        assert "elementwise op" in info["terms"]["pregate"] and "fused" not in info["terms"]["postgate"]
+    assert gates_fused_on_the_ops == []
+
+
 def test_gated_op_refuses_gates_unlike_u(gen):
     from monarch_fftconv import ops
 
@@ -372,6 +387,7 @@ def test_gates_fused_into_the_cuda_kernel(length, io_dtype, precision, monkeypat
 
     assert not isinstance(_extension.coverage(True), str)
     monkeypatch.setattr(backends, "FUSED_GATES", True)
+    monkeypatch.setattr(backends, "FUSED_GATE_IO_DTYPES", frozenset({io_dtype}))  # the kernel's 2-byte instances too
     base = randn(gen, 3, 10, length, device="cuda", dtype=io_dtype)
     u = base[:, ::2]  # channel stride 2
     k, D = randn(gen, 5, length, device="cuda") / length**0.5, randn(gen, 5, device="cuda")
