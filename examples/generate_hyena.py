@@ -71,11 +71,11 @@ class HyenaLM(nn.Module):
             x = x + mixer(norm(x))
         return self.head(self.final_norm(x))
 
-    def prefill(self, tokens: Tensor, max_len: int) -> tuple[Tensor, list]:
+    def prefill(self, tokens: Tensor, max_len: int, cuda_graph: bool = False) -> tuple[Tensor, list]:
         """The prompt's logits (B, P, vocab), and one generation state per block."""
         x, states = self.embed(tokens), []
         for norm, mixer in zip(self.norms, self.mixers):
-            y, state = mixer.prefill(norm(x), max_len)
+            y, state = mixer.prefill(norm(x), max_len, cuda_graph=cuda_graph)
             x = x + y
             states.append(state)
         return self.head(self.final_norm(x)), states
@@ -162,7 +162,7 @@ def generate_lm(config: dict) -> dict:
     tokens = torch.randint(config["vocab"], (batch, max_len), device=device)
     logits, latencies = {}, {}
     with torch.inference_mode():
-        _, states = model.prefill(tokens[:, :prompt_len], max_len)
+        _, states = model.prefill(tokens[:, :prompt_len], max_len, config["cuda_graph"])
         steps, times = [], []
         for t in range(prompt_len, max_len):
             out, seconds = timed(lambda: model.step(tokens[:, t], states), device)
@@ -211,7 +211,7 @@ def generate_layer(config: dict) -> dict:
     with torch.inference_mode():
         filt = layer.filter
         reversed_filter = filt.flip(-1)
-        _, state = layer.prefill(x[..., :prompt_len], max_len)
+        _, state = layer.prefill(x[..., :prompt_len], max_len, cuda_graph=config["cuda_graph"])
         steps = []
         for t in range(prompt_len, max_len):
             steps.append(timed(lambda: layer.step(x[..., t], state)[0], device))
@@ -266,11 +266,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="torch CPU threads for the run (one: per-token work is small, and more threads only "
                         "add synchronisation, ruinous on a shared host)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="prefill/step with each long convolution's steps as CUDA graphs (prefill(cuda_graph=True))")
     args = p.parse_args(argv)
     if args.prompt is None:
         args.prompt = 0 if args.layer else 16
     if not 0 <= args.prompt < args.seq_len or args.baseline_stride < 1:
         p.error("need 0 <= --prompt < --seq-len and --baseline-stride >= 1")
+    if args.cuda_graph and not args.device.startswith("cuda"):
+        p.error("--cuda-graph needs --device cuda")
     return args
 
 
@@ -285,7 +289,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         torch.set_num_threads(threads)
     what = (f"FFTConv B={args.batch} C={args.channels}" if args.layer
             else f"Hyena LM width={args.width} layers={args.layers} B={args.batch}")
-    print(f"{what}, L={args.seq_len}, prompt {args.prompt}, {args.device}, {args.threads} CPU thread(s)")
+    graphs = ", steps as CUDA graphs" if args.cuda_graph else ""
+    print(f"{what}, L={args.seq_len}, prompt {args.prompt}, {args.device}{graphs}, {args.threads} CPU thread(s)")
     print(table(results))
     return results
 

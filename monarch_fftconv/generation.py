@@ -95,29 +95,39 @@ class ConvState:
     inputs: Tensor             # (B, C, T): the generated inputs, T = max_len - prompt_len
     pending: Tensor            # (B, C, T + tail): each generated position's sum over the inputs folded in so far
     watch: _Watch | None = field(default=None, repr=False)
+    graphed: _GraphedSteps | None = field(default=None, repr=False)  # prefill(..., cuda_graph=True)
 
     @property
     def nbytes(self) -> int:
-        """The state's memory: buffers, filter blocks and spectra."""
+        """The state's memory: buffers, filter blocks and spectra (and a graphed state's own
+        buffers; the graphs' private memory pool is not counted)."""
         tensors = [self.first_tap, self.second_tap, self.inputs, self.pending, *self.toeplitz, *self.spectra]
+        if self.graphed is not None:
+            tensors += self.graphed.tensors()
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def prefill(x: Tensor, k: Tensor, max_len: int, *, precision: str | None = None) -> tuple[Tensor, ConvState]:
+def prefill(x: Tensor, k: Tensor, max_len: int, *, precision: str | None = None,
+            cuda_graph: bool = False) -> tuple[Tensor, ConvState]:
     """y = fftconv(x, k) over the prompt x (B, C, P), 0 <= P <= max_len, and the state for
     generating positions P .. max_len - 1 with `step`. k: (G, Lk), C % G == 0, Lk <= max_len
     (a shorter filter is zero past Lk). `precision` is that of the two prefill `fftconv` calls;
-    steps compute in fp32 (fp64 for fp64 inputs). The state derives from k as it is now."""
-    state = start(x, k, max_len, precision=precision)
+    steps compute in fp32 (fp64 for fp64 inputs). The state derives from k as it is now.
+    cuda_graph (CUDA only): capture each block level's step as a CUDA graph here, so that a
+    step is one copy and one graph launch (`_GraphedSteps`); its y_t is then a view of the
+    state's output history, position by position."""
+    state = start(x, k, max_len, precision=precision, cuda_graph=cuda_graph)
     length = x.shape[-1]
     if length == 0:
         return x.new_empty(x.shape), state
     return fftconv(x, k[..., :length], precision=precision), state
 
 
-def start(x: Tensor, k: Tensor, max_len: int, *, precision: str | None = None) -> ConvState:
+def start(x: Tensor, k: Tensor, max_len: int, *, precision: str | None = None,
+          cuda_graph: bool = False) -> ConvState:
     """The state after the prompt x (B, C, P), without the prompt's output (`prefill` computes it)."""
     _check_prefill(x, k, max_len)
+    _check_cuda_graph(cuda_graph, x)
     batch, channels, prompt_len = x.shape
     with torch.no_grad():
         dtype = compute_dtype(x, k)
@@ -129,19 +139,24 @@ def start(x: Tensor, k: Tensor, max_len: int, *, precision: str | None = None) -
         first_taps = first_taps.T.contiguous()
         inputs = x.new_zeros(batch, channels, to_generate, dtype=dtype)
         pending = x.new_zeros(batch, channels, _pending_length(to_generate), dtype=dtype)
-        if prompt_len and to_generate:
-            pending[..., :to_generate] = _prompt_contribution(x.to(dtype), filt, max_len, precision)
-        return ConvState(
+        state = ConvState(
             max_len=max_len, prompt_len=prompt_len, position=prompt_len, batch=batch, channels=channels,
             groups=k.shape[0], dtype=x.dtype, device=x.device,
             first_tap=first_taps[0], second_tap=first_taps[1],
             toeplitz=toeplitz, spectra=spectra, inputs=inputs, pending=pending)
+        if cuda_graph and to_generate:
+            state.graphed = _GraphedSteps.capture(state)  # before the prompt's sums: its warm-up writes the buffers
+        if prompt_len and to_generate:
+            pending[..., :to_generate] = _prompt_contribution(x.to(dtype), filt, max_len, precision)
+        return state
 
 
 def step(x_t: Tensor, state: ConvState) -> tuple[Tensor, ConvState]:
     """y_t (B, C) for the input x_t (B, C) at the state's next position; advances the state in
     place (and returns it). Records no gradient."""
     _check_step(x_t, state)
+    if state.graphed is not None:
+        return state.graphed.step(x_t, state), state
     i = state.position - state.prompt_len
     with torch.no_grad():
         x = x_t if x_t.dtype == state.inputs.dtype else x_t.to(state.inputs.dtype)
@@ -191,26 +206,140 @@ def _filter_blocks(k: Tensor, to_generate: int) -> tuple[list[Tensor], list[Tens
     return toeplitz, spectra
 
 
+def _fold_level(i: int, to_generate: int) -> int | None:
+    """The level q of the block folded after generated step i (n = 2^q, the largest power of
+    two dividing i + 1), or None when no position is left to receive it."""
+    if i + 1 >= to_generate:
+        return None
+    return ((i + 1) & -(i + 1)).bit_length() - 1
+
+
 def _fold_block(state: ConvState, i: int) -> None:
     """After generated step i: the last n inputs' contribution to the next n positions."""
-    to_generate = state.inputs.shape[-1]
-    if i + 1 >= to_generate:
-        return  # no position left to receive it
-    q = ((i + 1) & -(i + 1)).bit_length() - 1
+    q = _fold_level(i, state.inputs.shape[-1])
+    if q is None:
+        return
     if q == 0:
         # Half of all folds: the last input times k[1] into the next position, one op (the
         # 1 x 1 Toeplitz product and its add took five: a third of a step's time on the CPU).
         state.pending[..., i + 1].addcmul_(state.inputs[..., i], state.second_tap)
         return
     n = 1 << q
-    block = _by_group(state.inputs[..., i + 1 - n: i + 1], state.groups)  # (B, G, C/G, n)
+    out = _block_contribution(state, q, state.inputs[..., i + 1 - n: i + 1])
+    state.pending[..., i + 1: i + 1 + n] += out
+
+
+def _block_contribution(state: ConvState, q: int, block: Tensor) -> Tensor:
+    """The contribution (B, C, n) of the last n = 2^q inputs, block (B, C, n), to the next n
+    positions: a Toeplitz product (small n) or a convolution of two FFTs on 2n points."""
+    n = 1 << q
+    grouped = _by_group(block, state.groups)  # (B, G, C/G, n)
     if q < len(state.toeplitz):
-        out = block @ state.toeplitz[q]
+        out = grouped @ state.toeplitz[q]
     else:
         spectrum = state.spectra[q - len(state.toeplitz)].unsqueeze(1)  # (G, 1, n + 1)
-        product = torch.fft.rfft(block, n=2 * n) * spectrum
+        product = torch.fft.rfft(grouped, n=2 * n) * spectrum
         out = torch.fft.irfft(product, n=2 * n, norm="forward")[..., n:]
-    state.pending[..., i + 1: i + 1 + n] += out.flatten(1, 2)
+    return out.flatten(1, 2)
+
+
+# --------------------------------------------------------------------------- CUDA graphs
+
+@dataclass
+class _GraphedSteps:
+    """A ConvState's steps as CUDA graphs: the eager step launches 3–9 small kernels from Python
+    a token (launch-bound on a GPU: 0.136 ms a token on an H100 at B = 1, C = 256, session 16),
+    while a replay is one launch. What a step does depends on the position only through the
+    offsets into `inputs`/`pending` and the fold level q, so the offsets live in a device
+    tensor (`index`, the generated index i, advanced inside the graph) and each level has its
+    own graph: the levels of T = max_len - prompt_len, and None (the last step, no fold). The
+    input x_t is copied into `x`; y_t lands in `outputs[i]` and step returns that view (each
+    position has its own row: a later step never overwrites it). The same indexed step runs
+    eagerly, without capture, in the CPU tests (`indexed_step`)."""
+
+    x: Tensor                       # (B, C), the compute dtype: the input the graphs read
+    index: Tensor                   # () int64: the generated index i the graphs read and advance
+    outputs: Tensor                 # (T, B, C): y of every generated position, the compute dtype
+    offsets: dict[int, Tensor]      # level q >= 1: arange(1 - n, 1), the block's inputs relative to i
+    graphs: dict[int | None, torch.cuda.CUDAGraph]
+
+    def tensors(self) -> list[Tensor]:
+        return [self.x, self.index, self.outputs, *self.offsets.values()]
+
+    @classmethod
+    def indexed(cls, state: ConvState) -> _GraphedSteps:
+        """The buffers of the indexed step, without graphs (the graphs' capture, and tests)."""
+        to_generate = state.inputs.shape[-1]
+        like = state.inputs
+        offsets = {q: torch.arange(1 - (1 << q), 1, device=like.device) for q in _levels(to_generate) if q >= 1}
+        return cls(x=like.new_zeros(state.batch, state.channels),
+                   index=torch.zeros((), dtype=torch.int64, device=like.device),
+                   outputs=like.new_zeros(to_generate, state.batch, state.channels),
+                   offsets=offsets, graphs={})
+
+    @classmethod
+    def capture(cls, state: ConvState) -> _GraphedSteps:
+        """One graph per level, captured on the state's own buffers (their addresses are what
+        the graphs replay). Each level first runs once on a side stream (cuFFT plans, cuBLAS
+        handles: created outside the capture, as torch.cuda.graph asks); that warm-up writes the
+        buffers, so they are cleared after, before the prompt's sums go in."""
+        graphed = cls.indexed(state)
+        to_generate = state.inputs.shape[-1]
+        levels: list[int | None] = [*_levels(to_generate), None]
+        # a generated index whose fold is level q: i + 1 = 2^q (None: the last index)
+        warm_index = {q: (to_generate - 1 if q is None else (1 << q) - 1) for q in levels}
+        side = torch.cuda.Stream(device=state.device)
+        side.wait_stream(torch.cuda.current_stream(state.device))
+        with torch.cuda.stream(side):
+            for q in levels:
+                graphed.index.fill_(warm_index[q])
+                graphed.indexed_step(state, q)
+        torch.cuda.current_stream(state.device).wait_stream(side)
+        pool = torch.cuda.graph_pool_handle()  # the graphs run one at a time: their scratch can share
+        for q in levels:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                graphed.indexed_step(state, q)
+            graphed.graphs[q] = graph
+        for t in (state.inputs, state.pending, graphed.outputs, graphed.x, graphed.index):
+            t.zero_()
+        return graphed
+
+    def indexed_step(self, state: ConvState, q: int | None) -> None:
+        """One step at the generated index `self.index` (a device tensor), folding level q:
+        `step`'s arithmetic with every offset a device index. Advances `self.index`."""
+        at = self.index.view(1)
+        x = self.x
+        state.inputs.index_copy_(2, at, x.unsqueeze(-1))
+        y = torch.addcmul(state.pending.index_select(2, at).squeeze(-1), state.first_tap, x)
+        self.outputs.index_copy_(0, at, y.unsqueeze(0))
+        if q == 0:
+            after = at + 1
+            folded = torch.addcmul(state.pending.index_select(2, after), x.unsqueeze(-1), state.second_tap.unsqueeze(-1))
+            state.pending.index_copy_(2, after, folded)
+        elif q is not None:
+            n = 1 << q
+            out = _block_contribution(state, q, state.inputs.index_select(2, at + self.offsets[q]))
+            targets = at + 1 + self.offsets[q] + (n - 1)  # i + 1 .. i + n
+            state.pending.index_copy_(2, targets, state.pending.index_select(2, targets) + out)
+        self.index.add_(1)
+
+    def step(self, x_t: Tensor, state: ConvState) -> Tensor:
+        """`step` by replaying the graph of this position's level: y_t, a view of outputs[i]."""
+        i = state.position - state.prompt_len  # `index` holds i too: every step of this state replays a graph
+        with torch.no_grad():
+            self.x.copy_(x_t)
+            self.graphs[_fold_level(i, state.inputs.shape[-1])].replay()
+        state.position += 1
+        y = self.outputs[i]
+        return y if y.dtype == x_t.dtype else y.to(x_t.dtype)
+
+
+def _check_cuda_graph(cuda_graph: object, x: Tensor) -> None:
+    if not isinstance(cuda_graph, bool):
+        raise TypeError(f"cuda_graph must be a bool, got {cuda_graph!r}")
+    if cuda_graph and x.device.type != "cuda":
+        raise ValueError(f"cuda_graph=True captures CUDA graphs: the prompt is on {x.device}")
 
 
 def _by_group(t: Tensor, groups: int) -> Tensor:
@@ -275,14 +404,14 @@ def _check_like_prefill(x_t: Tensor, dtype: torch.dtype, device: torch.device, b
 
 # --------------------------------------------------------------------------- FFTConv
 
-def prefill_fftconv(layer: FFTConv, x: Tensor, max_len: int) -> tuple[Tensor, ConvState]:
+def prefill_fftconv(layer: FFTConv, x: Tensor, max_len: int, cuda_graph: bool = False) -> tuple[Tensor, ConvState]:
     """`FFTConv.prefill`: y = layer(x), the layer's ordinary call, and the state."""
     if layer.bidirectional:
         raise ValueError("FFTConv(bidirectional=True) reads future inputs: it cannot be generated causally")
     _check_max_len(max_len, layer.seq_len)
     if isinstance(x, Tensor) and x.dim() == 3 and x.shape[1] != layer.channels:
         raise ValueError(f"the prompt has {x.shape[1]} channels, the layer {layer.channels}")
-    state = start(x, layer.filter[..., :max_len], max_len, precision=layer.precision)
+    state = start(x, layer.filter[..., :max_len], max_len, precision=layer.precision, cuda_graph=cuda_graph)
     state.watch = _Watch.of([layer.filter])
     y = layer(x) if x.shape[-1] else x.new_empty(x.shape)
     return y, state
@@ -317,7 +446,7 @@ class HyenaState:
         return sum(t.numel() * t.element_size() for t in own) + sum(c.nbytes for c in self.convs)
 
 
-def prefill_hyena(op: HyenaOperator, x: Tensor, max_len: int) -> tuple[Tensor, HyenaState]:
+def prefill_hyena(op: HyenaOperator, x: Tensor, max_len: int, cuda_graph: bool = False) -> tuple[Tensor, HyenaState]:
     """`HyenaOperator.prefill`: the operator's output for the prompt x (B, P, d), computed as its
     forward computes it, and the state for positions P .. max_len - 1."""
     if op.bidirectional:
@@ -337,7 +466,7 @@ def prefill_hyena(op: HyenaOperator, x: Tensor, max_len: int) -> tuple[Tensor, H
     k_prompt, skips_prompt = op.long_filters(prompt_len) if prompt_len else (None, None)
     convs = []
     for o, gate in enumerate(reversed(gates[1:])):
-        convs.append(start(v * gate, k[o], max_len, precision=op.precision))
+        convs.append(start(v * gate, k[o], max_len, precision=op.precision, cuda_graph=cuda_graph))
         if prompt_len:
             last = o == op.order - 2
             v = op.long_conv(v, k_prompt[o], None if skips_prompt is None else skips_prompt[o], gate,

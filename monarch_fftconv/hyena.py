@@ -228,15 +228,16 @@ class HyenaOperator(nn.Module):
         return fftconv(v, k, D=D, pregate=pregate, postgate=postgate, bidirectional=self.bidirectional,
                        precision=self.precision)
 
-    def prefill(self, x: Tensor, max_len: int) -> tuple[Tensor, generation.HyenaState]:
+    def prefill(self, x: Tensor, max_len: int, *, cuda_graph: bool = False) -> tuple[Tensor, generation.HyenaState]:
         """Start generating: x the prompt (B, P, d_model), 0 <= P <= max_len <= l_max. Returns
         (y, state): y the operator's output for the prompt, computed as forward computes it;
         `state` for `step` at positions P .. max_len - 1 (the short filter's window, one
         long-convolution stream per order step). step uses the operator as it is now, like a
         KV cache: it raises RuntimeError if a parameter or buffer was replaced or written in
         place since (version counters; `.data` writes bypass that check). Bidirectional
-        operators raise ValueError. docs/design.md, "Generation: prefill and step"."""
-        return generation.prefill_hyena(self, x, max_len)
+        operators raise ValueError. cuda_graph=True (CUDA only): each long convolution's steps
+        as CUDA graphs (`FFTConv.prefill`). docs/design.md, "Generation: prefill and step"."""
+        return generation.prefill_hyena(self, x, max_len, cuda_graph)
 
     def step(self, x_t: Tensor, state: generation.HyenaState) -> tuple[Tensor, generation.HyenaState]:
         """One position: x_t (B, d_model) -> y_t (B, d_model), as forward computes it on the

@@ -94,15 +94,17 @@ class FFTConv(nn.Module):
         return ValueError(f"the input must have shape (B, {self.channels}, L) or (..., {self.channels}, L) with "
                           f"L <= {self.seq_len} (FFTConv channels={self.channels}), got {shape}{hint}")
 
-    def prefill(self, x: Tensor, max_len: int) -> tuple[Tensor, generation.ConvState]:
+    def prefill(self, x: Tensor, max_len: int, *, cuda_graph: bool = False) -> tuple[Tensor, generation.ConvState]:
         """Start generating: x the prompt (B, C, P), 0 <= P <= max_len <= seq_len. Returns
         (y, state): y = self(x), the ordinary call; `state` for `step` at positions
         P .. max_len - 1. The state holds values derived from the filter as it is now (block
         spectra, the prompt's contribution): step uses that filter, like a KV cache, and
         raises RuntimeError if `filter` was replaced or written in place since (its version
         counter; a `.data` write bypasses that check). Bidirectional layers raise ValueError.
-        docs/design.md, "Generation: prefill and step"."""
-        return generation.prefill_fftconv(self, x, max_len)
+        cuda_graph=True (CUDA only) captures the steps as CUDA graphs here, one per block level:
+        a step is then one copy and one graph launch, and its y_t a view of the state's output
+        history. docs/design.md, "Generation: prefill and step"."""
+        return generation.prefill_fftconv(self, x, max_len, cuda_graph)
 
     def step(self, x_t: Tensor, state: generation.ConvState) -> tuple[Tensor, generation.ConvState]:
         """One position: x_t (B, C) -> y_t (B, C), exactly as the whole-sequence call computes

@@ -252,3 +252,80 @@ def test_hyena_errors_and_parameter_changes(gen):
     op.step(x[:, 31], state)
     with pytest.raises(RuntimeError, match="max_len=32"):
         op.step(x[:, 31], state)
+
+
+# --------------------------------------------------------------------------- the indexed (CUDA-graph) step
+
+def step_indexed(x_t: torch.Tensor, state: generation.ConvState, indexed) -> torch.Tensor:
+    """What a graph replay does, run eagerly: x_t into the static input, the indexed step of
+    this position's level, y_t from the output history."""
+    i = state.position - state.prompt_len
+    indexed.x.copy_(x_t)
+    indexed.indexed_step(state, generation._fold_level(i, state.inputs.shape[-1]))
+    state.position += 1
+    return indexed.outputs[i]
+
+
+@pytest.mark.parametrize("groups, length, prompt_len, dtype", [(3, 97, 0, torch.float64), (1, 300, 37, torch.float64),
+                                                               (2, 2049, 1, torch.float32), (4, 64, 63, torch.float32)])
+def test_the_indexed_step_is_the_eager_step_bit_for_bit(gen, groups, length, prompt_len, dtype):
+    """The graphs' step, every offset a device index and one code path per level, run eagerly
+    on the CPU: the same outputs and the same state as `step`, bit for bit, through Toeplitz
+    and FFT levels; each position's y_t a row of the history that later steps leave alone."""
+    x, k = randn(gen, 2, 12, length, dtype=dtype), randn(gen, groups, length, dtype=dtype)
+    _, eager = generation.prefill(x[..., :prompt_len], k, length)
+    _, indexed_state = generation.prefill(x[..., :prompt_len], k, length)
+    indexed = generation._GraphedSteps.indexed(indexed_state)
+    firsts = []
+    for t in range(prompt_len, length):
+        want = generation.step(x[..., t], eager)[0]
+        got = step_indexed(x[..., t], indexed_state, indexed)
+        assert torch.equal(got, want), t
+        firsts.append((got, want.clone()))
+    assert all(torch.equal(got, want) for got, want in firsts)  # views of the history: not overwritten
+    assert int(indexed.index) == length - prompt_len
+    for name in ("inputs", "pending"):
+        assert torch.equal(getattr(indexed_state, name), getattr(eager, name)), name
+
+
+def test_cuda_graph_needs_a_cuda_prompt(gen):
+    x, k = randn(gen, 1, 2, 10), randn(gen, 2, 10)
+    with pytest.raises(ValueError, match="cuda_graph=True captures CUDA graphs: the prompt is on cpu"):
+        generation.prefill(x, k, 20, cuda_graph=True)
+    with pytest.raises(TypeError, match="cuda_graph must be a bool"):
+        generation.prefill(x, k, 20, cuda_graph="yes")
+    with pytest.raises(ValueError, match="cuda_graph=True"):
+        mf.FFTConv(2, 20).prefill(x, 20, cuda_graph=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+@pytest.mark.watchdog(300)
+@pytest.mark.parametrize("groups, length, prompt_len", [(4, 700, 0), (2, 4096, 333), (1, 100, 99)])
+def test_cuda_graph_steps_replay_the_eager_steps(gen, groups, length, prompt_len):
+    """prefill(..., cuda_graph=True): every step a replay of its level's graph, with outputs
+    equal to the eager steps' (same kernels; not asserted bitwise), y_t kept as later steps run,
+    an FFTConv and a HyenaOperator stack too, under inference_mode."""
+    x = randn(gen, 3, 8, length, device="cuda")
+    k = randn(gen, groups, length, device="cuda") / length**0.5
+    with torch.inference_mode():
+        _, eager = generation.prefill(x[..., :prompt_len], k, length)
+        _, graphed = generation.prefill(x[..., :prompt_len], k, length, cuda_graph=True)
+        assert graphed.graphed is not None and graphed.nbytes > eager.nbytes
+        ys = []
+        for t in range(prompt_len, length):
+            want = generation.step(x[..., t], eager)[0]
+            got = generation.step(x[..., t], graphed)[0]
+            assert rel_l2(got, want) <= 1e-6, t
+            ys.append((got, want.clone()))
+        assert all(rel_l2(got, want) <= 1e-6 for got, want in ys)
+        assert rel_l2(torch.stack([g for g, _ in ys], -1), reference_full(x, k)[..., prompt_len:]) < ERROR_BUDGETS["fp32"]
+        with pytest.raises(RuntimeError, match="the stream is full"):
+            generation.step(x[..., -1], graphed)
+        op = HyenaOperator(d_model=16, l_max=256, order=3).cuda()
+        u = randn(gen, 2, 256, 16, device="cuda")
+        _, hyena_eager = op.prefill(u[:, :40], 256)
+        _, hyena_graphed = op.prefill(u[:, :40], 256, cuda_graph=True)
+        for t in range(40, 256):
+            want, _ = op.step(u[:, t], hyena_eager)
+            got, _ = op.step(u[:, t], hyena_graphed)
+            assert rel_l2(got, want) <= 1e-5, t
