@@ -260,22 +260,25 @@ class _GraphedSteps:
     x: Tensor                       # (B, C), the compute dtype: the input the graphs read
     index: Tensor                   # () int64: the generated index i the graphs read and advance
     outputs: Tensor                 # (T, B, C): y of every generated position, the compute dtype
-    offsets: dict[int, Tensor]      # level q >= 1: arange(1 - n, 1), the block's inputs relative to i
+    behind: dict[int, Tensor]       # level q >= 1: arange(1 - n, 1), the block's inputs relative to i
+    ahead: dict[int, Tensor]        # level q >= 1: arange(1, n + 1), the positions it folds into
     graphs: dict[int | None, torch.cuda.CUDAGraph]
 
     def tensors(self) -> list[Tensor]:
-        return [self.x, self.index, self.outputs, *self.offsets.values()]
+        return [self.x, self.index, self.outputs, *self.behind.values(), *self.ahead.values()]
 
     @classmethod
     def indexed(cls, state: ConvState) -> _GraphedSteps:
         """The buffers of the indexed step, without graphs (the graphs' capture, and tests)."""
         to_generate = state.inputs.shape[-1]
         like = state.inputs
-        offsets = {q: torch.arange(1 - (1 << q), 1, device=like.device) for q in _levels(to_generate) if q >= 1}
+        block_levels = [q for q in _levels(to_generate) if q >= 1]
         return cls(x=like.new_zeros(state.batch, state.channels),
                    index=torch.zeros((), dtype=torch.int64, device=like.device),
                    outputs=like.new_zeros(to_generate, state.batch, state.channels),
-                   offsets=offsets, graphs={})
+                   behind={q: torch.arange(1 - (1 << q), 1, device=like.device) for q in block_levels},
+                   ahead={q: torch.arange(1, (1 << q) + 1, device=like.device) for q in block_levels},
+                   graphs={})
 
     @classmethod
     def capture(cls, state: ConvState) -> _GraphedSteps:
@@ -283,6 +286,11 @@ class _GraphedSteps:
         the graphs replay). Each level first runs once on a side stream (cuFFT plans, cuBLAS
         handles: created outside the capture, as torch.cuda.graph asks); that warm-up writes the
         buffers, so they are cleared after, before the prompt's sums go in."""
+        with torch.cuda.device(state.device):  # capture on the state's GPU, whichever is current
+            return cls._capture_here(state)
+
+    @classmethod
+    def _capture_here(cls, state: ConvState) -> _GraphedSteps:
         graphed = cls.indexed(state)
         to_generate = state.inputs.shape[-1]
         levels: list[int | None] = [*_levels(to_generate), None]
@@ -318,16 +326,15 @@ class _GraphedSteps:
             folded = torch.addcmul(state.pending.index_select(2, after), x.unsqueeze(-1), state.second_tap.unsqueeze(-1))
             state.pending.index_copy_(2, after, folded)
         elif q is not None:
-            n = 1 << q
-            out = _block_contribution(state, q, state.inputs.index_select(2, at + self.offsets[q]))
-            targets = at + 1 + self.offsets[q] + (n - 1)  # i + 1 .. i + n
+            out = _block_contribution(state, q, state.inputs.index_select(2, at + self.behind[q]))
+            targets = at + self.ahead[q]  # i + 1 .. i + n
             state.pending.index_copy_(2, targets, state.pending.index_select(2, targets) + out)
         self.index.add_(1)
 
     def step(self, x_t: Tensor, state: ConvState) -> Tensor:
         """`step` by replaying the graph of this position's level: y_t, a view of outputs[i]."""
         i = state.position - state.prompt_len  # `index` holds i too: every step of this state replays a graph
-        with torch.no_grad():
+        with torch.no_grad(), torch.cuda.device(state.device):
             self.x.copy_(x_t)
             self.graphs[_fold_level(i, state.inputs.shape[-1])].replay()
         state.position += 1
