@@ -172,10 +172,10 @@ def fftconv(
     is the sum over its channels. `precision` is "fp32", "tf32", "bf16", "fp16" or None (see
     `monarch_fftconv.policy` for how None is resolved).
 
-    The gates are elementwise ATen ops around the convolution on every backend (one autograd
-    graph). A float32 call that records no gradient takes them into the fp32 kernel where it
-    runs the call (`backends.FUSED_GATES`, on by default; `backends.FUSED_GATE_IO_DTYPES`;
-    docs/design.md).
+    Where autograd records the call, the gates are elementwise ATen ops around the convolution
+    (one autograd graph), on every backend. A float32 call that records no gradient, with gates
+    of u's shape and dtype, takes them into the fp32 kernel where it runs the call
+    (`backends.FUSED_GATES`, on by default; `backends.FUSED_GATE_IO_DTYPES`; docs/design.md).
     Bidirectional calls run where the causal call would, the
     Monarch kernels on the folded spectrum K_fwd + conj(K_rev) (bidirectional.py; `explain()`).
     """

@@ -100,11 +100,13 @@ class ConvState:
     @property
     def nbytes(self) -> int:
         """The state's memory: buffers, filter blocks and spectra (and a graphed state's own
-        buffers; the graphs' private memory pool is not counted)."""
+        buffers and the memory its graphs' pool reserved)."""
         tensors = [self.first_tap, self.second_tap, self.inputs, self.pending, *self.toeplitz, *self.spectra]
+        pool = 0
         if self.graphed is not None:
             tensors += self.graphed.tensors()
-        return sum(t.numel() * t.element_size() for t in tensors)
+            pool = self.graphed.pool_bytes
+        return sum(t.numel() * t.element_size() for t in tensors) + pool
 
 
 def prefill(x: Tensor, k: Tensor, max_len: int, *, precision: str | None = None,
@@ -254,8 +256,14 @@ class _GraphedSteps:
     tensor (`index`, the generated index i, advanced inside the graph) and each level has its
     own graph: the levels of T = max_len - prompt_len, and None (the last step, no fold). The
     input x_t is copied into `x`; y_t lands in `outputs[i]` and step returns that view (each
-    position has its own row: a later step never overwrites it). The same indexed step runs
-    eagerly, without capture, in the CPU tests (`indexed_step`)."""
+    position has its own row: a later step never overwrites it; for a 2-byte x_t, step returns
+    its cast). The same indexed step runs eagerly, without capture, in the CPU tests
+    (`indexed_step`).
+
+    The graphs hold the state's buffers by address: a graphed state cannot be copied or forked.
+    Their FFT levels run PyTorch's cached cuFFT plans, which the graphs do not own: step refuses
+    to replay once the plan cache has been cleared or has filled up since the capture
+    (`_check_plans`), rather than replay a freed plan."""
 
     x: Tensor                       # (B, C), the compute dtype: the input the graphs read
     index: Tensor                   # () int64: the generated index i the graphs read and advance
@@ -263,6 +271,8 @@ class _GraphedSteps:
     behind: dict[int, Tensor]       # level q >= 1: arange(1 - n, 1), the block's inputs relative to i
     ahead: dict[int, Tensor]        # level q >= 1: arange(1, n + 1), the positions it folds into
     graphs: dict[int | None, torch.cuda.CUDAGraph]
+    pool_bytes: int = 0             # the graphs' private memory pool, as the allocator reserved it
+    plans_at_capture: int = 0       # the cuFFT plan cache's size after the capture
 
     def tensors(self) -> list[Tensor]:
         return [self.x, self.index, self.outputs, *self.behind.values(), *self.ahead.values()]
@@ -286,11 +296,24 @@ class _GraphedSteps:
         the graphs replay). Each level first runs once on a side stream (cuFFT plans, cuBLAS
         handles: created outside the capture, as torch.cuda.graph asks); that warm-up writes the
         buffers, so they are cleared after, before the prompt's sums go in."""
-        with torch.cuda.device(state.device):  # capture on the state's GPU, whichever is current
-            return cls._capture_here(state)
+        with torch.cuda.device(state.device):
+            deterministic = torch.are_deterministic_algorithms_enabled()
+            warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+            # Deterministic mode sends index_copy_ through a path that reads an index on the
+            # host, which a capture forbids; every index here is written once, so the op is
+            # deterministic as it is.
+            torch.use_deterministic_algorithms(False)
+            try:
+                return cls._capture_here(state)
+            finally:
+                torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
 
     @classmethod
     def _capture_here(cls, state: ConvState) -> _GraphedSteps:
+        plans = torch.backends.cuda.cufft_plan_cache[state.device.index]
+        if plans.max_size == 0:
+            raise RuntimeError("cuda_graph=True needs PyTorch's cuFFT plan cache (its max_size is 0): the graphs "
+                               "replay the cached plans")
         graphed = cls.indexed(state)
         to_generate = state.inputs.shape[-1]
         levels: list[int | None] = [*_levels(to_generate), None]
@@ -303,12 +326,19 @@ class _GraphedSteps:
                 graphed.index.fill_(warm_index[q])
                 graphed.indexed_step(state, q)
         torch.cuda.current_stream(state.device).wait_stream(side)
-        pool = torch.cuda.graph_pool_handle()  # the graphs run one at a time: their scratch can share
+        # One pool for this state's graphs: they run one at a time on one stream, and no tensor
+        # made inside a capture outlives its graph, so their scratch can share.
+        pool = torch.cuda.graph_pool_handle()
+        reserved = torch.cuda.memory_reserved(state.device)
         for q in levels:
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            # on `side`, a stream of the state's device (the default capture stream belongs to
+            # whichever device was current at its first use)
+            with torch.cuda.graph(graph, pool=pool, stream=side, capture_error_mode="thread_local"):
                 graphed.indexed_step(state, q)
             graphed.graphs[q] = graph
+        graphed.pool_bytes = max(torch.cuda.memory_reserved(state.device) - reserved, 0)
+        graphed.plans_at_capture = plans.size if state.spectra else 0  # 0: no FFT level, nothing to check
         for t in (state.inputs, state.pending, graphed.outputs, graphed.x, graphed.index):
             t.zero_()
         return graphed
@@ -333,6 +363,7 @@ class _GraphedSteps:
 
     def step(self, x_t: Tensor, state: ConvState) -> Tensor:
         """`step` by replaying the graph of this position's level: y_t, a view of outputs[i]."""
+        self._check_plans(state)
         i = state.position - state.prompt_len  # `index` holds i too: every step of this state replays a graph
         with torch.no_grad(), torch.cuda.device(state.device):
             self.x.copy_(x_t)
@@ -340,6 +371,16 @@ class _GraphedSteps:
         state.position += 1
         y = self.outputs[i]
         return y if y.dtype == x_t.dtype else y.to(x_t.dtype)
+
+    def _check_plans(self, state: ConvState) -> None:
+        """The cuFFT plans the graphs replay are still cached: the cache neither shrank below its
+        size at capture (a clear) nor reached its max_size (where it evicts)."""
+        if not self.plans_at_capture:
+            return  # no FFT level (every block a Toeplitz product)
+        plans = torch.backends.cuda.cufft_plan_cache[state.device.index]
+        if plans.size < self.plans_at_capture or plans.size >= plans.max_size:
+            raise RuntimeError("the cuFFT plan cache was cleared or filled up since prefill(cuda_graph=True), so "
+                               "the plans the graphs replay may be freed: prefill again")
 
 
 def _check_cuda_graph(cuda_graph: object, x: Tensor) -> None:

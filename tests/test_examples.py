@@ -151,5 +151,7 @@ def test_generation_example_layer_mode_with_a_stride(generate_hyena, capsys):
     assert "(est.)" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         generate_hyena.main(["--seq-len", "8", "--prompt", "8"])
+    capsys.readouterr()
     with pytest.raises(SystemExit):
         generate_hyena.main(["--layer", "--seq-len", "8", "--cuda-graph"])  # CUDA graphs on the CPU
+    assert "--cuda-graph needs --device cuda" in capsys.readouterr().err

@@ -288,6 +288,36 @@ def test_the_indexed_step_is_the_eager_step_bit_for_bit(gen, groups, length, pro
         assert torch.equal(getattr(indexed_state, name), getattr(eager, name)), name
 
 
+def test_graphed_step_replays_the_level_of_each_position(gen, monkeypatch):
+    """`step` on a graphed state, with stand-in graphs that run the indexed step of their level:
+    each position replays its own level's graph (a wrong choice changes the sums), y_t is cast
+    back to a 2-byte x_t's dtype, and the results are the eager steps', bit for bit."""
+    import contextlib
+
+    class Level:
+        def __init__(self, state, graphed, q):
+            self.state, self.graphed, self.q = state, graphed, q
+
+        def replay(self):
+            self.graphed.indexed_step(self.state, self.q)
+
+    monkeypatch.setattr(generation.torch.cuda, "device", lambda device: contextlib.nullcontext())  # a CPU state
+    length, prompt_len = 300, 5
+    x, k = randn(gen, 2, 6, length).to(torch.bfloat16), randn(gen, 3, length)
+    _, eager = generation.prefill(x[..., :prompt_len], k, length)
+    _, state = generation.prefill(x[..., :prompt_len], k, length)
+    state.graphed = generation._GraphedSteps.indexed(state)
+    levels = [*generation._levels(length - prompt_len), None]
+    state.graphed.graphs = {q: Level(state, state.graphed, q) for q in levels}
+    for t in range(prompt_len, length):
+        want = generation.step(x[..., t], eager)[0]
+        got = generation.step(x[..., t], state)[0]
+        assert got.dtype == torch.bfloat16 and torch.equal(got, want), t
+    assert state.nbytes > eager.nbytes
+    with pytest.raises(RuntimeError, match="the stream is full"):
+        generation.step(x[..., -1], state)
+
+
 def test_cuda_graph_needs_a_cuda_prompt(gen):
     x, k = randn(gen, 1, 2, 10), randn(gen, 2, 10)
     with pytest.raises(ValueError, match="cuda_graph=True captures CUDA graphs: the prompt is on cpu"):
@@ -315,10 +345,12 @@ def test_cuda_graph_steps_replay_the_eager_steps(gen, groups, length, prompt_len
         for t in range(prompt_len, length):
             want = generation.step(x[..., t], eager)[0]
             got = generation.step(x[..., t], graphed)[0]
-            assert rel_l2(got, want) <= 1e-6, t
-            ys.append((got, want.clone()))
-        assert all(rel_l2(got, want) <= 1e-6 for got, want in ys)
-        assert rel_l2(torch.stack([g for g, _ in ys], -1), reference_full(x, k)[..., prompt_len:]) < ERROR_BUDGETS["fp32"]
+            assert rel_l2(got, want) <= 1e-5, t  # the same ops; cuFFT may plan a strided and a packed block apart
+            ys.append((got, got.clone(), want.clone()))
+        assert all(torch.equal(got, then) for got, then, _ in ys)  # views of the history: never overwritten
+        ref = reference_full(x, k)[..., prompt_len:]
+        for outputs in ([g for g, _, _ in ys], [w for _, _, w in ys]):
+            assert rel_l2(torch.stack(outputs, -1), ref) < ERROR_BUDGETS["fp32"]
         with pytest.raises(RuntimeError, match="the stream is full"):
             generation.step(x[..., -1], graphed)
         op = HyenaOperator(d_model=16, l_max=256, order=3).cuda()
