@@ -304,12 +304,20 @@ def test_half_io_backward_reads_what_fp32_io_reads(io_dtype, batch, channels, le
     grad = randn(gen, batch, channels, length, device=DEVICE).to(io_dtype)
     k, D = randn(gen, channels, length, device=DEVICE) / length**0.5, randn(gen, channels, device=DEVICE)
     spectrum = ops.filter_spectrum(k, length, "fp32")
+    # Words the kernel carries in float registers before widening: a zero at every odd t makes
+    # each pair's 32-bit word a float denormal (or zero), an inf at odd t a NaN pattern; they
+    # must come through bit for bit.
+    u[..., 1::2] = 0
+    grad[..., 1::4] = 0
     half = ops.fftconv_backward_op(grad, u, spectrum, D, length, "fp32")
     wide = ops.fftconv_backward_op(grad.float(), u.float(), spectrum, D, length, "fp32")
     assert half[0].dtype == io_dtype
     assert rel_l2(half[0].float(), wide[0]) <= IO_ROUNDING[io_dtype]
     for got, want in zip(half[1:], wide[1:]):
         assert rel_l2(got, want) <= 1e-6
+    u[0, 0, 1] = float("inf")  # the word of pair (0, 1) is then an fp32 NaN pattern: the inf must reach dk[0]
+    _, dk, _ = ops.fftconv_backward_op(grad, u, spectrum, D, length, "fp32")
+    assert not torch.isfinite(dk[0]).all() and torch.isfinite(dk[1:]).all()
 
 
 @pytest.mark.parametrize("batch, channels, length, filter_len", [(3, 5, 8192, 8192), (7, 100, 5000, 4999),
