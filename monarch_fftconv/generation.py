@@ -19,7 +19,7 @@ Functional form: `prefill(x, k, max_len)` and `step(x_t, state)`. The modules' m
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -130,27 +130,40 @@ def start(x: Tensor, k: Tensor, max_len: int, *, precision: str | None = None,
     """The state after the prompt x (B, C, P), without the prompt's output (`prefill` computes it)."""
     _check_prefill(x, k, max_len)
     _check_cuda_graph(cuda_graph, x)
-    batch, channels, prompt_len = x.shape
     with torch.no_grad():
-        dtype = compute_dtype(x, k)
-        filt = k.to(dtype)
-        to_generate = max_len - prompt_len
-        toeplitz, spectra = _filter_blocks(filt, to_generate)
-        # (2, C): k[:, 0] and k[:, 1] (zero for a one-tap filter) per channel, each row contiguous
-        first_taps = F.pad(filt[:, :2], (0, 2 - min(filt.shape[-1], 2))).repeat_interleave(channels // k.shape[0], 0)
-        first_taps = first_taps.T.contiguous()
-        inputs = x.new_zeros(batch, channels, to_generate, dtype=dtype)
-        pending = x.new_zeros(batch, channels, _pending_length(to_generate), dtype=dtype)
-        state = ConvState(
-            max_len=max_len, prompt_len=prompt_len, position=prompt_len, batch=batch, channels=channels,
-            groups=k.shape[0], dtype=x.dtype, device=x.device,
-            first_tap=first_taps[0], second_tap=first_taps[1],
-            toeplitz=toeplitz, spectra=spectra, inputs=inputs, pending=pending)
-        if cuda_graph and to_generate:
+        state, filt = _allocate(x, k, max_len)
+        if cuda_graph and state.inputs.shape[-1]:
             state.graphed = _GraphedSteps.capture(state)  # before the prompt's sums: its warm-up writes the buffers
-        if prompt_len and to_generate:
-            pending[..., :to_generate] = _prompt_contribution(x.to(dtype), filt, max_len, precision)
+        _add_prompt(state, x, filt, precision)
         return state
+
+
+def _allocate(x: Tensor, k: Tensor, max_len: int) -> tuple[ConvState, Tensor]:
+    """A state for the prompt x with zero buffers (the prompt's sums not yet in `pending`), and
+    the filter in the compute dtype."""
+    batch, channels, prompt_len = x.shape
+    dtype = compute_dtype(x, k)
+    filt = k.to(dtype)
+    to_generate = max_len - prompt_len
+    toeplitz, spectra = _filter_blocks(filt, to_generate)
+    # (2, C): k[:, 0] and k[:, 1] (zero for a one-tap filter) per channel, each row contiguous
+    first_taps = F.pad(filt[:, :2], (0, 2 - min(filt.shape[-1], 2))).repeat_interleave(channels // k.shape[0], 0)
+    first_taps = first_taps.T.contiguous()
+    inputs = x.new_zeros(batch, channels, to_generate, dtype=dtype)
+    pending = x.new_zeros(batch, channels, _pending_length(to_generate), dtype=dtype)
+    state = ConvState(
+        max_len=max_len, prompt_len=prompt_len, position=prompt_len, batch=batch, channels=channels,
+        groups=k.shape[0], dtype=x.dtype, device=x.device,
+        first_tap=first_taps[0], second_tap=first_taps[1],
+        toeplitz=toeplitz, spectra=spectra, inputs=inputs, pending=pending)
+    return state, filt
+
+
+def _add_prompt(state: ConvState, x: Tensor, filt: Tensor, precision: str | None) -> None:
+    """The prompt's sums for every generated position, into `pending`."""
+    to_generate = state.inputs.shape[-1]
+    if state.prompt_len and to_generate:
+        state.pending[..., :to_generate] = _prompt_contribution(x.to(filt.dtype), filt, state.max_len, precision)
 
 
 def step(x_t: Tensor, state: ConvState) -> tuple[Tensor, ConvState]:
@@ -292,60 +305,19 @@ class _GraphedSteps:
 
     @classmethod
     def capture(cls, state: ConvState) -> _GraphedSteps:
-        """One graph per level, captured on the state's own buffers (their addresses are what
-        the graphs replay). Each level first runs once on a side stream (cuFFT plans, cuBLAS
-        handles: created outside the capture, as torch.cuda.graph asks); that warm-up writes the
-        buffers, so they are cleared after, before the prompt's sums go in."""
-        with torch.cuda.device(state.device):
-            deterministic = torch.are_deterministic_algorithms_enabled()
-            warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-            # Deterministic mode sends index_copy_ through a path that reads an index on the
-            # host, which a capture forbids; every index here is written once, so the op is
-            # deterministic as it is.
-            torch.use_deterministic_algorithms(False)
-            try:
-                return cls._capture_here(state)
-            finally:
-                torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
-
-    @classmethod
-    def _capture_here(cls, state: ConvState) -> _GraphedSteps:
-        plans = torch.backends.cuda.cufft_plan_cache[state.device.index]
-        if plans.max_size == 0:
-            raise RuntimeError("cuda_graph=True needs PyTorch's cuFFT plan cache (its max_size is 0): the graphs "
-                               "replay the cached plans")
+        """One graph per level, captured on the state's own buffers (`_capture_levels`)."""
         graphed = cls.indexed(state)
-        to_generate = state.inputs.shape[-1]
-        levels: list[int | None] = [*_levels(to_generate), None]
-        # a generated index whose fold is level q: i + 1 = 2^q (None: the last index)
-        warm_index = {q: (to_generate - 1 if q is None else (1 << q) - 1) for q in levels}
-        side = torch.cuda.Stream(device=state.device)
-        side.wait_stream(torch.cuda.current_stream(state.device))
-        with torch.cuda.stream(side):
-            for q in levels:
-                graphed.index.fill_(warm_index[q])
-                graphed.indexed_step(state, q)
-        torch.cuda.current_stream(state.device).wait_stream(side)
-        # One pool for this state's graphs: they run one at a time on one stream, and no tensor
-        # made inside a capture outlives its graph, so their scratch can share.
-        pool = torch.cuda.graph_pool_handle()
-        reserved = torch.cuda.memory_reserved(state.device)
-        for q in levels:
-            graph = torch.cuda.CUDAGraph()
-            # on `side`, a stream of the state's device (the default capture stream belongs to
-            # whichever device was current at its first use)
-            with torch.cuda.graph(graph, pool=pool, stream=side, capture_error_mode="thread_local"):
-                graphed.indexed_step(state, q)
-            graphed.graphs[q] = graph
-        graphed.pool_bytes = max(torch.cuda.memory_reserved(state.device) - reserved, 0)
-        graphed.plans_at_capture = plans.size if state.spectra else 0  # 0: no FFT level, nothing to check
-        for t in (state.inputs, state.pending, graphed.outputs, graphed.x, graphed.index):
-            t.zero_()
+        buffers = [state.inputs, state.pending, graphed.outputs, graphed.x, graphed.index]
+        graphed.graphs, graphed.pool_bytes, graphed.plans_at_capture = _capture_levels(
+            state.device, state.inputs.shape[-1], bool(state.spectra), buffers,
+            lambda q: graphed.index.fill_(_warm_index(q, state.inputs.shape[-1])),
+            lambda q: graphed.indexed_step(state, q))
         return graphed
 
-    def indexed_step(self, state: ConvState, q: int | None) -> None:
+    def indexed_step(self, state: ConvState, q: int | None) -> Tensor:
         """One step at the generated index `self.index` (a device tensor), folding level q:
-        `step`'s arithmetic with every offset a device index. Advances `self.index`."""
+        `step`'s arithmetic with every offset a device index. Advances `self.index`; returns
+        y_t (B, C) in the compute dtype (also in `outputs`)."""
         at = self.index.view(1)
         x = self.x
         state.inputs.index_copy_(2, at, x.unsqueeze(-1))
@@ -360,10 +332,11 @@ class _GraphedSteps:
             targets = at + self.ahead[q]  # i + 1 .. i + n
             state.pending.index_copy_(2, targets, state.pending.index_select(2, targets) + out)
         self.index.add_(1)
+        return y
 
     def step(self, x_t: Tensor, state: ConvState) -> Tensor:
         """`step` by replaying the graph of this position's level: y_t, a view of outputs[i]."""
-        self._check_plans(state)
+        _check_plans(state.device, self.plans_at_capture)
         i = state.position - state.prompt_len  # `index` holds i too: every step of this state replays a graph
         with torch.no_grad(), torch.cuda.device(state.device):
             self.x.copy_(x_t)
@@ -372,15 +345,69 @@ class _GraphedSteps:
         y = self.outputs[i]
         return y if y.dtype == x_t.dtype else y.to(x_t.dtype)
 
-    def _check_plans(self, state: ConvState) -> None:
-        """The cuFFT plans the graphs replay are still cached: the cache neither shrank below its
-        size at capture (a clear) nor reached its max_size (where it evicts)."""
-        if not self.plans_at_capture:
-            return  # no FFT level (every block a Toeplitz product)
-        plans = torch.backends.cuda.cufft_plan_cache[state.device.index]
-        if plans.size < self.plans_at_capture or plans.size >= plans.max_size:
-            raise RuntimeError("the cuFFT plan cache was cleared or filled up since prefill(cuda_graph=True), so "
-                               "the plans the graphs replay may be freed: prefill again")
+
+def _warm_index(q: int | None, to_generate: int) -> int:
+    """A generated index whose fold is level q: i + 1 = 2^q (None: the last index)."""
+    return to_generate - 1 if q is None else (1 << q) - 1
+
+
+def _capture_levels(device: torch.device, to_generate: int, has_fft: bool, buffers: list[Tensor],
+                    warm: Callable[[int | None], object], run: Callable[[int | None], object]
+                    ) -> tuple[dict[int | None, torch.cuda.CUDAGraph], int, int]:
+    """A graph of `run(q)` for each fold level q of T = to_generate steps and None (the last
+    step), captured on the buffers `run` writes. Each level first runs once on a side stream
+    after `warm(q)` (cuFFT plans, cuBLAS handles: made outside the capture, as torch.cuda.graph
+    asks); that warm-up writes the buffers, so they are cleared after, before the prompt's sums
+    go in. Returns the graphs, the memory their pool reserved, and the cuFFT plan cache's size
+    after the capture (0 without FFT levels: `_check_plans`)."""
+    with torch.cuda.device(device):
+        plans = torch.backends.cuda.cufft_plan_cache[device.index]
+        if has_fft and plans.max_size == 0:
+            raise RuntimeError("cuda_graph=True needs PyTorch's cuFFT plan cache (its max_size is 0): the graphs "
+                               "replay the cached plans")
+        deterministic = torch.are_deterministic_algorithms_enabled()
+        warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+        # Deterministic mode sends index_copy_ through a path that reads an index on the host,
+        # which a capture forbids; every index here is written once, so the op is deterministic.
+        torch.use_deterministic_algorithms(False)
+        try:
+            levels: list[int | None] = [*_levels(to_generate), None]
+            side = torch.cuda.Stream(device=device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for q in levels:
+                    warm(q)
+                    run(q)
+            torch.cuda.current_stream(device).wait_stream(side)
+            # One pool for these graphs: they run one at a time on one stream, and no tensor made
+            # inside a capture outlives its graph, so their scratch can share.
+            pool = torch.cuda.graph_pool_handle()
+            reserved = torch.cuda.memory_reserved(device)
+            graphs = {}
+            for q in levels:
+                graph = torch.cuda.CUDAGraph()
+                # on `side`, a stream of this device (the default capture stream belongs to
+                # whichever device was current at its first use)
+                with torch.cuda.graph(graph, pool=pool, stream=side, capture_error_mode="thread_local"):
+                    run(q)
+                graphs[q] = graph
+            pool_bytes = max(torch.cuda.memory_reserved(device) - reserved, 0)
+        finally:
+            torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+        for t in buffers:
+            t.zero_()
+        return graphs, pool_bytes, (plans.size if has_fft else 0)
+
+
+def _check_plans(device: torch.device, plans_at_capture: int) -> None:
+    """The cuFFT plans a state's graphs replay are still cached: the cache neither shrank below
+    its size at capture (a clear) nor reached its max_size (where it evicts)."""
+    if not plans_at_capture:
+        return  # no FFT level (every block a Toeplitz product)
+    plans = torch.backends.cuda.cufft_plan_cache[device.index]
+    if plans.size < plans_at_capture or plans.size >= plans.max_size:
+        raise RuntimeError("the cuFFT plan cache was cleared or filled up since prefill(cuda_graph=True), so "
+                           "the plans the graphs replay may be freed: prefill again")
 
 
 def _check_cuda_graph(cuda_graph: object, x: Tensor) -> None:
@@ -487,11 +514,16 @@ class HyenaState:
     convs: list[ConvState]      # one per order step
     skips: Tensor | None        # (order - 1, d): each step's D, or None
     watch: _Watch = field(repr=False)
+    graphed: _GraphedHyena | None = field(default=None, repr=False)  # prefill(..., cuda_graph=True)
 
     @property
     def nbytes(self) -> int:
         own = [self.window, self.window_weights] + ([] if self.skips is None else [self.skips])
-        return sum(t.numel() * t.element_size() for t in own) + sum(c.nbytes for c in self.convs)
+        pool = 0
+        if self.graphed is not None:
+            own += self.graphed.tensors()
+            pool = self.graphed.pool_bytes
+        return sum(t.numel() * t.element_size() for t in own) + sum(c.nbytes for c in self.convs) + pool
 
 
 def prefill_hyena(op: HyenaOperator, x: Tensor, max_len: int, cuda_graph: bool = False) -> tuple[Tensor, HyenaState]:
@@ -512,9 +544,15 @@ def prefill_hyena(op: HyenaOperator, x: Tensor, max_len: int, cuda_graph: bool =
     with torch.no_grad():
         k, skips = op.long_filters(max_len)
     k_prompt, skips_prompt = op.long_filters(prompt_len) if prompt_len else (None, None)
-    convs = []
+    _check_cuda_graph(cuda_graph, x)
+    convs, prompts = [], []  # each long convolution's state, and its prompt with the filter
     for o, gate in enumerate(reversed(gates[1:])):
-        convs.append(start(v * gate, k[o], max_len, precision=op.precision, cuda_graph=cuda_graph))
+        u = v * gate
+        _check_prefill(u, k[o], max_len)
+        with torch.no_grad():
+            conv, filt = _allocate(u, k[o], max_len)
+        convs.append(conv)
+        prompts.append((u, filt))
         if prompt_len:
             last = o == op.order - 2
             v = op.long_conv(v, k_prompt[o], None if skips_prompt is None else skips_prompt[o], gate,
@@ -522,8 +560,13 @@ def prefill_hyena(op: HyenaOperator, x: Tensor, max_len: int, cuda_graph: bool =
     y = op.out_proj(v.transpose(1, 2)) if prompt_len else x.new_empty(x.shape)
     with torch.no_grad():
         window, window_weights = _short_window(op, raw)
-    state = HyenaState(position=prompt_len, max_len=max_len, window=window, window_weights=window_weights,
-                       convs=convs, skips=skips, watch=_Watch.of(_hyena_tensors(op)))
+        state = HyenaState(position=prompt_len, max_len=max_len, window=torch.zeros_like(window),
+                           window_weights=window_weights, convs=convs, skips=skips, watch=_Watch.of(_hyena_tensors(op)))
+        if cuda_graph and max_len > prompt_len:
+            state.graphed = _GraphedHyena.capture(op, state, x.dtype)  # its warm-up writes the buffers: first
+        state.window.copy_(window)
+        for conv, (u, filt) in zip(convs, prompts):
+            _add_prompt(conv, u, filt, op.precision)
     return y, state
 
 
@@ -535,6 +578,8 @@ def step_hyena(op: HyenaOperator, x_t: Tensor, state: HyenaState) -> tuple[Tenso
     if not isinstance(x_t, Tensor) or tuple(x_t.shape) != (batch, op.d_model):
         raise ValueError(f"x_t must have shape (B, d_model) = ({batch}, {op.d_model}), got {getattr(x_t, 'shape', x_t)}")
     _check_like_prefill(x_t, state.window.dtype, state.window.device, state.window)
+    if state.graphed is not None:
+        return state.graphed.step(x_t, state), state
     with torch.no_grad():
         slot = state.position % taps
         state.window[..., slot] = op.in_proj(x_t)
@@ -551,6 +596,82 @@ def step_hyena(op: HyenaOperator, x_t: Tensor, state: HyenaState) -> tuple[Tenso
         y = op.out_proj(v)
     state.position += 1
     return y, state
+
+
+@dataclass
+class _GraphedHyena:
+    """A HyenaOperator's steps as CUDA graphs (`_GraphedSteps` for one convolution): its long
+    convolutions share the position, so one graph per fold level replays the whole step, the
+    projections, the short filter (its ring slot (P + i) % ks from the device index), the gates,
+    every long convolution's indexed step and D. y_t lands in `outputs[i]`."""
+
+    x: Tensor                       # (B, d): the input the graphs read, x_t's dtype
+    index: Tensor                   # () int64: the generated index i
+    outputs: Tensor                 # (T, B, d): y of every generated position, x_t's dtype
+    convs: list[_GraphedSteps]      # each long convolution's indexed buffers (no graphs of their own)
+    prompt_len: int
+    graphs: dict[int | None, torch.cuda.CUDAGraph]
+    pool_bytes: int = 0
+    plans_at_capture: int = 0
+
+    def tensors(self) -> list[Tensor]:
+        return [self.x, self.index, self.outputs, *(t for c in self.convs for t in c.tensors())]
+
+    @classmethod
+    def capture(cls, op: HyenaOperator, state: HyenaState, dtype: torch.dtype) -> _GraphedHyena:
+        to_generate = state.max_len - state.position
+        batch = state.window.shape[0]
+        like = state.window
+        graphed = cls(x=like.new_zeros(batch, op.d_model, dtype=dtype),
+                      index=torch.zeros((), dtype=torch.int64, device=like.device),
+                      outputs=like.new_zeros(to_generate, batch, op.d_model, dtype=dtype),
+                      convs=[_GraphedSteps.indexed(c) for c in state.convs], prompt_len=state.position, graphs={})
+        buffers = [state.window, graphed.x, graphed.index, graphed.outputs]
+        for conv, indexed in zip(state.convs, graphed.convs):
+            buffers += [conv.inputs, conv.pending, indexed.x, indexed.index, indexed.outputs]
+
+        def warm(q: int | None) -> None:
+            i = _warm_index(q, to_generate)
+            for t in (graphed.index, *(c.index for c in graphed.convs)):
+                t.fill_(i)
+
+        graphed.graphs, graphed.pool_bytes, graphed.plans_at_capture = _capture_levels(
+            like.device, to_generate, any(c.spectra for c in state.convs), buffers, warm,
+            lambda q: graphed.indexed_step(op, state, q))
+        return graphed
+
+    def indexed_step(self, op: HyenaOperator, state: HyenaState, q: int | None) -> None:
+        """`step_hyena` at the generated index `self.index`, folding level q in every long
+        convolution; advances the indices."""
+        taps = state.window.shape[-1]
+        slot = torch.remainder(self.index + self.prompt_len, taps).view(1)
+        state.window.index_copy_(2, slot, op.in_proj(self.x).unsqueeze(-1))
+        projected = (state.window * state.window_weights.index_select(0, slot).squeeze(0)).sum(-1)
+        if op.short_filter.bias is not None:
+            projected = projected + op.short_filter.bias
+        *gates, v = projected.split(op.d_model, dim=1)
+        for o, gate in enumerate(reversed(gates[1:])):
+            u = v * gate
+            conv = self.convs[o]
+            conv.x.copy_(u)
+            v = conv.indexed_step(state.convs[o], q).to(u.dtype)
+            if state.skips is not None:
+                v = v + state.skips[o].to(v.dtype) * u
+        y = op.out_proj(v * gates[0])
+        self.outputs.index_copy_(0, self.index.view(1), y.unsqueeze(0))
+        self.index.add_(1)
+
+    def step(self, x_t: Tensor, state: HyenaState) -> Tensor:
+        """`step_hyena` by replaying the graph of this position's level: y_t, a view of outputs[i]."""
+        _check_plans(state.window.device, self.plans_at_capture)
+        i = state.position - self.prompt_len
+        with torch.no_grad(), torch.cuda.device(state.window.device):
+            self.x.copy_(x_t)
+            self.graphs[_fold_level(i, self.outputs.shape[0])].replay()
+        state.position += 1
+        for conv in state.convs:
+            conv.position += 1
+        return self.outputs[i]
 
 
 def _short_window(op: HyenaOperator, raw: Tensor) -> tuple[Tensor, Tensor]:

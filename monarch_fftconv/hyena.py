@@ -235,8 +235,10 @@ class HyenaOperator(nn.Module):
         long-convolution stream per order step). step uses the operator as it is now, like a
         KV cache: it raises RuntimeError if a parameter or buffer was replaced or written in
         place since (version counters; `.data` writes bypass that check). Bidirectional
-        operators raise ValueError. cuda_graph=True (CUDA only): each long convolution's steps
-        as CUDA graphs (`FFTConv.prefill`). docs/design.md, "Generation: prefill and step"."""
+        operators raise ValueError. cuda_graph=True (CUDA only) captures the whole step
+        (projections, short filter, gates, every long convolution, D) as CUDA graphs here, one
+        per block level: a step is then one copy and one graph launch, and its y_t a view of the
+        state's output history. docs/design.md, "Generation: prefill and step"."""
         return generation.prefill_hyena(self, x, max_len, cuda_graph)
 
     def step(self, x_t: Tensor, state: generation.HyenaState) -> tuple[Tensor, generation.HyenaState]:

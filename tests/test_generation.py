@@ -318,6 +318,42 @@ def test_graphed_step_replays_the_level_of_each_position(gen, monkeypatch):
         generation.step(x[..., -1], state)
 
 
+@pytest.mark.parametrize("order, groups, prompt_len, short", [(2, None, 0, 3), (3, 2, 7, 4)])
+def test_graphed_hyena_step_is_the_eager_step(gen, monkeypatch, order, groups, prompt_len, short):
+    """`HyenaOperator.step` on a graphed state, with stand-in graphs that run the indexed step of
+    their level (projections, the short filter's ring slot from the device index, gates, every
+    long convolution's indexed step, D): the eager steps' outputs and states, bit for bit."""
+    import contextlib
+
+    class Level:
+        def __init__(self, op, state, q):
+            self.op, self.state, self.q = op, state, q
+
+        def replay(self):
+            self.state.graphed.indexed_step(self.op, self.state, self.q)
+
+    monkeypatch.setattr(generation.torch.cuda, "device", lambda device: contextlib.nullcontext())  # a CPU state
+    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    length = 150
+    op = HyenaOperator(8, 160, order=order, filter_groups=groups, filter_order=16, short_filter_order=short)
+    x = randn(gen, 2, length, 8)
+    with torch.no_grad():
+        _, eager = op.prefill(x[:, :prompt_len], max_len=length)
+        _, state = op.prefill(x[:, :prompt_len], max_len=length)
+        state.graphed = generation._GraphedHyena(
+            x=x.new_zeros(2, 8), index=torch.zeros((), dtype=torch.int64), outputs=x.new_zeros(length - prompt_len, 2, 8),
+            convs=[generation._GraphedSteps.indexed(c) for c in state.convs], prompt_len=prompt_len, graphs={})
+        levels = [*generation._levels(length - prompt_len), None]
+        state.graphed.graphs = {q: Level(op, state, q) for q in levels}
+        for t in range(prompt_len, length):
+            want, _ = op.step(x[:, t], eager)
+            got, _ = op.step(x[:, t], state)
+            assert torch.equal(got, want), t
+    assert state.position == eager.position == length and all(c.position == length for c in state.convs)
+    assert torch.equal(state.window, eager.window)
+    assert all(torch.equal(a.pending, b.pending) for a, b in zip(state.convs, eager.convs))
+
+
 def test_cuda_graph_needs_a_cuda_prompt(gen):
     x, k = randn(gen, 1, 2, 10), randn(gen, 2, 10)
     with pytest.raises(ValueError, match="cuda_graph=True captures CUDA graphs: the prompt is on cpu"):
