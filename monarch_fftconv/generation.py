@@ -280,7 +280,7 @@ class _GraphedSteps:
 
     x: Tensor                       # (B, C), the compute dtype: the input the graphs read
     index: Tensor                   # () int64: the generated index i the graphs read and advance
-    outputs: Tensor                 # (T, B, C): y of every generated position, the compute dtype
+    outputs: Tensor | None          # (T, B, C): y of every generated position, the compute dtype (None: not kept)
     behind: dict[int, Tensor]       # level q >= 1: arange(1 - n, 1), the block's inputs relative to i
     ahead: dict[int, Tensor]        # level q >= 1: arange(1, n + 1), the positions it folds into
     graphs: dict[int | None, torch.cuda.CUDAGraph]
@@ -288,17 +288,19 @@ class _GraphedSteps:
     plans_at_capture: int = 0       # the cuFFT plan cache's size after the capture
 
     def tensors(self) -> list[Tensor]:
-        return [self.x, self.index, self.outputs, *self.behind.values(), *self.ahead.values()]
+        kept = [] if self.outputs is None else [self.outputs]
+        return [self.x, self.index, *kept, *self.behind.values(), *self.ahead.values()]
 
     @classmethod
-    def indexed(cls, state: ConvState) -> _GraphedSteps:
-        """The buffers of the indexed step, without graphs (the graphs' capture, and tests)."""
+    def indexed(cls, state: ConvState, history: bool = True) -> _GraphedSteps:
+        """The buffers of the indexed step, without graphs (the graphs' capture, and tests);
+        history=False keeps no output history (a caller that takes y from indexed_step)."""
         to_generate = state.inputs.shape[-1]
         like = state.inputs
         block_levels = [q for q in _levels(to_generate) if q >= 1]
         return cls(x=like.new_zeros(state.batch, state.channels),
                    index=torch.zeros((), dtype=torch.int64, device=like.device),
-                   outputs=like.new_zeros(to_generate, state.batch, state.channels),
+                   outputs=like.new_zeros(to_generate, state.batch, state.channels) if history else None,
                    behind={q: torch.arange(1 - (1 << q), 1, device=like.device) for q in block_levels},
                    ahead={q: torch.arange(1, (1 << q) + 1, device=like.device) for q in block_levels},
                    graphs={})
@@ -307,7 +309,8 @@ class _GraphedSteps:
     def capture(cls, state: ConvState) -> _GraphedSteps:
         """One graph per level, captured on the state's own buffers (`_capture_levels`)."""
         graphed = cls.indexed(state)
-        buffers = [state.inputs, state.pending, graphed.outputs, graphed.x, graphed.index]
+        assert graphed.outputs is not None  # step returns its rows
+        buffers = [state.inputs, state.pending, graphed.x, graphed.index, graphed.outputs]
         graphed.graphs, graphed.pool_bytes, graphed.plans_at_capture = _capture_levels(
             state.device, state.inputs.shape[-1], bool(state.spectra), buffers,
             lambda q: graphed.index.fill_(_warm_index(q, state.inputs.shape[-1])),
@@ -322,7 +325,8 @@ class _GraphedSteps:
         x = self.x
         state.inputs.index_copy_(2, at, x.unsqueeze(-1))
         y = torch.addcmul(state.pending.index_select(2, at).squeeze(-1), state.first_tap, x)
-        self.outputs.index_copy_(0, at, y.unsqueeze(0))
+        if self.outputs is not None:
+            self.outputs.index_copy_(0, at, y.unsqueeze(0))
         if q == 0:
             after = at + 1
             folded = torch.addcmul(state.pending.index_select(2, after), x.unsqueeze(-1), state.second_tap.unsqueeze(-1))
@@ -579,7 +583,7 @@ def step_hyena(op: HyenaOperator, x_t: Tensor, state: HyenaState) -> tuple[Tenso
         raise ValueError(f"x_t must have shape (B, d_model) = ({batch}, {op.d_model}), got {getattr(x_t, 'shape', x_t)}")
     _check_like_prefill(x_t, state.window.dtype, state.window.device, state.window)
     if state.graphed is not None:
-        return state.graphed.step(x_t, state), state
+        return state.graphed.step(op, x_t, state), state
     with torch.no_grad():
         slot = state.position % taps
         state.window[..., slot] = op.in_proj(x_t)
@@ -608,9 +612,12 @@ class _GraphedHyena:
     x: Tensor                       # (B, d): the input the graphs read, x_t's dtype
     index: Tensor                   # () int64: the generated index i
     outputs: Tensor                 # (T, B, d): y of every generated position, x_t's dtype
-    convs: list[_GraphedSteps]      # each long convolution's indexed buffers (no graphs of their own)
+    convs: list[_GraphedSteps]      # each long convolution's indexed buffers (no graphs, no history of their own)
     prompt_len: int
     graphs: dict[int | None, torch.cuda.CUDAGraph]
+    # The operator's parameters and buffers the graphs read by address, as at capture: held, so a
+    # `.data` reassignment cannot free what a replay reads, and checked at each step
+    captured: tuple[Tensor, ...] = ()
     pool_bytes: int = 0
     plans_at_capture: int = 0
 
@@ -625,10 +632,12 @@ class _GraphedHyena:
         graphed = cls(x=like.new_zeros(batch, op.d_model, dtype=dtype),
                       index=torch.zeros((), dtype=torch.int64, device=like.device),
                       outputs=like.new_zeros(to_generate, batch, op.d_model, dtype=dtype),
-                      convs=[_GraphedSteps.indexed(c) for c in state.convs], prompt_len=state.position, graphs={})
+                      convs=[_GraphedSteps.indexed(c, history=False) for c in state.convs],
+                      prompt_len=state.position, graphs={},
+                      captured=tuple(t.detach() for t in _hyena_tensors(op)))
         buffers = [state.window, graphed.x, graphed.index, graphed.outputs]
         for conv, indexed in zip(state.convs, graphed.convs):
-            buffers += [conv.inputs, conv.pending, indexed.x, indexed.index, indexed.outputs]
+            buffers += [conv.inputs, conv.pending, indexed.x, indexed.index]
 
         def warm(q: int | None) -> None:
             i = _warm_index(q, to_generate)
@@ -661,9 +670,13 @@ class _GraphedHyena:
         self.outputs.index_copy_(0, self.index.view(1), y.unsqueeze(0))
         self.index.add_(1)
 
-    def step(self, x_t: Tensor, state: HyenaState) -> Tensor:
+    def step(self, op: HyenaOperator, x_t: Tensor, state: HyenaState) -> Tensor:
         """`step_hyena` by replaying the graph of this position's level: y_t, a view of outputs[i]."""
         _check_plans(state.window.device, self.plans_at_capture)
+        now = _hyena_tensors(op)
+        if len(now) != len(self.captured) or any(a.data_ptr() != b.data_ptr() for a, b in zip(now, self.captured)):
+            raise RuntimeError("a HyenaOperator parameter's storage was replaced since prefill(cuda_graph=True) "
+                               "(a .data assignment): the graphs read the old one; call prefill again")
         i = state.position - self.prompt_len
         with torch.no_grad(), torch.cuda.device(state.window.device):
             self.x.copy_(x_t)

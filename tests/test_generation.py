@@ -342,7 +342,8 @@ def test_graphed_hyena_step_is_the_eager_step(gen, monkeypatch, order, groups, p
         _, state = op.prefill(x[:, :prompt_len], max_len=length)
         state.graphed = generation._GraphedHyena(
             x=x.new_zeros(2, 8), index=torch.zeros((), dtype=torch.int64), outputs=x.new_zeros(length - prompt_len, 2, 8),
-            convs=[generation._GraphedSteps.indexed(c) for c in state.convs], prompt_len=prompt_len, graphs={})
+            convs=[generation._GraphedSteps.indexed(c, history=False) for c in state.convs], prompt_len=prompt_len,
+            graphs={}, captured=tuple(t.detach() for t in generation._hyena_tensors(op)))
         levels = [*generation._levels(length - prompt_len), None]
         state.graphed.graphs = {q: Level(op, state, q) for q in levels}
         for t in range(prompt_len, length):
@@ -352,6 +353,10 @@ def test_graphed_hyena_step_is_the_eager_step(gen, monkeypatch, order, groups, p
     assert state.position == eager.position == length and all(c.position == length for c in state.convs)
     assert torch.equal(state.window, eager.window)
     assert all(torch.equal(a.pending, b.pending) for a, b in zip(state.convs, eager.convs))
+    state.position -= 1  # room for one more step: a parameter's storage swapped under the graphs is refused
+    op.out_proj.weight.data = op.out_proj.weight.data.clone()
+    with pytest.raises(RuntimeError, match="storage was replaced since prefill"):
+        op.step(x[:, -1], state)
 
 
 def test_cuda_graph_needs_a_cuda_prompt(gen):
