@@ -359,6 +359,85 @@ def test_graphed_hyena_step_is_the_eager_step(gen, monkeypatch, order, groups, p
         op.step(x[:, -1], state)
 
 
+@pytest.fixture
+def simulated_graphs(monkeypatch):
+    """torch.cuda's graph machinery stood in for on the CPU: a capture records the indexed steps
+    it is given (nothing runs) and a replay runs them, so prefill(cuda_graph=True) runs its
+    real warm-up, capture order, clearing and prompt sums, and step its real level choice."""
+    import contextlib
+
+    capturing = []
+
+    class Graph:
+        def __init__(self):
+            self.calls = []
+
+        def replay(self):
+            for method, args in self.calls:
+                method(*args)
+
+    @contextlib.contextmanager
+    def graph(g, pool=None, stream=None, capture_error_mode=None):
+        capturing.append(g)
+        try:
+            yield
+        finally:
+            capturing.pop()
+
+    def recorded(method):
+        def wrapper(*args):
+            if capturing:
+                capturing[-1].calls.append((method, args))
+                return None
+            return method(*args)
+        return wrapper
+
+    class Stream:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def wait_stream(self, other):
+            pass
+
+    class Plans:
+        max_size, size = 4096, 1
+
+    for cls in (generation._GraphedSteps, generation._GraphedHyena):
+        monkeypatch.setattr(cls, "indexed_step", recorded(cls.indexed_step))
+    for name, value in (("device", lambda device: contextlib.nullcontext()), ("Stream", Stream),
+                        ("stream", lambda s: contextlib.nullcontext()), ("current_stream", lambda device=None: Stream()),
+                        ("graph_pool_handle", lambda: None), ("memory_reserved", lambda device=None: 0),
+                        ("CUDAGraph", Graph), ("graph", graph)):
+        monkeypatch.setattr(torch.cuda, name, value)
+    monkeypatch.setattr(torch.backends.cuda, "cufft_plan_cache", {None: Plans()})
+    monkeypatch.setattr(generation, "_check_cuda_graph", lambda cuda_graph, x: None)
+
+
+@pytest.mark.parametrize("prompt_len", [0, 1, 37])
+def test_prefill_with_graphs_captures_then_fills(gen, simulated_graphs, prompt_len):
+    """prefill(cuda_graph=True) with simulated graphs (the fixture): the warm-up's writes are
+    cleared before the prompt's sums and the short filter's ring go in, and every replayed step
+    is the eager step's, bit for bit: a functional state and a HyenaOperator's."""
+    length = 200
+    x, k = randn(gen, 2, 6, length), randn(gen, 3, length)
+    with torch.no_grad():
+        _, eager = generation.prefill(x[..., :prompt_len], k, length)
+        _, graphed = generation.prefill(x[..., :prompt_len], k, length, cuda_graph=True)
+        assert torch.equal(graphed.pending, eager.pending) and set(graphed.graphed.graphs) == {
+            *generation._levels(length - prompt_len), None}
+        for t in range(prompt_len, length):
+            assert torch.equal(generation.step(x[..., t], graphed)[0], generation.step(x[..., t], eager)[0]), t
+
+        torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
+        op = HyenaOperator(8, length, order=3, filter_groups=2, filter_order=16)
+        u = randn(gen, 2, length, 8)
+        _, hyena_eager = op.prefill(u[:, :prompt_len], max_len=length)
+        _, hyena_graphed = op.prefill(u[:, :prompt_len], max_len=length, cuda_graph=True)
+        assert torch.equal(hyena_graphed.window, hyena_eager.window)
+        for t in range(prompt_len, length):
+            assert torch.equal(op.step(u[:, t], hyena_graphed)[0], op.step(u[:, t], hyena_eager)[0]), t
+
+
 def test_cuda_graph_needs_a_cuda_prompt(gen):
     x, k = randn(gen, 1, 2, 10), randn(gen, 2, 10)
     with pytest.raises(ValueError, match="cuda_graph=True captures CUDA graphs: the prompt is on cpu"):
