@@ -388,14 +388,17 @@ def explain(
         return (f"fused into the fp32 kernel's {where} where no gradient is recorded (inference); "
                 f"an elementwise op when autograd records the call")
 
+    def gate_term(where: str, unfused: str) -> str:
+        if isinstance(backend, backends.Pending):  # whether the loaded backend fuses is not known yet
+            return backend.skip_term
+        return fused_gate(where) if fusable else unfused
+
     if pregate is not None:
-        terms["pregate"] = ("x = pregate ⊙ u, " + (fused_gate("load") if fusable else
-                            "an elementwise op before the convolution"))
+        terms["pregate"] = "x = pregate ⊙ u, " + gate_term("load", "an elementwise op before the convolution")
     if D is not None:
         terms["D"] = f"D ⊙ x, {backend.skip_term}"
     if postgate is not None:
-        terms["postgate"] = ("postgate ⊙ (...), " + (fused_gate("store") if fusable else
-                             "an elementwise op after the convolution"))
+        terms["postgate"] = "postgate ⊙ (...), " + gate_term("store", "an elementwise op after the convolution")
     flops = backend.flops(plan, batch, channels, filter_rows)
     stages = backend.stages(plan, batch, channels, conv_dtype.itemsize, filter_rows)
     if flops is not None:

@@ -364,6 +364,18 @@ def test_half_precision_io_keeps_the_aten_gates(gates_fused_on_the_ops, gen):
     assert gates_fused_on_the_ops == []
 
 
+def test_explain_before_the_extension_loads_leaves_the_gates_open(monkeypatch, gen):
+    """Before the CUDA extension is loaded, explain() cannot know whether the kernel will take
+    the gates: it says so, as it does for D, instead of naming a route the call may not take."""
+    from monarch_fftconv import functional
+
+    pending = backends.Pending("pending", "decided by the first CUDA call", "the extension is not loaded yet")
+    monkeypatch.setattr(functional, "select_backend", lambda *args, **kwargs: pending)
+    u, k, D, pregate, postgate = operator_inputs(gen, 2, 4, 4, 101, 60, "both", False, True)
+    terms = mf.explain(u, k, D=D, pregate=pregate, postgate=postgate)["terms"]
+    assert all(terms[name].endswith("decided by the first CUDA call") for name in ("pregate", "D", "postgate"))
+
+
 def test_gated_op_refuses_gates_unlike_u(gen):
     from monarch_fftconv import ops
 
