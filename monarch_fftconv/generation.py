@@ -102,11 +102,7 @@ class ConvState:
         """The state's memory: buffers, filter blocks and spectra (and a graphed state's own
         buffers and the memory its graphs' pool reserved)."""
         tensors = [self.first_tap, self.second_tap, self.inputs, self.pending, *self.toeplitz, *self.spectra]
-        pool = 0
-        if self.graphed is not None:
-            tensors += self.graphed.tensors()
-            pool = self.graphed.pool_bytes
-        return sum(t.numel() * t.element_size() for t in tensors) + pool
+        return _bytes(tensors) + _graphed_bytes(self.graphed)
 
 
 def prefill(x: Tensor, k: Tensor, max_len: int, *, precision: str | None = None,
@@ -340,11 +336,8 @@ class _GraphedSteps:
 
     def step(self, x_t: Tensor, state: ConvState) -> Tensor:
         """`step` by replaying the graph of this position's level: y_t, a view of outputs[i]."""
-        _check_plans(state.device, self.plans_at_capture)
         i = state.position - state.prompt_len  # `index` holds i too: every step of this state replays a graph
-        with torch.no_grad(), torch.cuda.device(state.device):
-            self.x.copy_(x_t)
-            self.graphs[_fold_level(i, state.inputs.shape[-1])].replay()
+        _replay(self, x_t, i, state.inputs.shape[-1], state.device)
         state.position += 1
         y = self.outputs[i]
         return y if y.dtype == x_t.dtype else y.to(x_t.dtype)
@@ -401,6 +394,24 @@ def _capture_levels(device: torch.device, to_generate: int, has_fft: bool, buffe
         for t in buffers:
             t.zero_()
         return graphs, pool_bytes, (plans.size if has_fft else 0)
+
+
+def _replay(graphed: _GraphedSteps | _GraphedHyena, x_t: Tensor, i: int, to_generate: int,
+            device: torch.device) -> None:
+    """x_t into the graphs' input, then the graph of generated step i's fold level."""
+    _check_plans(device, graphed.plans_at_capture)
+    with torch.no_grad(), torch.cuda.device(device):
+        graphed.x.copy_(x_t)
+        graphed.graphs[_fold_level(i, to_generate)].replay()
+
+
+def _graphed_bytes(graphed: _GraphedSteps | _GraphedHyena | None) -> int:
+    """A graphed state's own buffers and the memory its graphs' pool reserved (0: not graphed)."""
+    return 0 if graphed is None else _bytes(graphed.tensors()) + graphed.pool_bytes
+
+
+def _bytes(tensors: Iterable[Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _check_plans(device: torch.device, plans_at_capture: int) -> None:
@@ -523,11 +534,7 @@ class HyenaState:
     @property
     def nbytes(self) -> int:
         own = [self.window, self.window_weights] + ([] if self.skips is None else [self.skips])
-        pool = 0
-        if self.graphed is not None:
-            own += self.graphed.tensors()
-            pool = self.graphed.pool_bytes
-        return sum(t.numel() * t.element_size() for t in own) + sum(c.nbytes for c in self.convs) + pool
+        return _bytes(own) + sum(c.nbytes for c in self.convs) + _graphed_bytes(self.graphed)
 
 
 def prefill_hyena(op: HyenaOperator, x: Tensor, max_len: int, cuda_graph: bool = False) -> tuple[Tensor, HyenaState]:
@@ -672,15 +679,12 @@ class _GraphedHyena:
 
     def step(self, op: HyenaOperator, x_t: Tensor, state: HyenaState) -> Tensor:
         """`step_hyena` by replaying the graph of this position's level: y_t, a view of outputs[i]."""
-        _check_plans(state.window.device, self.plans_at_capture)
         now = _hyena_tensors(op)
         if len(now) != len(self.captured) or any(a.data_ptr() != b.data_ptr() for a, b in zip(now, self.captured)):
             raise RuntimeError("a HyenaOperator parameter's storage was replaced since prefill(cuda_graph=True) "
                                "(a .data assignment): the graphs read the old one; call prefill again")
         i = state.position - self.prompt_len
-        with torch.no_grad(), torch.cuda.device(state.window.device):
-            self.x.copy_(x_t)
-            self.graphs[_fold_level(i, self.outputs.shape[0])].replay()
+        _replay(self, x_t, i, self.outputs.shape[0], state.window.device)
         state.position += 1
         for conv in state.convs:
             conv.position += 1

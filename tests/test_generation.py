@@ -288,27 +288,14 @@ def test_the_indexed_step_is_the_eager_step_bit_for_bit(gen, groups, length, pro
         assert torch.equal(getattr(indexed_state, name), getattr(eager, name)), name
 
 
-def test_graphed_step_replays_the_level_of_each_position(gen, monkeypatch):
-    """`step` on a graphed state, with stand-in graphs that run the indexed step of their level:
-    each position replays its own level's graph (a wrong choice changes the sums), y_t is cast
-    back to a 2-byte x_t's dtype, and the results are the eager steps', bit for bit."""
-    import contextlib
-
-    class Level:
-        def __init__(self, state, graphed, q):
-            self.state, self.graphed, self.q = state, graphed, q
-
-        def replay(self):
-            self.graphed.indexed_step(self.state, self.q)
-
-    monkeypatch.setattr(generation.torch.cuda, "device", lambda device: contextlib.nullcontext())  # a CPU state
+def test_graphed_step_replays_the_level_of_each_position(gen, simulated_graphs):
+    """`step` on a graphed state (simulated graphs, the fixture): each position replays its own
+    level's graph (a wrong choice changes the sums), y_t is cast back to a 2-byte x_t's dtype,
+    and the results are the eager steps', bit for bit."""
     length, prompt_len = 300, 5
     x, k = randn(gen, 2, 6, length).to(torch.bfloat16), randn(gen, 3, length)
     _, eager = generation.prefill(x[..., :prompt_len], k, length)
-    _, state = generation.prefill(x[..., :prompt_len], k, length)
-    state.graphed = generation._GraphedSteps.indexed(state)
-    levels = [*generation._levels(length - prompt_len), None]
-    state.graphed.graphs = {q: Level(state, state.graphed, q) for q in levels}
+    _, state = generation.prefill(x[..., :prompt_len], k, length, cuda_graph=True)
     for t in range(prompt_len, length):
         want = generation.step(x[..., t], eager)[0]
         got = generation.step(x[..., t], state)[0]
@@ -319,33 +306,18 @@ def test_graphed_step_replays_the_level_of_each_position(gen, monkeypatch):
 
 
 @pytest.mark.parametrize("order, groups, prompt_len, short", [(2, None, 0, 3), (3, 2, 7, 4)])
-def test_graphed_hyena_step_is_the_eager_step(gen, monkeypatch, order, groups, prompt_len, short):
-    """`HyenaOperator.step` on a graphed state, with stand-in graphs that run the indexed step of
-    their level (projections, the short filter's ring slot from the device index, gates, every
-    long convolution's indexed step, D): the eager steps' outputs and states, bit for bit."""
-    import contextlib
-
-    class Level:
-        def __init__(self, op, state, q):
-            self.op, self.state, self.q = op, state, q
-
-        def replay(self):
-            self.state.graphed.indexed_step(self.op, self.state, self.q)
-
-    monkeypatch.setattr(generation.torch.cuda, "device", lambda device: contextlib.nullcontext())  # a CPU state
+def test_graphed_hyena_step_is_the_eager_step(gen, simulated_graphs, order, groups, prompt_len, short):
+    """`HyenaOperator.step` on a graphed state (simulated graphs, the fixture): the graph of each
+    level runs the projections, the short filter's ring slot from the device index, gates,
+    every long convolution's indexed step and D; the eager steps' outputs and states, bit for
+    bit. A parameter's storage swapped under the graphs is refused."""
     torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
     length = 150
     op = HyenaOperator(8, 160, order=order, filter_groups=groups, filter_order=16, short_filter_order=short)
     x = randn(gen, 2, length, 8)
     with torch.no_grad():
         _, eager = op.prefill(x[:, :prompt_len], max_len=length)
-        _, state = op.prefill(x[:, :prompt_len], max_len=length)
-        state.graphed = generation._GraphedHyena(
-            x=x.new_zeros(2, 8), index=torch.zeros((), dtype=torch.int64), outputs=x.new_zeros(length - prompt_len, 2, 8),
-            convs=[generation._GraphedSteps.indexed(c, history=False) for c in state.convs], prompt_len=prompt_len,
-            graphs={}, captured=tuple(t.detach() for t in generation._hyena_tensors(op)))
-        levels = [*generation._levels(length - prompt_len), None]
-        state.graphed.graphs = {q: Level(op, state, q) for q in levels}
+        _, state = op.prefill(x[:, :prompt_len], max_len=length, cuda_graph=True)
         for t in range(prompt_len, length):
             want, _ = op.step(x[:, t], eager)
             got, _ = op.step(x[:, t], state)
