@@ -17,12 +17,17 @@ SEED_ENV = "MONARCH_FFTCONV_TEST_SEED"
 WATCHDOG_IDLE_S = float(os.environ.get("MONARCH_FFTCONV_WATCHDOG_IDLE_S", 300))
 POLL_S = 0.1
 _OUTCOMES = pytest.StashKey[dict[str, tuple[str, str]]]()  # the parent's: nodeid -> (outcome, message)
+_SESSION_ENV = pytest.StashKey[dict[str, str]]()  # the parent's environment before any fixture ran
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "watchdog(seconds): the test runs in a child pytest (one per module), "
                                        "killed past `seconds`: a kernel that hangs fails the test instead of "
                                        "stalling the suite")
+    # A child starts from inside a test's call, after that test's fixtures set their variables
+    # in this process (monkeypatch.setenv): it must inherit the session's environment, not those,
+    # or every later test of its module runs under the first test's settings.
+    config.stash[_SESSION_ENV] = dict(os.environ)
     if os.environ.get(WATCHDOG_CHILD_ENV) and os.environ.get(WATCHDOG_REPORT_ENV):
         config.pluginmanager.register(_EventWriter(os.environ[WATCHDOG_REPORT_ENV]), "watchdog-events")
 
@@ -69,7 +74,7 @@ def _run_in_child(items, config) -> dict[str, tuple[str, str]]:
     with tempfile.TemporaryDirectory() as tmp:
         events = Path(tmp) / "events.jsonl"
         events.touch()
-        env = {**os.environ, WATCHDOG_CHILD_ENV: "1", WATCHDOG_REPORT_ENV: str(events)}
+        env = {**config.stash[_SESSION_ENV], WATCHDOG_CHILD_ENV: "1", WATCHDOG_REPORT_ENV: str(events)}
         argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(config.rootpath),
                 *limits]
         return _watch(Child(argv, env=env, cwd=config.rootpath), events, limits)

@@ -75,6 +75,23 @@ MODULES = {
             record("test_fails_after")
             assert 1 == 2, "failed after the hang"
         """,
+    # The first test's fixture sets a variable in the parent before its child starts: the child
+    # must not inherit it, or the second test runs under the first one's settings.
+    "test_env.py": """
+        @pytest.fixture
+        def setting(monkeypatch):
+            monkeypatch.setenv("MONARCH_FFTCONV_TEST_SETTING", "first")
+
+        @watched
+        def test_sets(setting):
+            record("test_sets")
+            assert os.environ["MONARCH_FFTCONV_TEST_SETTING"] == "first"
+
+        @watched
+        def test_starts_clean():
+            record("test_starts_clean")
+            assert "MONARCH_FFTCONV_TEST_SETTING" not in os.environ, "the first test's fixture leaked"
+        """,
     "test_crash.py": """
         @watched
         def test_passes():
@@ -135,6 +152,7 @@ def test_each_watched_test_keeps_its_outcome(suite):
         "test_hang.py::test_before": "PASSED", "test_hang.py::test_hangs": "FAILED",
         "test_hang.py::test_passes_after": "PASSED", "test_hang.py::test_unmarked": "PASSED",
         "test_hang.py::test_skips_after": "SKIPPED", "test_hang.py::test_fails_after": "FAILED",
+        "test_env.py::test_sets": "PASSED", "test_env.py::test_starts_clean": "PASSED",
         "test_crash.py::test_passes": "PASSED", "test_crash.py::test_crashes": "FAILED",
         "test_crash.py::test_never_reached": "FAILED",
     }, run.tail()
