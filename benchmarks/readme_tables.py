@@ -150,7 +150,9 @@ def speedups(row: Dict[str, Any]) -> str:
     if row.get("validity") == "INVALID":
         return "INVALID (under the memory floor)"
     if row.get("validity") == "NOISY":  # the benchmark gives an untrusted timing no speedup
-        return f"NOISY ({row.get('noisy_because') or 'spread'})"
+        # Each reason once: runs before the benchmark's fix (session 19) repeated one per later row.
+        reasons = dict.fromkeys(filter(None, (row.get("noisy_because") or "").split("; ")))
+        return f"NOISY ({'; '.join(reasons) or 'spread'})"
     return f"{ratio(row.get('speedup_vs_reference'))} / {ratio(row.get('latency_speedup_vs_reference'))}"
 
 

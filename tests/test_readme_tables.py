@@ -249,3 +249,20 @@ def test_cudnn_is_a_peer_and_skips_are_listed(tables, run_dir, tmp_path):
     assert_holds(cells, {**tuned, "method": "cudnn"}, {})
     (skip,) = [s for s in data["skipped"] if s["method"] == "cudnn"]
     assert f"- `cudnn`: {skip['reason']}" in text.split("Skipped, not measured:")[1]
+
+
+def test_a_noisy_rows_reasons_are_written_once(tables):
+    """A run before session 19's fix repeated the one reason once per later row of its shape."""
+    why = "the same code as monarch[fp32] timed 0.0928 against 0.064 ms (the machine changed between the rows)"
+    other = "an IQR above 25% of the median"
+    cell = tables.speedups({"validity": "NOISY", "noisy_because": "; ".join([why, why, other, why])})
+    assert cell == f"NOISY ({why}; {other})"
+    assert tables.speedups({"validity": "NOISY", "noisy_because": None}) == "NOISY (spread)"
+
+
+def test_the_committed_tables_are_the_newest_committed_runs():
+    """README.md's and docs/performance.md's tables are what the newest run under docs/runs/
+    gives: a hand edit between the markers, or a table from another run, fails."""
+    newest = sorted(path for path in (REPO / "docs" / "runs").iterdir() if path.is_dir())[-1]
+    check = subprocess.run([sys.executable, str(SCRIPT), str(newest), "--check"], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr

@@ -233,4 +233,6 @@ def mark_same_computations(rows: Sequence[Dict[str, Any]], max_spread: float = M
                    f"{twin['median_ms']:.4g} ms (the machine changed between the rows)")
             if r.get("validity") in TRUSTED:
                 r["validity"] = "NOISY"
-            r["noisy_because"] = "; ".join(filter(None, (r.get("noisy_because"), why)))
+            # Called again after each later row of the shape: the reason goes in once.
+            if why not in (r.get("noisy_because") or ""):
+                r["noisy_because"] = "; ".join(filter(None, (r.get("noisy_because"), why)))
