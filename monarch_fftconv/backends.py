@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from . import _extension, fourstep, ops, torch_fft
-from .bidirectional import BidirectionalConv, folded_spectrum
+from .bidirectional import BidirectionalConv
 from .planner import MonarchPlan, plan_for, real_fft_flops
 
 
@@ -270,7 +270,7 @@ class BidirectionalOps(Backend):
         return BidirectionalConv.apply(u, _filter_rows(k, u.shape[1]), skip, self.runs_as or precision)
 
     def filter_spectrum(self, k, seq_len, precision):
-        return folded_spectrum(lambda rows: self.causal.filter_spectrum(rows, seq_len, precision), k)
+        return ops.filter_spectrum_two_sided_op(k, seq_len, self.causal.runs_as or precision)
 
     def conv(self, u, spectrum, skip, precision):
         return self.causal.conv(u, spectrum, skip, precision)
@@ -278,15 +278,25 @@ class BidirectionalOps(Backend):
     def arithmetic(self, precision, dtype):
         return self.causal.arithmetic(precision, dtype)
 
+    def _one_launch_spectrum(self) -> bool:
+        """Whether the spectrum is one kernel on the two-sided circle (the CUDA radix layouts),
+        not the two halves' spectra combined (the CPU ops, the four-step layout)."""
+        return isinstance(self.causal, (FusedFP32, FusedTensorCore))
+
     def flops(self, plan, batch, channels, filters=None):
         causal = self.causal.flops(plan, batch, channels)
-        # one more filter-bank FFT per channel (the anti-causal half)
-        return None if causal is None else causal + plan.flops_per_sequence() // 2 * channels
+        if causal is None or self._one_launch_spectrum():
+            return causal  # the circle's N-point FFT, as the causal filter's
+        return causal + plan.flops_per_sequence() // 2 * channels  # one more filter-bank FFT: the anti-causal half
 
     def stages(self, plan, batch, channels, itemsize, filters=None):
         launches = self.causal.stages(plan, batch, channels, itemsize)
         if launches is None:
             return None
+        if self._one_launch_spectrum():
+            spectrum, *rest = launches
+            two_sided = {**spectrum, "stage": "two-sided filter spectrum (one kernel)", "reads": 2 * spectrum["reads"]}
+            return [two_sided, *rest]
         fold = {"stage": "the anti-causal half's filter spectrum, conjugated and added (ATen)",
                 "reads": channels * plan.seq_len * 4, "writes": channels * plan.half_rows * plan.row_size * 8}
         return [fold, *launches]

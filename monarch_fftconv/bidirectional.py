@@ -12,8 +12,10 @@ of its own DFT, bin by bin, so the whole filter's spectrum is
     K_bi[f] = K_fwd[f] + conj(K_rev[f])
 
 in any layout that stores a value per frequency, which the ops' layouts do (the radix and four-step
-spectra are float64 torch.fft's bins, in their order: tests/test_cuda.py). The forward is then the
-causal call's: one conv launch on K_bi, with D fused as usual.
+spectra are float64 torch.fft's bins, in their order: tests/test_cuda.py). It is also the spectrum
+of one real sequence, the N-point circle with k_fwd[s] at bin s and k_rev[s] at bin N - s, which
+the CUDA spectrum kernel transforms in one launch (ops.filter_spectrum_two_sided). The forward is
+then the causal call's: one conv launch on K_bi, with D fused as usual.
 
 The backward, from the same ops:
 - du = IFFT(DY conj K_bi), the causal backward's du given K_bi;
@@ -37,17 +39,8 @@ from torch import Tensor
 from . import ops
 
 
-def folded_spectrum(spectrum_of, k: Tensor) -> Tensor:
-    """K_fwd + conj(K_rev) of a (G, 2, Lk) filter bank, in the ops' real view (..., 2):
-    `spectrum_of(rows)` is the backend's filter spectrum of (G, Lk) rows."""
-    causal = spectrum_of(k[:, 0].contiguous())
-    anti_causal = spectrum_of(k[:, 1].contiguous())
-    conj = torch.tensor([1.0, -1.0], dtype=anti_causal.dtype, device=anti_causal.device)
-    return causal + anti_causal * conj
-
-
 def _ops_folded_spectrum(k: Tensor, seq_len: int, precision: str) -> Tensor:
-    return folded_spectrum(lambda rows: ops.filter_spectrum_op(rows, seq_len, precision), k)
+    return ops.filter_spectrum_two_sided_op(k, seq_len, precision)
 
 
 class BidirectionalConv(torch.autograd.Function):

@@ -10,6 +10,8 @@ registered when `_extension` loads it; no Python runs between the op call and th
 op                                                          CPU              CUDA
 ==========================================================  ===============  ==================================
 ``filter_spectrum(k, seq_len, precision) -> S``             portable engine  one fp32 kernel (four-step: two)
+``filter_spectrum_two_sided(k, seq_len, precision) -> S``   portable engine  the same kernel on k's two-sided
+                                                                             circle (four-step: two, ATen add)
 ``refresh_filter_spectrum(k, source!, S!, seq_len, prec.)``  portable engine  the same kernel, changed rows only
 ``conv_forward(u, S, skip, precision) -> y``                portable engine  the fused kernel of the precision
                                                                              (four-step: three, fp32)
@@ -62,6 +64,22 @@ def filter_spectrum(k: Tensor, seq_len: int, precision: str) -> Tensor:
 
 
 @filter_spectrum.register_fake
+def _(k: Tensor, seq_len: int, precision: str) -> Tensor:
+    return k.new_empty(_spectrum_shape(k, seq_len), dtype=compute_dtype(k))
+
+
+@torch.library.custom_op("monarch_fftconv::filter_spectrum_two_sided", mutates_args=(), device_types="cpu")
+def filter_spectrum_two_sided(k: Tensor, seq_len: int, precision: str) -> Tensor:
+    """The spectrum of a bidirectional filter bank k (G, 2, Lk), K_fwd + conj(K_rev), in
+    filter_spectrum's layout (bidirectional.py): each entry holds one frequency's value, so the
+    halves combine entry by entry. CUDA: one launch of the spectrum kernel on the two-sided circle."""
+    causal = filter_spectrum(k[:, 0].contiguous(), seq_len, precision)
+    anti_causal = filter_spectrum(k[:, 1].contiguous(), seq_len, precision)
+    conj = torch.tensor([1.0, -1.0], dtype=anti_causal.dtype)
+    return causal + anti_causal * conj
+
+
+@filter_spectrum_two_sided.register_fake
 def _(k: Tensor, seq_len: int, precision: str) -> Tensor:
     return k.new_empty(_spectrum_shape(k, seq_len), dtype=compute_dtype(k))
 
@@ -255,6 +273,7 @@ torch.library.register_autograd("monarch_fftconv::fftconv", _backward, setup_con
 
 # The overloads themselves, for the call path: calling a CustomOpDef adds a Python frame.
 filter_spectrum_op = torch.ops.monarch_fftconv.filter_spectrum.default
+filter_spectrum_two_sided_op = torch.ops.monarch_fftconv.filter_spectrum_two_sided.default
 refresh_filter_spectrum_op = torch.ops.monarch_fftconv.refresh_filter_spectrum.default
 conv_forward_op = torch.ops.monarch_fftconv.conv_forward.default
 gated_conv_forward_op = torch.ops.monarch_fftconv.gated_conv_forward.default

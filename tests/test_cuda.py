@@ -173,6 +173,44 @@ def test_filter_spectrum_kernel(length, filter_len, gen):
     assert rel_l2(ours.cpu(), want) <= 1e-6
 
 
+def two_sided_circle(k: torch.Tensor, n: int) -> torch.Tensor:
+    """A bidirectional filter bank (G, 2, Lk) as float64 N-point circles: causal tap s at bin s,
+    anti-causal tap s at bin N - s."""
+    k = k.cpu().double()
+    taps = k.shape[-1]
+    circle = torch.zeros(k.shape[0], n, dtype=torch.float64)
+    circle[:, :taps] += k[:, 0]
+    circle[:, 0] += k[:, 1, 0]
+    circle[:, n - torch.arange(1, taps)] += k[:, 1, 1:]
+    return circle
+
+
+@pytest.mark.parametrize("length, filter_len", [(length, length) for length in KERNEL_LENGTHS] + [(1000, 77), (8191, 1), (12345, 999)])
+def test_two_sided_filter_spectrum_kernel(length, filter_len, gen):
+    """A bidirectional filter's spectrum, K_fwd + conj(K_rev), in one launch: float64 torch.fft
+    of its whole circle, in the Monarch layout (the halves meet only at lag 0; Lk = L puts the
+    last anti-causal tap next to the causal half's padding)."""
+    k = randn(gen, 6, 2, filter_len, device=DEVICE)
+    plan = plan_for(length)
+    torch.empty(6 * 2 * length * 4, device=DEVICE).fill_(float("nan"))  # poison the next block
+    ours = torch.view_as_complex(ops.filter_spectrum_two_sided(k, length, "fp32"))
+    full = torch.fft.fft(two_sided_circle(k, plan.fft_size)) / plan.fft_size
+    frequencies = torch.arange(plan.half_rows).unsqueeze(1) + plan.n1 * torch.arange(plan.row_size).unsqueeze(0)
+    want = full[:, frequencies]
+    assert ours.shape == want.shape and torch.isfinite(torch.view_as_real(ours)).all()
+    assert rel_l2(ours.cpu(), want) <= 1e-6
+
+
+def test_two_sided_filter_spectrum_four_step(gen):
+    """At N >= 65536 (the four-step layout, no two-sided kernel) the op combines the halves'
+    spectra: the same values as the causal op's two calls, conjugated and added."""
+    k = randn(gen, 3, 2, 97, device=DEVICE)
+    ours = ops.filter_spectrum_two_sided(k, 40000, "fp32")
+    causal, anti_causal = (ops.filter_spectrum(k[:, h].contiguous(), 40000, "fp32") for h in (0, 1))
+    want = torch.view_as_real(torch.view_as_complex(causal) + torch.view_as_complex(anti_causal).conj())
+    assert ours.shape == want.shape and rel_l2(ours, want) <= 1e-7
+
+
 # The backward runs the fused fp32 kernels for every precision: each gradient is held to 1.5x
 # the forward budget of the call's precision (the issue's bound), plus the I/O rounding.
 GRAD_CASES = [(3, 5, length, length) for length in KERNEL_LENGTHS] + [

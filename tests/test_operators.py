@@ -217,6 +217,24 @@ def test_explain_names_the_terms_groups_and_direction(engine, monkeypatch, gen):
         assert per_channel - plain["flops"] == 6 * one_filter and bidirectional["flops"] - per_channel == 9 * one_filter
 
 
+@pytest.mark.parametrize("causal_kind", ["FusedFP32", "FusedTensorCore", "Portable"])
+def test_explain_bidirectional_spectrum_launches(causal_kind):
+    """On the CUDA radix kernels a bidirectional filter's spectrum is one launch over its
+    two-sided circle: the causal call's stages and flops, the spectrum reading both halves. The
+    composed spectrum (CPU ops, four-step) adds the anti-causal half's FFT and the fold."""
+    causal = getattr(backends, causal_kind)("name", "kernel", "test")
+    bidirectional = backends.BidirectionalOps.on(causal)
+    plan = plan_for(8192)
+    plain, folded = causal.stages(plan, 4, 6, 4), bidirectional.stages(plan, 4, 6, 4)
+    if causal_kind == "Portable":
+        assert plain is None and folded is None  # the CPU ops list no launches
+        assert bidirectional.flops(plan, 4, 6) - causal.flops(plan, 4, 6) == plan.flops_per_sequence() // 2 * 6
+        return
+    assert folded[0]["stage"] == "two-sided filter spectrum (one kernel)" and folded[1:] == plain[1:]
+    assert folded[0]["reads"] == 2 * plain[0]["reads"] and folded[0]["writes"] == plain[0]["writes"]
+    assert bidirectional.flops(plan, 4, 6) == causal.flops(plan, 4, 6)
+
+
 def test_explain_stages_put_the_gates_around_the_kernel(monkeypatch, gen):
     """On a fused backend (the fp32 kernel's stage list, asked for on CPU tensors here) the
     gates are launches of their own, moving the bytes a fused kernel would save; grouped filters
@@ -529,13 +547,13 @@ def test_bidirectional_runs_on_the_portable_ops(convention, length, groups, monk
 
 
 def test_folded_spectrum_is_the_whole_circles(gen):
-    """The folded spectrum K_fwd + conj(K_rev) holds, in the radix layout, the DFT of the whole
-    circular filter (causal taps at bins s, anti-causal ones at bins N - s) at each entry's
-    frequency: what the causal ops multiply by. (The four-step layout: through the calls above.)"""
+    """The two-sided spectrum op (K_fwd + conj(K_rev)) holds, in the radix layout, the DFT of the
+    whole circular filter (causal taps at bins s, anti-causal ones at bins N - s) at each entry's
+    frequency: what the causal ops multiply by. (The four-step layout: through the calls above;
+    the CUDA kernel: tests/test_cuda.py.)"""
     from monarch_fftconv import ops
-    from monarch_fftconv.bidirectional import folded_spectrum
     from monarch_fftconv.planner import spectrum_frequencies
-    for length, taps in ((1000, 1000), (8191, 77)):
+    for length, taps in ((1000, 1000), (8191, 77), (300, 1)):
         plan = plan_for(length)
         n = plan.fft_size
         k = randn(gen, 3, 2, taps, dtype=torch.float64)
@@ -543,7 +561,7 @@ def test_folded_spectrum_is_the_whole_circles(gen):
         circle[:, :taps] += k[:, 0]
         circle[:, 0] += k[:, 1, 0]
         circle[:, n - torch.arange(1, taps)] += k[:, 1, 1:]
-        folded = torch.view_as_complex(folded_spectrum(lambda rows: ops.filter_spectrum_op(rows, length, "fp32"), k))
+        folded = torch.view_as_complex(ops.filter_spectrum_two_sided_op(k, length, "fp32"))
         want = (torch.fft.fft(circle, n=n) / n)[:, spectrum_frequencies(plan)]
         assert folded.shape == want.shape and rel_l2(folded, want) <= 1e-12
 

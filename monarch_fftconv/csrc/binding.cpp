@@ -237,15 +237,16 @@ Split split_for(int64_t fft_size) {
   TORCH_CHECK_VALUE(false, "monarch_fftconv: no CUDA kernel for N=", fft_size);
 }
 
-// The radix spectrum kernel on k (contiguous fp32, C >= 1 rows) into spectrum; with a source,
-// a refresh (FilterSpectrumParams). The caller holds a device guard.
+// The radix spectrum kernel on k (contiguous fp32, C >= 1 rows: (C, Lk), or (C, 2, Lk) two-sided)
+// into spectrum; with a source, a refresh (FilterSpectrumParams). The caller holds a device guard.
 void launch_radix_spectrum(const at::Tensor& k, const at::Tensor& spectrum, float* source, const Split& split) {
   mf::FilterSpectrumParams p{};
   p.filter = k.data_ptr<float>();
   p.spectrum = spectrum.data_ptr<float>();
   p.source = source;
   p.channels = k.size(0);
-  p.filter_len = k.size(1);
+  p.filter_len = k.size(-1);
+  p.two_sided = k.dim() == 3;
   p.fft_size = static_cast<int>(split.fft_size);
   p.n1 = static_cast<int>(split.n1);
   p.n2 = static_cast<int>(split.n2);
@@ -267,6 +268,29 @@ at::Tensor filter_spectrum(const at::Tensor& k_in, int64_t seq_len, c10::string_
     p.spectrum_scale = 1.f / static_cast<float>(split.fft_size);
     if (k.size(0) > 0) check_launch(mf::fourstep_spectrum(p, current_stream(k)));
     return spectrum.squeeze(0);
+  }
+  at::Tensor spectrum = at::empty({k.size(0), split.n1 / 2 + 1, split.n2, 2}, k.options());
+  if (k.size(0) > 0) launch_radix_spectrum(k, spectrum, nullptr, split);
+  return spectrum;
+}
+
+// A bidirectional filter bank's spectrum, K_fwd + conj(K_rev) (k: (C, 2, Lk)), in conv_forward's
+// layout: one launch of the radix spectrum kernel on the two-sided circle. The four-step layout
+// has no two-sided kernel: the two halves' spectra, the second conjugated and added (ATen).
+at::Tensor filter_spectrum_two_sided(const at::Tensor& k_in, int64_t seq_len, c10::string_view precision) {
+  precision_of(precision);  // a known name; the spectrum is fp32 whatever it is
+  TORCH_CHECK_VALUE(k_in.dim() == 3 && k_in.size(1) == 2 && k_in.size(2) >= 1 && k_in.size(2) <= seq_len,
+                    "monarch_fftconv: a bidirectional filter must be (C, 2, Lk) with 1 <= Lk <= L=", seq_len,
+                    ", got ", k_in.sizes());
+  const Split split = split_for(2 * next_pow2(seq_len));
+  const at::Tensor k = k_in.to(at::kFloat).contiguous();
+  const c10::cuda::CUDAGuard guard(k.device());
+  if (split.fft_size >= mf::kFourStepMinSize) {
+    at::Tensor spectrum = filter_spectrum(k.select(1, 0), seq_len, precision);
+    const at::Tensor anti_causal = filter_spectrum(k.select(1, 1), seq_len, precision);
+    spectrum.select(-1, 0).add_(anti_causal.select(-1, 0));
+    spectrum.select(-1, 1).sub_(anti_causal.select(-1, 1));
+    return spectrum;
   }
   at::Tensor spectrum = at::empty({k.size(0), split.n1 / 2 + 1, split.n2, 2}, k.options());
   if (k.size(0) > 0) launch_radix_spectrum(k, spectrum, nullptr, split);
@@ -558,6 +582,7 @@ TORCH_LIBRARY_FRAGMENT(monarch_fftconv, m) {
 
 TORCH_LIBRARY_IMPL(monarch_fftconv, CUDA, m) {
   m.impl("filter_spectrum", &filter_spectrum);
+  m.impl("filter_spectrum_two_sided", &filter_spectrum_two_sided);
   m.impl("refresh_filter_spectrum", &refresh_filter_spectrum);
   m.impl("conv_forward", &conv_forward);
   m.impl("gated_conv_forward", &conv_forward_gated);

@@ -82,8 +82,10 @@ struct ConvBackwardParams {
 
 // The filter spectrum that ConvForwardParams takes, from the filter k (fp32 arithmetic):
 // spectrum[c][k1][k2] = FFT_N(zero-padded k_c)[k1 + n1·k2] / N, k1 in [0, n1/2].
+// Two-sided (bidirectional) filters: the spectrum of the N-point circle holding k_c[0][s] at
+// lag s and k_c[1][s] at lag -s = N - s, i.e. FFT_N(k_c[0]) + conj(FFT_N(k_c[1])).
 struct FilterSpectrumParams {
-  const float* filter;  // (channels, filter_len), contiguous
+  const float* filter;  // (channels, filter_len), contiguous; (channels, 2, filter_len) if two_sided
   float* spectrum;      // (channels, n1/2+1, n2, 2), contiguous
   // Null: compute every row. Otherwise a refresh of a cached spectrum: source (channels,
   // filter_len) is the filter the rows were computed from; rows whose filter differs from it,
@@ -94,6 +96,7 @@ struct FilterSpectrumParams {
   int fft_size;
   int n1;
   int n2;
+  bool two_sided;       // the filter's rows are (causal, anti-causal) pairs; no refresh (source null)
 };
 
 // The Monarch splits (n1, n2) the kernels are built for: the planner's factorisation of

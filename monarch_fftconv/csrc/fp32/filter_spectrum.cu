@@ -42,7 +42,47 @@ __device__ __forceinline__ bool filter_rows_changed(const float* k, float* sourc
   return true;
 }
 
+// Tap t of a two-sided filter's N-point circle (FilterSpectrumParams): causal tap t at lag t,
+// anti-causal tap s at lag N - s (tap 0 of both halves at lag 0). len <= N/2 keeps the halves
+// apart: the anti-causal taps land in the upper half, where the causal filter is zero padding.
+__device__ __forceinline__ float two_sided_tap(const float* causal, const float* anti_causal, int t, int len, int N) {
+  float x = t < len ? __ldg(causal + t) : 0.f;
+  const int s = t == 0 ? 0 : N - t;
+  if (s < len) x += __ldg(anti_causal + s);
+  return x;
+}
+
+// forward_passes for a two-sided filter: p1 loads the whole circle (its upper half is not zero
+// here), then p2. Only this kernel runs it, so the conv kernels' p1 keeps its zero-half code.
 template <int LOGM>
+__device__ __forceinline__ void two_sided_forward_passes(float* re, float* im, int tx, const float2* twFP2,
+                                                         const float* causal, const float* anti_causal, int len) {
+  using P = Plan<LOGM>;
+  constexpr int M = P::M, T = P::T, R = P::R1, NB = 32 / R;
+  cf v[NB][R];
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    const int j = tx + q * T;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int t0 = 2 * (j + r * (M / R));  // z[m] = x[2m] + i·x[2m+1], as forward_passes packs it
+      v[q][r] = {two_sided_tap(causal, anti_causal, t0, len, 2 * M),
+                 two_sided_tap(causal, anti_causal, t0 + 1, len, 2 * M)};
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    if (q > 0) fence(v[q]);
+    fft_reg<R, false>(v[q]);
+    fence(v[q]);
+  }
+  __syncthreads();
+  store_butterflies<T>(re, im, tx, v);
+  __syncthreads();
+  if constexpr (P::LR2 > 0) pass_smem<M, T, P::R2, P::R1, false>(re, im, tx, twFP2);
+}
+
+template <int LOGM, bool TWO_SIDED>
 __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) filter_spectrum_kernel(const KArgs a,
                                                                                                float2* spectrum,
                                                                                                float* source) {
@@ -55,8 +95,12 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) fil
   const int64_t c = (int64_t)blockIdx.x * SPB + ty;
   const bool valid = c < a.C;
   const float* k = static_cast<const float*>(a.u) + (valid ? c : 0) * a.ucs;
-  if (source && !filter_rows_changed(k, source + (valid ? c : 0) * a.ucs, a.L, valid, tx, P::T)) return;
-  forward_passes<LOGM, float>(slot.re, slot.im, tx, slot.fp2(), k, valid ? (int)a.L : 0);
+  if constexpr (TWO_SIDED) {  // row c: the causal taps, then the anti-causal ones (ucs = 2L)
+    two_sided_forward_passes<LOGM>(slot.re, slot.im, tx, slot.fp2(), k, k + a.L, valid ? (int)a.L : 0);
+  } else {
+    if (source && !filter_rows_changed(k, source + (valid ? c : 0) * a.ucs, a.L, valid, tx, P::T)) return;
+    forward_passes<LOGM, float>(slot.re, slot.im, tx, slot.fp2(), k, valid ? (int)a.L : 0);
+  }
   cf A[16], Bv[16], A2[16], B2[16];
   mid_forward<M>(slot.re, slot.im, tx, slot.mid(), A, Bv);
   // The frequencies land scattered over the layout (a thread's neighbours hold the next k1,
@@ -83,15 +127,17 @@ cudaError_t launch_spectrum(const FilterSpectrumParams& p, cudaStream_t stream) 
   using P = Plan<LOGM>;
   KArgs a{};
   a.u = p.filter;
-  a.ucs = p.filter_len;
+  a.ucs = p.two_sided ? 2 * p.filter_len : p.filter_len;
   a.C = p.channels;
   a.L = p.filter_len;
   set_geometry<LOGM>(a, p.fft_size, p.n1, p.n2);
   const size_t smem = smem_bytes<LOGM>(p.n1, p.n2);
+  const auto kernel = p.two_sided ? filter_spectrum_kernel<LOGM, true> : filter_spectrum_kernel<LOGM, false>;
   int ctas = 0, sms = 0;
-  const cudaError_t err = residency<filter_spectrum_kernel<LOGM>>(P::THREADS, smem, ctas, sms);
+  const cudaError_t err = p.two_sided ? residency<filter_spectrum_kernel<LOGM, true>>(P::THREADS, smem, ctas, sms)
+                                      : residency<filter_spectrum_kernel<LOGM, false>>(P::THREADS, smem, ctas, sms);
   if (err != cudaSuccess) return err;
-  filter_spectrum_kernel<LOGM><<<(unsigned)((p.channels + P::SPB - 1) / P::SPB), dim3(P::T, P::SPB), smem, stream>>>(
+  kernel<<<(unsigned)((p.channels + P::SPB - 1) / P::SPB), dim3(P::T, P::SPB), smem, stream>>>(
       a, reinterpret_cast<float2*>(p.spectrum), p.source);
   return cudaGetLastError();
 }
@@ -103,7 +149,7 @@ cudaError_t filter_spectrum_fp32(const FilterSpectrumParams& p, cudaStream_t str
   using namespace fp32_detail;
   const bool valid = covers_radix_split(p.n1, p.n2) && p.n1 * p.n2 == p.fft_size && p.filter && p.spectrum &&
                      p.channels > 0 && 1 <= p.filter_len && 2 * p.filter_len <= p.fft_size &&
-                     reinterpret_cast<uintptr_t>(p.spectrum) % 8 == 0;
+                     reinterpret_cast<uintptr_t>(p.spectrum) % 8 == 0 && !(p.two_sided && p.source);
   if (!valid) return cudaErrorInvalidValue;
   return with_plan(p.fft_size, cudaErrorInvalidValue, [&](auto logm) { return launch_spectrum<decltype(logm)::value>(p, stream); });
 }
