@@ -48,6 +48,7 @@ try:
 except ImportError:  # run from a checkout that is not installed
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import monarch_fftconv as mf
+from monarch_fftconv import generation  # noqa: E402
 from monarch_fftconv.nn import HyenaOperator  # noqa: E402
 
 METHODS = ("naive", "recompute", "prefill/step")
@@ -268,6 +269,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cuda-graph", action="store_true",
                    help="prefill/step with each long convolution's steps as CUDA graphs (prefill(cuda_graph=True))")
+    p.add_argument("--fused-step", action="store_true",
+                   help="with --cuda-graph: each graph's per-token part as one kernel (generation.FUSED_STEP)")
     args = p.parse_args(argv)
     if args.prompt is None:
         args.prompt = 0 if args.layer else 16
@@ -275,21 +278,25 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("need 0 <= --prompt < --seq-len and --baseline-stride >= 1")
     if args.cuda_graph and not args.device.startswith("cuda"):
         p.error("--cuda-graph needs --device cuda")
+    if args.fused_step and not args.cuda_graph:
+        p.error("--fused-step needs --cuda-graph")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
     config = vars(args)
-    threads = torch.get_num_threads()
+    threads, fused = torch.get_num_threads(), generation.FUSED_STEP
     torch.set_num_threads(args.threads)
+    generation.FUSED_STEP = args.fused_step or fused
     try:
         results = generate_layer(config) if args.layer else generate_lm(config)
     finally:
         torch.set_num_threads(threads)
+        generation.FUSED_STEP = fused
     what = (f"FFTConv B={args.batch} C={args.channels}" if args.layer
             else f"Hyena LM width={args.width} layers={args.layers} B={args.batch}")
-    graphs = ", steps as CUDA graphs" if args.cuda_graph else ""
+    graphs = (", steps as CUDA graphs" + (" (per-token part fused)" if args.fused_step else "")) if args.cuda_graph else ""
     print(f"{what}, L={args.seq_len}, prompt {args.prompt}, {args.device}{graphs}, {args.threads} CPU thread(s)")
     print(table(results))
     return results

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import ops
 from .functional import fftconv
 from .planner import compute_dtype
 
@@ -37,6 +38,10 @@ if TYPE_CHECKING:
 __all__ = ["ConvState", "HyenaState", "prefill", "step"]
 
 DIRECT_MAX_BLOCK = 8  # blocks up to this size: a small Toeplitz product, cheaper than two FFTs (CPU, C = 256)
+# The graphed steps' per-token part (input, output, level 0's fold) as one CUDA kernel
+# (ops.conv_step) instead of eight PyTorch launches. Off until measured on a GPU (written in
+# session 19 without one); read at prefill(cuda_graph=True), when the graphs are captured.
+FUSED_STEP = False
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -318,16 +323,10 @@ class _GraphedSteps:
         `step`'s arithmetic with every offset a device index. Advances `self.index`; returns
         y_t (B, C) in the compute dtype (also in `outputs`)."""
         at = self.index.view(1)
-        x = self.x
-        state.inputs.index_copy_(2, at, x.unsqueeze(-1))
-        y = torch.addcmul(state.pending.index_select(2, at).squeeze(-1), state.first_tap, x)
-        if self.outputs is not None:
-            self.outputs.index_copy_(0, at, y.unsqueeze(0))
-        if q == 0:
-            after = at + 1
-            folded = torch.addcmul(state.pending.index_select(2, after), x.unsqueeze(-1), state.second_tap.unsqueeze(-1))
-            state.pending.index_copy_(2, after, folded)
-        elif q is not None:
+        step_at = ops.conv_step_op if _fused_step(state.device) else ops.conv_step_reference
+        y = step_at(self.x, state.inputs, state.pending, self.outputs, state.first_tap, state.second_tap, self.index,
+                    q == 0)
+        if q is not None and q > 0:
             out = _block_contribution(state, q, state.inputs.index_select(2, at + self.behind[q]))
             targets = at + self.ahead[q]  # i + 1 .. i + n
             state.pending.index_copy_(2, targets, state.pending.index_select(2, targets) + out)
@@ -341,6 +340,13 @@ class _GraphedSteps:
         state.position += 1
         y = self.outputs[i]
         return y if y.dtype == x_t.dtype else y.to(x_t.dtype)
+
+
+def _fused_step(device: torch.device) -> bool:
+    """Whether a graphed step's per-token part runs as the one CUDA kernel (FUSED_STEP, on a
+    CUDA device whose loaded extension registers it)."""
+    return (FUSED_STEP and device.type == "cuda"
+            and torch._C._dispatch_has_kernel_for_dispatch_key("monarch_fftconv::conv_step", "CUDA"))
 
 
 def _warm_index(q: int | None, to_generate: int) -> int:

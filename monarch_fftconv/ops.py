@@ -22,6 +22,7 @@ op                                                          CPU              CUD
                                                                              (four-step: eight)
 ``fftconv_backward_two_sided(...)``: dk (C, 2, Lk)          portable engine  the same two kernels
                                                                              (four-step: two backwards)
+``conv_step(x, inputs!, pending!, outputs!, ...) -> y``     PyTorch ops      one kernel (a generation step)
 ==========================================================  ===============  ==================================
 
 S is the filter spectrum, (C, n1/2+1, M, 2) real in the compute dtype, scaled by 1/N: the
@@ -110,6 +111,41 @@ def bits(t: Tensor) -> Tensor:
     return t.view({8: torch.int64, 4: torch.int32, 2: torch.int16}[t.element_size()])
 
 
+# --------------------------------------------------------------------------- conv_step
+
+
+def conv_step_reference(x: Tensor, inputs: Tensor, pending: Tensor, outputs: Tensor | None, first_tap: Tensor,
+                        second_tap: Tensor, index: Tensor, fold: bool) -> Tensor:
+    """One generation step (generation.py) at the generated index i held in `index` (a device
+    scalar: a CUDA graph of the step then serves every position): inputs[:, :, i] = x;
+    y = pending[:, :, i] + first_tap·x, also into outputs[i] where outputs is given; with fold,
+    pending[:, :, i + 1] += second_tap·x (level 0's block). Returns y. In PyTorch ops: eight
+    launches on a GPU, where the op's CUDA kernel does it in one."""
+    at = index.view(1)
+    inputs.index_copy_(2, at, x.unsqueeze(-1))
+    y = torch.addcmul(pending.index_select(2, at).squeeze(-1), first_tap, x)
+    if outputs is not None:
+        outputs.index_copy_(0, at, y.unsqueeze(0))
+    if fold:
+        after = at + 1
+        folded = torch.addcmul(pending.index_select(2, after), x.unsqueeze(-1), second_tap.unsqueeze(-1))
+        pending.index_copy_(2, after, folded)
+    return y
+
+
+@torch.library.custom_op("monarch_fftconv::conv_step", mutates_args=("inputs", "pending", "outputs"),
+                         device_types="cpu")
+def conv_step(x: Tensor, inputs: Tensor, pending: Tensor, outputs: Tensor | None, first_tap: Tensor,
+              second_tap: Tensor, index: Tensor, fold: bool) -> Tensor:
+    return conv_step_reference(x, inputs, pending, outputs, first_tap, second_tap, index, fold)
+
+
+@conv_step.register_fake
+def _(x, inputs, pending, outputs, first_tap, second_tap, index, fold):
+    return x.new_empty(x.shape)
+
+
+# --------------------------------------------------------------------------- conv_forward
 # --------------------------------------------------------------------------- conv_forward
 
 
@@ -274,6 +310,7 @@ torch.library.register_autograd("monarch_fftconv::fftconv", _backward, setup_con
 # The overloads themselves, for the call path: calling a CustomOpDef adds a Python frame.
 filter_spectrum_op = torch.ops.monarch_fftconv.filter_spectrum.default
 filter_spectrum_two_sided_op = torch.ops.monarch_fftconv.filter_spectrum_two_sided.default
+conv_step_op = torch.ops.monarch_fftconv.conv_step.default
 refresh_filter_spectrum_op = torch.ops.monarch_fftconv.refresh_filter_spectrum.default
 conv_forward_op = torch.ops.monarch_fftconv.conv_forward.default
 gated_conv_forward_op = torch.ops.monarch_fftconv.gated_conv_forward.default

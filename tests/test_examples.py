@@ -155,3 +155,6 @@ def test_generation_example_layer_mode_with_a_stride(generate_hyena, capsys):
     with pytest.raises(SystemExit):
         generate_hyena.main(["--layer", "--seq-len", "8", "--cuda-graph"])  # CUDA graphs on the CPU
     assert "--cuda-graph needs --device cuda" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        generate_hyena.main(["--layer", "--seq-len", "8", "--fused-step"])  # the fused step is a graphs' option
+    assert "--fused-step needs --cuda-graph" in capsys.readouterr().err

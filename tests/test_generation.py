@@ -423,10 +423,16 @@ def test_cuda_graph_needs_a_cuda_prompt(gen):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 @pytest.mark.watchdog(300)
 @pytest.mark.parametrize("groups, length, prompt_len", [(4, 700, 0), (2, 4096, 333), (1, 100, 99)])
-def test_cuda_graph_steps_replay_the_eager_steps(gen, groups, length, prompt_len):
+@pytest.mark.parametrize("fused", [False, True])
+def test_cuda_graph_steps_replay_the_eager_steps(gen, monkeypatch, groups, length, prompt_len, fused):
     """prefill(..., cuda_graph=True): every step a replay of its level's graph, with outputs
     equal to the eager steps' (same kernels; not asserted bitwise), y_t kept as later steps run,
-    an FFTConv and a HyenaOperator stack too, under inference_mode."""
+    an FFTConv and a HyenaOperator stack too, under inference_mode; with the per-token part as
+    PyTorch ops and as the one conv_step kernel (FUSED_STEP)."""
+    from monarch_fftconv import _extension
+    assert not isinstance(_extension.coverage(True), str)  # loaded: the conv_step kernel is registered
+    monkeypatch.setattr(generation, "FUSED_STEP", fused)
+    assert generation._fused_step(torch.device("cuda")) == fused
     x = randn(gen, 3, 8, length, device="cuda")
     k = randn(gen, groups, length, device="cuda") / length**0.5
     with torch.inference_mode():
@@ -453,3 +459,68 @@ def test_cuda_graph_steps_replay_the_eager_steps(gen, groups, length, prompt_len
             want, _ = op.step(u[:, t], hyena_eager)
             got, _ = op.step(u[:, t], hyena_graphed)
             assert rel_l2(got, want) <= 1e-5, t
+
+
+def conv_step_case(gen, device, dtype, to_generate=37, batch=3, channels=5):
+    """Random step buffers (the ops.conv_step arguments but index and fold)."""
+    def r(*shape):
+        return randn(gen, *shape, dtype=dtype).to(device)
+    return dict(x=r(batch, channels), inputs=r(batch, channels, to_generate), pending=r(batch, channels, to_generate + 9),
+                outputs=r(to_generate, batch, channels), first_tap=r(channels), second_tap=r(channels))
+
+
+@pytest.mark.parametrize("fold", [False, True])
+@pytest.mark.parametrize("keep_outputs", [False, True])
+def test_conv_step_op_is_one_step(gen, fold, keep_outputs):
+    """ops.conv_step (the graphed steps' per-token part) at an odd index: x into inputs[:, :, i],
+    y = pending[:, :, i] + k0·x (into outputs[i] when kept), with fold k1·x added to
+    pending[:, :, i + 1], and nothing else written."""
+    from monarch_fftconv import ops
+    case = conv_step_case(gen, "cpu", torch.float64)
+    if not keep_outputs:
+        case["outputs"] = None
+    before = {name: None if t is None else t.clone() for name, t in case.items()}
+    i = 11
+    y = ops.conv_step_op(**case, index=torch.tensor(i), fold=fold)
+    x, k0, k1 = before["x"], before["first_tap"], before["second_tap"]
+    want_y = before["pending"][:, :, i] + k0 * x
+    # addcmul's rounding (one, or two) against this sum's: within an ulp of the terms' size
+    assert torch.allclose(y, want_y, rtol=0, atol=1e-14)
+    inputs, pending = before["inputs"].clone(), before["pending"].clone()
+    inputs[:, :, i] = x
+    if fold:
+        pending[:, :, i + 1] += k1 * x
+    assert torch.equal(case["inputs"], inputs) and torch.allclose(case["pending"], pending, rtol=0, atol=1e-14)
+    if keep_outputs:
+        outputs = before["outputs"].clone()
+        outputs[i] = y
+        assert torch.equal(case["outputs"], outputs)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the conv_step kernel needs a CUDA device")
+@pytest.mark.watchdog(120)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("fold, keep_outputs", [(False, False), (True, True), (True, False)])
+def test_conv_step_kernel_is_the_reference_step(gen, dtype, fold, keep_outputs):
+    """The CUDA conv_step kernel against ops.conv_step_reference (PyTorch ops) on the same
+    buffers, at an index read from device memory: the same values (fma against addcmul's
+    rounding: within an ulp), the same entries written; and clear errors on bad buffers."""
+    from monarch_fftconv import _extension, ops
+    assert not isinstance(_extension.coverage(True), str)
+    case = conv_step_case(gen, "cuda", dtype, to_generate=1001, batch=7, channels=301)
+    if not keep_outputs:
+        case["outputs"] = None
+    theirs = {name: None if t is None else t.clone() for name, t in case.items()}
+    index = torch.tensor(997, device="cuda")
+    y = ops.conv_step_op(**case, index=index, fold=fold)
+    want = ops.conv_step_reference(**theirs, index=index.clone(), fold=fold)
+    ulp = 16 * torch.finfo(dtype).eps  # the terms are O(1): fma against addcmul's rounding, within an ulp or two
+    assert torch.allclose(y, want, rtol=0, atol=ulp)
+    for name in ("inputs", "pending", "outputs"):
+        if case[name] is not None:
+            assert torch.allclose(case[name], theirs[name], rtol=0, atol=ulp), name
+    with pytest.raises(ValueError, match="conv_step"):
+        ops.conv_step_op(**{**case, "first_tap": case["first_tap"][:-1]}, index=index, fold=fold)
+    with pytest.raises(ValueError, match="conv_step"):
+        ops.conv_step_op(**{**case, "x": case["x"].float() if dtype == torch.float64 else case["x"].double()},
+                         index=index, fold=fold)

@@ -8,6 +8,7 @@
 // keeps the JIT build fast.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/cuda/CUDAStream.h>
@@ -297,7 +298,65 @@ at::Tensor filter_spectrum_two_sided(const at::Tensor& k_in, int64_t seq_len, c1
   return spectrum;
 }
 
-// A cached spectrum brought up to date with k, in place and in one launch, with no host
+// One generation step in one launch (generation.py's graphed steps; ConvStepParams): writes
+// x into inputs[:, :, i] and, with fold, level 0's block into pending[:, :, i + 1], i the
+// generated index in `index` (device memory); returns y = pending[:, :, i] + first_tap·x, also
+// stored in outputs[i] where outputs is given.
+template <typename T>
+void launch_conv_step(const at::Tensor& x, const at::Tensor& inputs, const at::Tensor& pending,
+                      const std::optional<at::Tensor>& outputs, const at::Tensor& y, const at::Tensor& first_tap,
+                      const at::Tensor& second_tap, const at::Tensor& index, bool fold) {
+  mf::ConvStepParams<T> p{};
+  p.x = x.data_ptr<T>();
+  p.inputs = inputs.data_ptr<T>();
+  p.pending = pending.data_ptr<T>();
+  p.outputs = outputs ? outputs->data_ptr<T>() : nullptr;
+  p.y = y.data_ptr<T>();
+  p.first_tap = first_tap.data_ptr<T>();
+  p.second_tap = second_tap.data_ptr<T>();
+  p.index = index.data_ptr<int64_t>();
+  p.batch = x.size(0);
+  p.channels = x.size(1);
+  p.to_generate = inputs.size(2);
+  p.pending_len = pending.size(2);
+  p.fold = fold;
+  check_launch(mf::conv_step(p, current_stream(x)));
+}
+
+at::Tensor conv_step(const at::Tensor& x, const at::Tensor& inputs, const at::Tensor& pending,
+                     const std::optional<at::Tensor>& outputs, const at::Tensor& first_tap,
+                     const at::Tensor& second_tap, const at::Tensor& index, bool fold) {
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kDouble,
+                    "monarch_fftconv: conv_step computes in float32 or float64, got ", dtype);
+  TORCH_CHECK_VALUE(x.dim() == 2 && inputs.dim() == 3 && pending.dim() == 3 && inputs.size(0) == x.size(0) &&
+                        inputs.size(1) == x.size(1) && pending.size(0) == x.size(0) && pending.size(1) == x.size(1) &&
+                        pending.size(2) >= inputs.size(2) && first_tap.sizes() == at::IntArrayRef{x.size(1)} &&
+                        second_tap.sizes() == first_tap.sizes() && index.numel() == 1 &&
+                        index.scalar_type() == at::kLong,
+                    "monarch_fftconv: conv_step takes x (B, C), inputs (B, C, T), pending (B, C, >= T), taps (C,) "
+                    "and an int64 index; got ", x.sizes(), ", ", inputs.sizes(), ", ", pending.sizes(), ", ",
+                    first_tap.sizes(), ", ", index.sizes(), " ", index.scalar_type());
+  std::vector<at::Tensor> values{x, inputs, pending, first_tap, second_tap};
+  if (outputs) {
+    TORCH_CHECK_VALUE(outputs->dim() == 3 && outputs->size(0) == inputs.size(2) && outputs->size(1) == x.size(0) &&
+                          outputs->size(2) == x.size(1),
+                      "monarch_fftconv: conv_step's outputs must be (T, B, C), got ", outputs->sizes());
+    values.push_back(*outputs);
+  }
+  for (const at::Tensor& t : values) {
+    TORCH_CHECK_VALUE(t.is_contiguous() && t.device() == x.device() && t.scalar_type() == dtype,
+                      "monarch_fftconv: conv_step's tensors must be contiguous, on one device, in x's dtype");
+  }
+  TORCH_CHECK_VALUE(index.device() == x.device(), "monarch_fftconv: conv_step's index must be on x's device");
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor y = at::empty_like(x);
+  if (dtype == at::kFloat) launch_conv_step<float>(x, inputs, pending, outputs, y, first_tap, second_tap, index, fold);
+  else launch_conv_step<double>(x, inputs, pending, outputs, y, first_tap, second_tap, index, fold);
+  return y;
+}
+
+// A cached spectrum brought up to date with k, in place and in one launch, with no host// A cached spectrum brought up to date with k, in place and in one launch, with no host
 // sync: the rows whose filter differs from `source` (the fp32 filter they were computed from)
 // are recomputed and source takes their values. The radix layout only (N <= 32768): the
 // four-step spectrum has no refresh, its callers do not cache.
@@ -583,6 +642,7 @@ TORCH_LIBRARY_FRAGMENT(monarch_fftconv, m) {
 TORCH_LIBRARY_IMPL(monarch_fftconv, CUDA, m) {
   m.impl("filter_spectrum", &filter_spectrum);
   m.impl("filter_spectrum_two_sided", &filter_spectrum_two_sided);
+  m.impl("conv_step", &conv_step);
   m.impl("refresh_filter_spectrum", &refresh_filter_spectrum);
   m.impl("conv_forward", &conv_forward);
   m.impl("gated_conv_forward", &conv_forward_gated);

@@ -179,6 +179,29 @@ struct FourStepBackwardParams {
 // a launch only guards itself (cudaErrorInvalidValue) and otherwise returns the launch
 // status. Both launch on `stream`, with 64-bit element indexing.
 
+// One step of a long convolution's streaming generation (generation/conv_step.cu): with the
+// generated index i = *index, for every stream e = b·C + c: inputs[e][i] = x[e];
+// y[e] = pending[e][i] + first_tap[c]·x[e], also outputs[i][e] where outputs is given; and with
+// fold, pending[e][i+1] += second_tap[c]·x[e]. Every tensor contiguous, in T (fp32 or fp64).
+template <typename T>
+struct ConvStepParams {
+  const T* x;             // (B, C)
+  T* inputs;              // (B, C, to_generate)
+  T* pending;             // (B, C, pending_len)
+  T* outputs;             // (to_generate, B, C), or null
+  T* y;                   // (B, C)
+  const T* first_tap;     // (C,)
+  const T* second_tap;    // (C,)
+  const int64_t* index;   // the generated index i, in device memory
+  int64_t batch;
+  int64_t channels;
+  int64_t to_generate;
+  int64_t pending_len;
+  bool fold;
+};
+cudaError_t conv_step(const ConvStepParams<float>& params, cudaStream_t stream);
+cudaError_t conv_step(const ConvStepParams<double>& params, cudaStream_t stream);
+
 // Fused tensor-core Monarch kernel: precisions kTF32, kBF16, kFP16.
 cudaError_t conv_forward_tensor_core(const ConvForwardParams& params, cudaStream_t stream);
 
