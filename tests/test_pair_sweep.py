@@ -1,8 +1,10 @@
 """The grad kernel's uniform pair sweep (fp32/radix_pairs.cuh, for_each_pair_uniform: thread 0
 in the other threads' code path) on the host (tests/pair_sweep_check.cu, built with nvcc, run
 without a GPU): for every thread of every plan size, the same (slot, k, operands, twiddle) pairs
-as for_each_pair and the same output registers, from the kernel's own index functions; the
-program also feeds the check deliberately wrong maps and fails unless every one is rejected."""
+as for_each_pair and the same output registers, from the kernel's own index functions, and the
+filter sweep's walks reading the staged spectrum's entries that kspec reads, and the stepped
+filter copy filling the slots stage_index gives; the program also
+feeds the checks deliberately wrong maps and fails unless every one is rejected."""
 
 import shutil
 import subprocess

@@ -147,8 +147,14 @@ __device__ __forceinline__ void grad_iterations(const GradArgs& g) {
   const int64_t L = a.L;
   cf A[16], Bv[16], A2[16], B2[16];
   const auto pairs = [&](auto&& op) {
-    if constexpr (UNIFORM_PAIRS) for_each_pair_uniform<M>(tx, A, Bv, A2, B2, pair_tw, op);
-    else for_each_pair<M>(tx, A, Bv, A2, B2, wp0, wp1, op);
+    if constexpr (UNIFORM_PAIRS) {
+      for_each_pair_uniform<M>(tx, A, Bv, A2, B2, pair_tw,
+                               [&](int pair, int f, cf zk, cf zm, cf w, cf& vk, cf& vm, auto) {
+                                 op(pair, f, zk, zm, w, vk, vm);
+                               });
+    } else {
+      for_each_pair<M>(tx, A, Bv, A2, B2, wp0, wp1, op);
+    }
   };
 
   // Every slot of the CTA runs g.chunk iterations (the barriers must match); iterations past
@@ -184,7 +190,8 @@ __device__ __forceinline__ void grad_iterations(const GradArgs& g) {
 
     // The filter stage's copy runs while the accumulator sweep below waits on memory.
     __syncthreads();  // all of Z is in registers: smem becomes the filter stage
-    stage_filter_begin<T>(stage, a, c, valid, tx);
+    if (UNIFORM_PAIRS && T % a.n2 == 0) stage_filter_begin_fixed_column<T>(stage, a, c, valid, tx);
+    else stage_filter_begin<T>(stage, a, c, valid, tx);
 
     // acc += conj(X_u)·X_dy per pair, in a sweep of its own: the filter sweep below then
     // holds no X_u values (the split is cheap to redo).
@@ -206,12 +213,30 @@ __device__ __forceinline__ void grad_iterations(const GradArgs& g) {
 
     // du = IFFT(X_dy · conj K')
     stage_filter_end<T>(stage, a, c, valid, tx);
-    pairs([&](int, int f, cf zk, cf zm, cf w, cf& vk, cf& vm) {
-      fence(f);
-      cf xk, xm;
-      split_pair(zk, zm, w, xk, xm);
-      merge_pair(cmul(xk, cconj(kspec(stage, f, a))), cmul(xm, cconj(kspec(stage, M - f, a))), w, vk, vm);
-    });
+    if constexpr (UNIFORM_PAIRS) {
+      // K' by walks (the launcher's n1 | M/16): the same entries as kspec, fewer index operations
+      const UniformFilterWalks<M> walks(tx, a);
+      const auto filter_pair = [&](int, int f, cf zk, cf zm, cf w, cf& vk, cf& vm, auto step) {
+        cf kk, km;
+        if constexpr (step == kHalfPairStep) {
+          kk = km = kspec(stage, f, a);
+        } else {
+          kk = (step < 8 ? walks.k_lo : walks.k_hi).at(stage, step);
+          km = (step < 8 ? walks.m_lo : walks.m_hi).at(stage, step);
+        }
+        cf xk, xm;
+        split_pair(zk, zm, w, xk, xm);
+        merge_pair(cmul(xk, cconj(kk)), cmul(xm, cconj(km)), w, vk, vm);
+      };
+      for_each_pair_uniform<M>(tx, A, Bv, A2, B2, pair_tw, filter_pair);
+    } else {
+      pairs([&](int, int f, cf zk, cf zm, cf w, cf& vk, cf& vm) {
+        fence(f);
+        cf xk, xm;
+        split_pair(zk, zm, w, xk, xm);
+        merge_pair(cmul(xk, cconj(kspec(stage, f, a))), cmul(xm, cconj(kspec(stage, M - f, a))), w, vk, vm);
+      });
+    }
     inverse_passes<LOGM, IO>(re, im, tx, twM, twIP2, A2, B2, static_cast<IO*>(g.du) + row, Lv);
   }
 
@@ -235,7 +260,8 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, (GradLayout<LOGM, ON_CHIP
 }
 
 // The uniform pair sweeps, on the on-chip route only (one CTA per SM: nothing hides the thread-0
-// path there), behind MONARCH_FFTCONV_GRAD_UNIFORM_PAIRS=1 until measured on a GPU.
+// path there), behind MONARCH_FFTCONV_GRAD_UNIFORM_PAIRS=1 until measured on a GPU. Its filter
+// walks need n1 | M/16 (launch_grad_route).
 template <int LOGM, typename IO>
 __global__ void __launch_bounds__(Plan<LOGM>::THREADS, (GradLayout<LOGM, true>::kMinCtas))
     fftconv_fp32_grad_uniform_pairs_kernel(const GradArgs g) {
@@ -377,14 +403,16 @@ cudaError_t launch_grad(const ConvBackwardParams& p, cudaStream_t stream, size_t
 
 // The route: on chip where its shared memory fits one CTA per SM (never at 512 threads: N =
 // 32768, not even instantiated), unless the caller asks for the scratch route. The uniform
-// pair sweeps where the caller asks for them, on the on-chip route.
+// pair sweeps where the caller asks for them, on the on-chip route where n1 | M/16 (N >= 1024
+// with the planner's splits).
 template <int LOGM, typename IO>
 cudaError_t launch_grad_route(const ConvBackwardParams& p, cudaStream_t stream, size_t* workspace_bytes) {
   if constexpr (Plan<LOGM>::THREADS <= 256) {
     if (p.accumulator == GradAccumulator::kAuto &&
         GradLayout<LOGM, true>::smem_bytes(p.n1, p.n2) <= max_smem_per_cta(1))
-      return p.uniform_pairs ? launch_grad<LOGM, IO, true, true>(p, stream, workspace_bytes)
-                             : launch_grad<LOGM, IO, true, false>(p, stream, workspace_bytes);
+      return p.uniform_pairs && p.n1 <= Plan<LOGM>::M / 16  // its filter walks
+                 ? launch_grad<LOGM, IO, true, true>(p, stream, workspace_bytes)
+                 : launch_grad<LOGM, IO, true, false>(p, stream, workspace_bytes);
   }
   return launch_grad<LOGM, IO, false, false>(p, stream, workspace_bytes);
 }

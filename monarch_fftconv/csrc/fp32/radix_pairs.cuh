@@ -32,7 +32,7 @@ __device__ __forceinline__ cf kspec(const float2* stage, int f, const KArgs& a) 
 struct KWalk {
   int base, step;
   bool neg;
-  __device__ __forceinline__ KWalk(int f0, int sgn, int ns, const KArgs& a) {
+  __host__ __device__ __forceinline__ KWalk(int f0, int sgn, int ns, const KArgs& a) {
     const int k1 = f0 & (a.n1 - 1);
     const bool dir = k1 <= (a.n1 >> 1);
     const int ff = dir ? f0 : a.N - f0;
@@ -170,8 +170,28 @@ __device__ __forceinline__ void uniform_pair_twiddles(int tx, cf wp0, cf wp1, cf
   });
 }
 
+// The filter spectrum at a thread's uniform steps, by walks (KWalk), where n1 | M/16 (the
+// launcher takes the uniform sweep only there): K[k] of step u is k_lo.at(u) for u < 8 and
+// k_hi.at(u) for u >= 8, K[M-k] alike from m_lo, m_hi. The walks from k = tx serve every step
+// but thread 0's u >= 8 (k = M/32 + (u-8)·M/16), whose walks are rebased so that u indexes them.
+template <int M>
+struct UniformFilterWalks {
+  KWalk k_lo, m_lo, k_hi, m_hi;
+  __host__ __device__ __forceinline__ UniformFilterWalks(int tx, const KArgs& a)
+      : k_lo(tx, +1, M / 16, a),
+        m_lo(M - tx, -1, M / 16, a),
+        k_hi(tx == 0 ? rebased(KWalk(M / 32, +1, M / 16, a)) : k_lo),
+        m_hi(tx == 0 ? rebased(KWalk(M - M / 32, -1, M / 16, a)) : m_lo) {}
+  __host__ __device__ __forceinline__ static KWalk rebased(KWalk w) {
+    w.base -= 8 * w.step;
+    return w;
+  }
+};
+
 // op as for_each_pair calls it, on the same (slot, k, operands, twiddle, outputs) of every
-// thread, and the same values: only the control flow differs. w from uniform_pair_twiddles.
+// thread, and the same values: only the control flow differs; and the step, a compile-time
+// u in [0, 16) or kHalfPairStep for thread 0's k = M/2. w from uniform_pair_twiddles.
+constexpr int kHalfPairStep = 16;
 template <int M, class Op>
 __device__ __forceinline__ void for_each_pair_uniform(int tx, const cf (&A)[16], const cf (&Bv)[16], cf (&A2)[16],
                                                       cf (&B2)[16], const cf (&w)[16], Op&& op) {
@@ -181,7 +201,7 @@ __device__ __forceinline__ void for_each_pair_uniform(int tx, const cf (&A)[16],
     constexpr UniformPairStep s(u, false), s0(u, true);
     const cf zk = lane0 ? pair_register<s0.zk>(A, Bv) : pair_register<s.zk>(A, Bv);
     const cf zm = lane0 ? pair_register<s0.zm>(A, Bv) : pair_register<s.zm>(A, Bv);
-    op(lane0 ? s0.slot : s.slot, uniform_pair_freq<M>(u, tx), zk, zm, w[u], A2[u], B2[15 - u]);
+    op(lane0 ? s0.slot : s.slot, uniform_pair_freq<M>(u, tx), zk, zm, w[u], A2[u], B2[15 - u], step);
     if (u % kPairsPerFence == kPairsPerFence - 1) { fence(A2[u]); fence(B2[15 - u]); }
   });
   // Thread 0's outputs to its butterflies' registers: selects, read before any is written.
@@ -199,15 +219,24 @@ __device__ __forceinline__ void for_each_pair_uniform(int tx, const cf (&A)[16],
   });
   if (lane0) {
     cf unused;
-    op(kHalfPairSlot, M / 2, A[8], A[8], cf{0.f, -1.f}, A2[8], unused);  // k = M/2 with itself; ω_N^(N/4) = -i
+    // k = M/2 with itself; ω_N^(N/4) = -i
+    op(kHalfPairSlot, M / 2, A[8], A[8], cf{0.f, -1.f}, A2[8], unused, std::integral_constant<int, kHalfPairStep>{});
   }
 }
 
 // The channel's filter spectrum into the stage: its (n1/2 + 1) x n2 entries, rows padded to
 // n2 + 1 float2 (as the filter walk reads them). Each thread copies, and later adjusts, the
 // entries e = tx, tx + T, ...
-__device__ __forceinline__ int stage_entries(const KArgs& a) { return (a.n1 / 2 + 1) * a.n2; }
-__device__ __forceinline__ int stage_index(const KArgs& a, int e) { return (e >> a.ln2) * (a.n2 + 1) + (e & (a.n2 - 1)); }
+__host__ __device__ __forceinline__ int stage_entries(const KArgs& a) { return (a.n1 / 2 + 1) * a.n2; }
+__host__ __device__ __forceinline__ int stage_index(const KArgs& a, int e) {
+  return (e >> a.ln2) * (a.n2 + 1) + (e & (a.n2 - 1));
+}
+// Where n2 | T, a thread's entries e = tx + j·T keep their column and move T/n2 rows: their
+// stage slots are this many float2 apart.
+template <int T>
+__host__ __device__ __forceinline__ int stage_fixed_column_step(const KArgs& a) {
+  return T + T / a.n2;
+}
 
 // The copy in two halves, so that work can hide it: begin issues it (the caller has
 // synchronized: smem is free); end waits for it, folds the skip term in when `fold` (K'[f] =
@@ -218,6 +247,17 @@ __device__ __forceinline__ void stage_filter_begin(float2* stage, const KArgs& a
   const int total = stage_entries(a);
   const float2* Kc = a.K + c * (int64_t)total;
   for (int e = tx; e < total; e += T) cp_async8(stage + stage_index(a, e), Kc + e);
+}
+// begin where n2 | T (the uniform grad kernel's copy, where that holds): the same copies, by
+// stepped pointers instead of each entry's index arithmetic.
+template <int T>
+__device__ __forceinline__ void stage_filter_begin_fixed_column(float2* stage, const KArgs& a, int64_t c, bool valid,
+                                                                int tx) {
+  if (!valid) return;
+  const int total = stage_entries(a), dst_step = stage_fixed_column_step<T>(a);
+  const float2* src = a.K + c * (int64_t)total + tx;
+  float2* dst = stage + stage_index(a, tx);
+  for (int e = tx; e < total; e += T, src += T, dst += dst_step) cp_async8(dst, src);
 }
 template <int T>
 __device__ __forceinline__ void stage_filter_end(float2* stage, const KArgs& a, int64_t c, bool fold, int tx) {
