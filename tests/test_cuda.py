@@ -332,6 +332,36 @@ def test_an_unknown_accumulator_route_is_refused(monkeypatch, gen):
         ops.fftconv_backward_op(u, u, spectrum, None, 1000, "fp32")
 
 
+GRAD_UNIFORM_PAIRS_ENV = "MONARCH_FFTCONV_GRAD_UNIFORM_PAIRS"  # read by the binding at each backward call
+
+
+@pytest.mark.parametrize("batch, channels, length", [(16, 8, 8192), (16, 8, 4096), (7, 100, 5000), (4, 3, 300),
+                                                     (3, 5, 100), (5, 2, 16384)])
+@pytest.mark.parametrize("two_sided", [False, True])
+def test_uniform_pair_sweeps_give_the_same_bits(batch, channels, length, two_sided, monkeypatch, gen):
+    """=1: thread 0 in the other threads' code path of the grad kernel's pair sweeps, the same
+    operations on the same values, so du, dk and dD bitwise equal to the default's."""
+    u, grad = randn(gen, batch, channels, length, device=DEVICE), randn(gen, batch, channels, length, device=DEVICE)
+    k, D = randn(gen, channels, length, device=DEVICE) / length**0.5, randn(gen, channels, device=DEVICE)
+    spectrum = ops.filter_spectrum(k, length, "fp32")
+    backward = ops.fftconv_backward_two_sided_op if two_sided else ops.fftconv_backward_op
+    runs = {}
+    for choice in ("0", "1"):
+        monkeypatch.setenv(GRAD_UNIFORM_PAIRS_ENV, choice)
+        runs[choice] = backward(grad, u, spectrum, D, length, "fp32")
+    for default, uniform in zip(runs["0"], runs["1"]):
+        assert torch.isfinite(uniform).all()
+        assert torch.equal(default, uniform)
+
+
+def test_an_unknown_uniform_pairs_choice_is_refused(monkeypatch, gen):
+    u, k = randn(gen, 2, 3, 1000, device=DEVICE), randn(gen, 3, 1000, device=DEVICE)
+    spectrum = ops.filter_spectrum(k, 1000, "fp32")
+    monkeypatch.setenv(GRAD_UNIFORM_PAIRS_ENV, "yes")
+    with pytest.raises(ValueError, match="MONARCH_FFTCONV_GRAD_UNIFORM_PAIRS must be '0' or '1'"):
+        ops.fftconv_backward_op(u, u, spectrum, None, 1000, "fp32")
+
+
 @pytest.mark.parametrize("io_dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("batch, channels, length", [(16, 8, 8192), (7, 5, 4999), (3, 3, 301), (2, 3, 4096)])
 def test_half_io_backward_reads_what_fp32_io_reads(io_dtype, batch, channels, length, gen):

@@ -435,6 +435,18 @@ mf::GradAccumulator grad_accumulator_from_env() {
                     route, "'");
 }
 
+// Whether the fused backward's pair sweeps run thread 0 in the other threads' code path
+// (ConvBackwardParams::uniform_pairs), from MONARCH_FFTCONV_GRAD_UNIFORM_PAIRS, read at each
+// call: unset or "0" (thread 0's own path, the default until measured on a GPU), "1".
+bool grad_uniform_pairs_from_env() {
+  const char* value = std::getenv("MONARCH_FFTCONV_GRAD_UNIFORM_PAIRS");
+  const std::string choice = value == nullptr ? "" : value;
+  if (choice.empty() || choice == "0") return false;
+  if (choice == "1") return true;
+  TORCH_CHECK_VALUE(false, "monarch_fftconv: MONARCH_FFTCONV_GRAD_UNIFORM_PAIRS must be '0' or '1', got '", choice,
+                    "'");
+}
+
 // (du in u's dtype, dk float32 (C, filter_len) or, two-sided, (C, 2, filter_len) with lag -s in
 // dk[c][1][s], dD float32 (C,) or empty): the fused fp32 backward, for every precision
 // (gradients in fp32 arithmetic are within every budget).
@@ -445,6 +457,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
                                                              bool two_sided) {
   precision_of(precision);  // a known name; the arithmetic is fp32 whatever it is
   const mf::GradAccumulator accumulator = grad_accumulator_from_env();  // checked on every route
+  const bool uniform_pairs = grad_uniform_pairs_from_env();
   const at::Tensor u = time_contiguous(u_in);
   const at::Tensor spectrum = spectrum_in.to(at::kFloat).contiguous();
   const Split split = check_plan(u, spectrum);
@@ -505,6 +518,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
   p.n1 = static_cast<int>(split.n1);
   p.n2 = static_cast<int>(split.n2);
   p.accumulator = accumulator;
+  p.uniform_pairs = uniform_pairs;
   p.two_sided = two_sided;
   const size_t workspace_bytes = mf::conv_backward_fp32_workspace_bytes(p);
   TORCH_CHECK(workspace_bytes > 0, "monarch_fftconv: no backward kernel for this call");

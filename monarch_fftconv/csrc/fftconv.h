@@ -77,6 +77,7 @@ struct ConvBackwardParams {
   int n2;
   IOType io_type;
   GradAccumulator accumulator;    // kAuto unless a benchmark asks
+  bool uniform_pairs;             // the grad kernel's pair sweeps without thread 0's own path (on-chip route)
   bool two_sided;                 // grad_filter[c][1][s] = lag -s, Σ_b Σ_t dy[t]·u[t+s], beside lag s
 };
 

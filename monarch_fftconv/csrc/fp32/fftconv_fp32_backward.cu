@@ -32,7 +32,8 @@
 // Deterministic: no atomics; every sum has a fixed order. The chunking (how many work items
 // share a channel) depends only on the shape, the device and the route (GradLayout: the
 // default or MONARCH_FFTCONV_GRAD_ACCUMULATOR=global), so a given call on a given GPU gives
-// the same bits run after run.
+// the same bits run after run. MONARCH_FFTCONV_GRAD_UNIFORM_PAIRS=1 changes only the control
+// flow of the pair sweeps (on the on-chip route), not the bits.
 
 #include "fp32/radix.cuh"
 
@@ -107,9 +108,10 @@ struct GradLayout {
   }
 };
 
-template <int LOGM, typename IO, bool ON_CHIP>
-__global__ void __launch_bounds__(Plan<LOGM>::THREADS, (GradLayout<LOGM, ON_CHIP>::kMinCtas))
-    fftconv_fp32_grad_kernel(const GradArgs g) {
+// The grad kernel's body. UNIFORM_PAIRS: the pair sweeps in one code path for every thread
+// (for_each_pair_uniform), thread 0 included; otherwise for_each_pair's separate thread-0 path.
+template <int LOGM, typename IO, bool ON_CHIP, bool UNIFORM_PAIRS>
+__device__ __forceinline__ void grad_iterations(const GradArgs& g) {
   using P = Plan<LOGM>;
   using Layout = GradLayout<LOGM, ON_CHIP>;
   constexpr int M = P::M, T = P::T, SPB = P::SPB;
@@ -122,6 +124,8 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, (GradLayout<LOGM, ON_CHIP
   const float2 *twFP2 = slot.fp2(), *twM = slot.mid(), *twIP2 = slot.ip2();
   const cf wp0 = slot.wp0, wp1 = slot.wp1;
   const int tx = threadIdx.x, ty = threadIdx.y;
+  cf pair_tw[16];
+  if constexpr (UNIFORM_PAIRS) uniform_pair_twiddles(tx, wp0, wp1, pair_tw);
 
   const int64_t item = (int64_t)blockIdx.x * SPB + ty;
   const bool has_item = item < g.items;
@@ -142,6 +146,16 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, (GradLayout<LOGM, ON_CHIP
   const auto acc_at = [&](int pair) -> float4& { return ON_CHIP ? acc_smem[pair * P::THREADS] : acc_scratch[pair * T]; };
   const int64_t L = a.L;
   cf A[16], Bv[16], A2[16], B2[16];
+  const auto pairs = [&](auto&& op) {
+    if constexpr (UNIFORM_PAIRS) {
+      for_each_pair_uniform<M>(tx, A, Bv, A2, B2, pair_tw,
+                               [&](int pair, int f, cf zk, cf zm, cf w, cf& vk, cf& vm, auto) {
+                                 op(pair, f, zk, zm, w, vk, vm);
+                               });
+    } else {
+      for_each_pair<M>(tx, A, Bv, A2, B2, wp0, wp1, op);
+    }
+  };
 
   // Every slot of the CTA runs g.chunk iterations (the barriers must match); iterations past
   // the slot's own range compute on zeros and store nothing.
@@ -165,7 +179,7 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, (GradLayout<LOGM, ON_CHIP
       forward_passes<LOGM, IO>(re, im, tx, twFP2, x, Lv);
       mid_forward<M>(re, im, tx, twM, A, Bv);
       if (pass == 1) break;
-      for_each_pair<M>(tx, A, Bv, A2, B2, wp0, wp1, [&](int pair, int, cf zk, cf zm, cf w, cf&, cf&) {
+      pairs([&](int pair, int, cf zk, cf zm, cf w, cf&, cf&) {
         cf xk, xm;
         split_pair(zk, zm, w, xk, xm);
         const float4 x4 = make_float4(xk.x, xk.y, xm.x, xm.y);
@@ -176,12 +190,13 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, (GradLayout<LOGM, ON_CHIP
 
     // The filter stage's copy runs while the accumulator sweep below waits on memory.
     __syncthreads();  // all of Z is in registers: smem becomes the filter stage
-    stage_filter_begin<T>(stage, a, c, valid, tx);
+    if (UNIFORM_PAIRS && T % a.n2 == 0) stage_filter_begin_fixed_column<T>(stage, a, c, valid, tx);
+    else stage_filter_begin<T>(stage, a, c, valid, tx);
 
     // acc += conj(X_u)·X_dy per pair, in a sweep of its own: the filter sweep below then
     // holds no X_u values (the split is cheap to redo).
     if (valid) {
-      for_each_pair<M>(tx, A, Bv, A2, B2, wp0, wp1, [&](int pair, int, cf zk, cf zm, cf w, cf&, cf&) {
+      pairs([&](int pair, int, cf zk, cf zm, cf w, cf&, cf&) {
         cf xk, xm;
         split_pair(zk, zm, w, xk, xm);
         const float4 x4 = pair < kParked ? parked[pair * P::THREADS] : xu[(pair - kParked) * T];
@@ -198,12 +213,30 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, (GradLayout<LOGM, ON_CHIP
 
     // du = IFFT(X_dy · conj K')
     stage_filter_end<T>(stage, a, c, valid, tx);
-    for_each_pair<M>(tx, A, Bv, A2, B2, wp0, wp1, [&](int, int f, cf zk, cf zm, cf w, cf& vk, cf& vm) {
-      fence(f);
-      cf xk, xm;
-      split_pair(zk, zm, w, xk, xm);
-      merge_pair(cmul(xk, cconj(kspec(stage, f, a))), cmul(xm, cconj(kspec(stage, M - f, a))), w, vk, vm);
-    });
+    if constexpr (UNIFORM_PAIRS) {
+      // K' by walks (the launcher's n1 | M/16): the same entries as kspec, fewer index operations
+      const UniformFilterWalks<M> walks(tx, a);
+      const auto filter_pair = [&](int, int f, cf zk, cf zm, cf w, cf& vk, cf& vm, auto step) {
+        cf kk, km;
+        if constexpr (step == kHalfPairStep) {
+          kk = km = kspec(stage, f, a);
+        } else {
+          kk = (step < 8 ? walks.k_lo : walks.k_hi).at(stage, step);
+          km = (step < 8 ? walks.m_lo : walks.m_hi).at(stage, step);
+        }
+        cf xk, xm;
+        split_pair(zk, zm, w, xk, xm);
+        merge_pair(cmul(xk, cconj(kk)), cmul(xm, cconj(km)), w, vk, vm);
+      };
+      for_each_pair_uniform<M>(tx, A, Bv, A2, B2, pair_tw, filter_pair);
+    } else {
+      pairs([&](int, int f, cf zk, cf zm, cf w, cf& vk, cf& vm) {
+        fence(f);
+        cf xk, xm;
+        split_pair(zk, zm, w, xk, xm);
+        merge_pair(cmul(xk, cconj(kspec(stage, f, a))), cmul(xm, cconj(kspec(stage, M - f, a))), w, vk, vm);
+      });
+    }
     inverse_passes<LOGM, IO>(re, im, tx, twM, twIP2, A2, B2, static_cast<IO*>(g.du) + row, Lv);
   }
 
@@ -218,6 +251,21 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, (GradLayout<LOGM, ON_CHIP
       }
     }
   }
+}
+
+template <int LOGM, typename IO, bool ON_CHIP>
+__global__ void __launch_bounds__(Plan<LOGM>::THREADS, (GradLayout<LOGM, ON_CHIP>::kMinCtas))
+    fftconv_fp32_grad_kernel(const GradArgs g) {
+  grad_iterations<LOGM, IO, ON_CHIP, false>(g);
+}
+
+// The uniform pair sweeps, on the on-chip route only (one CTA per SM: nothing hides the thread-0
+// path there), behind MONARCH_FFTCONV_GRAD_UNIFORM_PAIRS=1 until measured on a GPU. Its filter
+// walks need n1 | M/16 (launch_grad_route).
+template <int LOGM, typename IO>
+__global__ void __launch_bounds__(Plan<LOGM>::THREADS, (GradLayout<LOGM, true>::kMinCtas))
+    fftconv_fp32_grad_uniform_pairs_kernel(const GradArgs g) {
+  grad_iterations<LOGM, IO, true, true>(g);
 }
 
 // TWO_SIDED: dk (C, 2, Lk), lag -s stored from the circle's bin N - s beside lag s.
@@ -287,16 +335,24 @@ struct GradShape {
   size_t smem;  // the grad kernel's dynamic shared memory
 };
 
+// The grad kernel of a route and sweep.
+template <int LOGM, typename IO, bool ON_CHIP, bool UNIFORM_PAIRS>
+constexpr auto grad_kernel() {
+  static_assert(ON_CHIP || !UNIFORM_PAIRS, "the uniform pair sweeps are built for the on-chip route only");
+  if constexpr (UNIFORM_PAIRS) return fftconv_fp32_grad_uniform_pairs_kernel<LOGM, IO>;
+  else return fftconv_fp32_grad_kernel<LOGM, IO, ON_CHIP>;
+}
+
 // How the batch is cut into work items: enough items to fill the GPU once, each as long a
 // run of the batch as that allows (fewer partial accumulators to sum).
-template <int LOGM, typename IO, bool ON_CHIP>
+template <int LOGM, typename IO, bool ON_CHIP, bool UNIFORM_PAIRS>
 cudaError_t grad_shape(const ConvBackwardParams& p, GradShape& shape) {
   using P = Plan<LOGM>;
   using Layout = GradLayout<LOGM, ON_CHIP>;
   int ctas = 0, sms = 0;
   shape.smem = Layout::smem_bytes(p.n1, p.n2);
   if (shape.smem > max_smem_per_cta(Layout::kMinCtas)) return cudaErrorInvalidConfiguration;
-  const cudaError_t err = residency<fftconv_fp32_grad_kernel<LOGM, IO, ON_CHIP>>(P::THREADS, shape.smem, ctas, sms);
+  const cudaError_t err = residency<grad_kernel<LOGM, IO, ON_CHIP, UNIFORM_PAIRS>()>(P::THREADS, shape.smem, ctas, sms);
   if (err != cudaSuccess) return err;
   const int64_t slots = (int64_t)ctas * sms * P::SPB;
   int64_t chunks = slots / p.channels;
@@ -308,12 +364,12 @@ cudaError_t grad_shape(const ConvBackwardParams& p, GradShape& shape) {
   return cudaSuccess;
 }
 
-template <int LOGM, typename IO, bool ON_CHIP>
+template <int LOGM, typename IO, bool ON_CHIP, bool UNIFORM_PAIRS>
 cudaError_t launch_grad(const ConvBackwardParams& p, cudaStream_t stream, size_t* workspace_bytes) {
   using P = Plan<LOGM>;
   using Layout = GradLayout<LOGM, ON_CHIP>;
   GradShape shape;
-  cudaError_t err = grad_shape<LOGM, IO, ON_CHIP>(p, shape);
+  cudaError_t err = grad_shape<LOGM, IO, ON_CHIP, UNIFORM_PAIRS>(p, shape);
   if (err != cudaSuccess) return err;
   if (workspace_bytes != nullptr) {
     *workspace_bytes = shape.workspace_bytes;
@@ -338,7 +394,7 @@ cudaError_t launch_grad(const ConvBackwardParams& p, cudaStream_t stream, size_t
                          : residency<filter_grad_kernel<LOGM, false>>(P::THREADS, smem, ctas, sms)) != cudaSuccess)
     return err;
   const dim3 block(P::T, P::SPB);
-  fftconv_fp32_grad_kernel<LOGM, IO, ON_CHIP>
+  grad_kernel<LOGM, IO, ON_CHIP, UNIFORM_PAIRS>()
       <<<(unsigned)((shape.items + P::SPB - 1) / P::SPB), block, shape.smem, stream>>>(g);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
   filter_grad<<<(unsigned)((p.channels + P::SPB - 1) / P::SPB), block, smem, stream>>>(g);
@@ -346,15 +402,19 @@ cudaError_t launch_grad(const ConvBackwardParams& p, cudaStream_t stream, size_t
 }
 
 // The route: on chip where its shared memory fits one CTA per SM (never at 512 threads: N =
-// 32768, not even instantiated), unless the caller asks for the scratch route.
+// 32768, not even instantiated), unless the caller asks for the scratch route. The uniform
+// pair sweeps where the caller asks for them, on the on-chip route where n1 | M/16 (N >= 1024
+// with the planner's splits).
 template <int LOGM, typename IO>
 cudaError_t launch_grad_route(const ConvBackwardParams& p, cudaStream_t stream, size_t* workspace_bytes) {
   if constexpr (Plan<LOGM>::THREADS <= 256) {
     if (p.accumulator == GradAccumulator::kAuto &&
         GradLayout<LOGM, true>::smem_bytes(p.n1, p.n2) <= max_smem_per_cta(1))
-      return launch_grad<LOGM, IO, true>(p, stream, workspace_bytes);
+      return p.uniform_pairs && p.n1 <= Plan<LOGM>::M / 16  // its filter walks
+                 ? launch_grad<LOGM, IO, true, true>(p, stream, workspace_bytes)
+                 : launch_grad<LOGM, IO, true, false>(p, stream, workspace_bytes);
   }
-  return launch_grad<LOGM, IO, false>(p, stream, workspace_bytes);
+  return launch_grad<LOGM, IO, false, false>(p, stream, workspace_bytes);
 }
 
 template <typename IO>

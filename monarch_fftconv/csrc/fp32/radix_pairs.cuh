@@ -32,7 +32,7 @@ __device__ __forceinline__ cf kspec(const float2* stage, int f, const KArgs& a) 
 struct KWalk {
   int base, step;
   bool neg;
-  __device__ __forceinline__ KWalk(int f0, int sgn, int ns, const KArgs& a) {
+  __host__ __device__ __forceinline__ KWalk(int f0, int sgn, int ns, const KArgs& a) {
     const int k1 = f0 & (a.n1 - 1);
     const bool dir = k1 <= (a.n1 >> 1);
     const int ff = dir ? f0 : a.N - f0;
@@ -116,11 +116,127 @@ __device__ __forceinline__ void for_each_pair(int tx, const cf (&A)[16], const c
   }
 }
 
+// The same pairs in one code path (for_each_pair_uniform): every thread runs steps u = 0..15
+// alike, thread 0 choosing by selects the operands, twiddle and slot of its own pair for step
+// u, so that the warp holding it no longer runs a second copy of the sweep before the next
+// barrier. Thread 0's pair k = M/2 (slot kHalfPairSlot) runs after the steps, on its own.
+// Registers are numbered r in [0, 16) for A[r] (A2[r]) and r in [16, 32) for Bv[r-16] (B2[r-16]).
+constexpr int kHalfPairSlot = 8;
+
+// Step u of thread 0 (lane0) or of any other thread: the pair's slot, the registers of Z[k] and
+// Z[M-k], and its twiddle tw_const(tw_base == 0 ? wp0 : wp1, tw_step, 32), or the constant 1
+// where tw_base < 0 (k = 0, as for_each_pair passes it).
+struct UniformPairStep {
+  int slot, zk, zm, tw_base, tw_step;
+  __host__ __device__ constexpr UniformPairStep(int u, bool lane0)
+      : slot(lane0 && u >= 8 ? u + 1 : u),
+        zk(lane0 && u >= 8 ? 16 + (u - 8) : u),
+        zm(!lane0 ? 16 + (15 - u) : u < 8 ? (16 - u) & 15 : 16 + (23 - u)),
+        tw_base(!lane0 ? 0 : u == 0 ? -1 : u < 8 ? 0 : 1),
+        tw_step(lane0 && u >= 8 ? u - 8 : u) {}
+};
+
+// The frequency k of thread tx's step u.
+template <int M>
+__host__ __device__ constexpr int uniform_pair_freq(int u, int tx) {
+  return tx == 0 && u >= 8 ? M / 32 + (u - 8) * (M / 16) : tx + u * (M / 16);
+}
+
+// Step u leaves V[k] in A2[u] and V[M-k] in B2[15-u] in every thread. Thread 0's inverse
+// butterflies read them elsewhere: afterwards its register d takes the value of register
+// lane0_output_source(d); -1 for A2[8], which its pair k = M/2 writes (thread 0's B2[15] at
+// step 0, the V[M] of k = 0, is dropped, as for_each_pair drops it).
+__host__ __device__ constexpr int lane0_output_source(int d) {
+  return d < 8 ? d : d == 8 ? -1 : d < 16 ? 16 + (d - 1) : d - 8;
+}
+
+template <int R>
+__device__ __forceinline__ cf& pair_register(cf (&lo)[16], cf (&hi)[16]) {
+  if constexpr (R < 16) return lo[R]; else return hi[R - 16];
+}
+template <int R>
+__device__ __forceinline__ const cf& pair_register(const cf (&lo)[16], const cf (&hi)[16]) {
+  if constexpr (R < 16) return lo[R]; else return hi[R - 16];
+}
+
+// The twiddles of a thread's 16 steps (loop-invariant: computed once per kernel).
+__device__ __forceinline__ void uniform_pair_twiddles(int tx, cf wp0, cf wp1, cf (&w)[16]) {
+  const auto twiddle = [&](const UniformPairStep& s) {
+    return s.tw_base < 0 ? cf{1.f, 0.f} : tw_const<false>(s.tw_base == 0 ? wp0 : wp1, s.tw_step, 32);
+  };
+  static_for<16>([&](auto step) {
+    constexpr UniformPairStep s(step, false), s0(step, true);
+    w[step] = tx == 0 ? twiddle(s0) : twiddle(s);
+  });
+}
+
+// The filter spectrum at a thread's uniform steps, by walks (KWalk), where n1 | M/16 (the
+// launcher takes the uniform sweep only there): K[k] of step u is k_lo.at(u) for u < 8 and
+// k_hi.at(u) for u >= 8, K[M-k] alike from m_lo, m_hi. The walks from k = tx serve every step
+// but thread 0's u >= 8 (k = M/32 + (u-8)·M/16), whose walks are rebased so that u indexes them.
+template <int M>
+struct UniformFilterWalks {
+  KWalk k_lo, m_lo, k_hi, m_hi;
+  __host__ __device__ __forceinline__ UniformFilterWalks(int tx, const KArgs& a)
+      : k_lo(tx, +1, M / 16, a),
+        m_lo(M - tx, -1, M / 16, a),
+        k_hi(tx == 0 ? rebased(KWalk(M / 32, +1, M / 16, a)) : k_lo),
+        m_hi(tx == 0 ? rebased(KWalk(M - M / 32, -1, M / 16, a)) : m_lo) {}
+  __host__ __device__ __forceinline__ static KWalk rebased(KWalk w) {
+    w.base -= 8 * w.step;
+    return w;
+  }
+};
+
+// op as for_each_pair calls it, on the same (slot, k, operands, twiddle, outputs) of every
+// thread, and the same values: only the control flow differs; and the step, a compile-time
+// u in [0, 16) or kHalfPairStep for thread 0's k = M/2. w from uniform_pair_twiddles.
+constexpr int kHalfPairStep = 16;
+template <int M, class Op>
+__device__ __forceinline__ void for_each_pair_uniform(int tx, const cf (&A)[16], const cf (&Bv)[16], cf (&A2)[16],
+                                                      cf (&B2)[16], const cf (&w)[16], Op&& op) {
+  const bool lane0 = tx == 0;
+  static_for<16>([&](auto step) {
+    constexpr int u = step;
+    constexpr UniformPairStep s(u, false), s0(u, true);
+    const cf zk = lane0 ? pair_register<s0.zk>(A, Bv) : pair_register<s.zk>(A, Bv);
+    const cf zm = lane0 ? pair_register<s0.zm>(A, Bv) : pair_register<s.zm>(A, Bv);
+    op(lane0 ? s0.slot : s.slot, uniform_pair_freq<M>(u, tx), zk, zm, w[u], A2[u], B2[15 - u], step);
+    if (u % kPairsPerFence == kPairsPerFence - 1) { fence(A2[u]); fence(B2[15 - u]); }
+  });
+  // Thread 0's outputs to its butterflies' registers: selects, read before any is written.
+  cf moved[32];
+  static_for<32>([&](auto d) {
+    constexpr int src = lane0_output_source(d);
+    if constexpr (src >= 0 && src != d) moved[d] = pair_register<src>(A2, B2);
+  });
+  static_for<32>([&](auto d) {
+    constexpr int src = lane0_output_source(d);
+    if constexpr (src >= 0 && src != d) {
+      cf& out = pair_register<d>(A2, B2);
+      out = lane0 ? moved[d] : out;
+    }
+  });
+  if (lane0) {
+    cf unused;
+    // k = M/2 with itself; ω_N^(N/4) = -i
+    op(kHalfPairSlot, M / 2, A[8], A[8], cf{0.f, -1.f}, A2[8], unused, std::integral_constant<int, kHalfPairStep>{});
+  }
+}
+
 // The channel's filter spectrum into the stage: its (n1/2 + 1) x n2 entries, rows padded to
 // n2 + 1 float2 (as the filter walk reads them). Each thread copies, and later adjusts, the
 // entries e = tx, tx + T, ...
-__device__ __forceinline__ int stage_entries(const KArgs& a) { return (a.n1 / 2 + 1) * a.n2; }
-__device__ __forceinline__ int stage_index(const KArgs& a, int e) { return (e >> a.ln2) * (a.n2 + 1) + (e & (a.n2 - 1)); }
+__host__ __device__ __forceinline__ int stage_entries(const KArgs& a) { return (a.n1 / 2 + 1) * a.n2; }
+__host__ __device__ __forceinline__ int stage_index(const KArgs& a, int e) {
+  return (e >> a.ln2) * (a.n2 + 1) + (e & (a.n2 - 1));
+}
+// Where n2 | T, a thread's entries e = tx + j·T keep their column and move T/n2 rows: their
+// stage slots are this many float2 apart.
+template <int T>
+__host__ __device__ __forceinline__ int stage_fixed_column_step(const KArgs& a) {
+  return T + T / a.n2;
+}
 
 // The copy in two halves, so that work can hide it: begin issues it (the caller has
 // synchronized: smem is free); end waits for it, folds the skip term in when `fold` (K'[f] =
@@ -131,6 +247,17 @@ __device__ __forceinline__ void stage_filter_begin(float2* stage, const KArgs& a
   const int total = stage_entries(a);
   const float2* Kc = a.K + c * (int64_t)total;
   for (int e = tx; e < total; e += T) cp_async8(stage + stage_index(a, e), Kc + e);
+}
+// begin where n2 | T (the uniform grad kernel's copy, where that holds): the same copies, by
+// stepped pointers instead of each entry's index arithmetic.
+template <int T>
+__device__ __forceinline__ void stage_filter_begin_fixed_column(float2* stage, const KArgs& a, int64_t c, bool valid,
+                                                                int tx) {
+  if (!valid) return;
+  const int total = stage_entries(a), dst_step = stage_fixed_column_step<T>(a);
+  const float2* src = a.K + c * (int64_t)total + tx;
+  float2* dst = stage + stage_index(a, tx);
+  for (int e = tx; e < total; e += T, src += T, dst += dst_step) cp_async8(dst, src);
 }
 template <int T>
 __device__ __forceinline__ void stage_filter_end(float2* stage, const KArgs& a, int64_t c, bool fold, int tx) {
