@@ -12,7 +12,7 @@ from monarch_fftconv import ops, portable
 from monarch_fftconv.backends import BACKEND_ENV
 from monarch_fftconv.planner import plan_for, spectrum_frequencies
 
-from helpers import BUDGETS, randn, reference, rel_l2
+from helpers import BUDGETS, GPU_WATCHDOG_S, randn, reference, rel_l2
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -335,6 +335,7 @@ def test_an_unknown_accumulator_route_is_refused(monkeypatch, gen):
 GRAD_UNIFORM_PAIRS_ENV = "MONARCH_FFTCONV_GRAD_UNIFORM_PAIRS"  # read by the binding at each backward call
 
 
+@pytest.mark.watchdog(GPU_WATCHDOG_S)  # a kernel not yet run on a GPU: a hang fails, not stalls
 @pytest.mark.parametrize("batch, channels, length", [(16, 8, 8192), (16, 8, 4096), (7, 100, 5000), (4, 3, 300),
                                                      (3, 5, 100), (5, 2, 16384)])
 @pytest.mark.parametrize("two_sided", [False, True])
@@ -354,6 +355,7 @@ def test_uniform_pair_sweeps_give_the_same_bits(batch, channels, length, two_sid
         assert torch.equal(default, uniform)
 
 
+@pytest.mark.watchdog(GPU_WATCHDOG_S)
 def test_an_unknown_uniform_pairs_choice_is_refused(monkeypatch, gen):
     u, k = randn(gen, 2, 3, 1000, device=DEVICE), randn(gen, 3, 1000, device=DEVICE)
     spectrum = ops.filter_spectrum(k, 1000, "fp32")
