@@ -14,25 +14,13 @@
 #include <vector>
 
 #include "tc/engine_traits.cuh"
+#include "host_check.cuh"
 
 using namespace monarch_fftconv;
 using namespace monarch_fftconv::engine;
 using Cfg = EngineTraits<Precision::kBF16, IOType::kFloat32>;
 constexpr int kN1 = Cfg::kN1, kN2 = Cfg::kN2;
 
-static int failures = 0;
-static bool quiet = false;  // while a wrong map is checked: its failures are expected
-#define EXPECT(cond, ...)                                       \
-  do {                                                          \
-    if (!(cond)) {                                              \
-      if (!quiet) {                                             \
-        std::printf("FAIL %s:%d: ", __FILE__, __LINE__);        \
-        std::printf(__VA_ARGS__);                               \
-        std::printf("\n");                                      \
-      }                                                         \
-      return false;                                             \
-    }                                                           \
-  } while (0)
 
 // ---------------------------------------------------------------------------
 // The PTX ISA, written independently of the traits.
@@ -340,63 +328,51 @@ bool check_schedules(const Begin& begin) {
 
 // ---------------------------------------------------------------------------
 int main() {
-  int passed = 0, rejected = 0;
-  auto must_pass = [&](const char* name, bool ok) {
-    std::printf("%-44s %s\n", name, ok ? "ok" : "FAILED");
-    ok ? ++passed : ++failures;
-  };
-  auto must_reject = [&](const char* name, const std::function<bool()>& check) {
-    quiet = true;
-    const bool ok = check();
-    quiet = false;
-    std::printf("%-44s %s\n", name, ok ? "NOT REJECTED" : "rejected");
-    ok ? ++failures : ++rejected;
-  };
+  host_check::Tally tally;
   const Maps maps;
-  must_pass("layouts: bijective, PTX SW128, CuTe's", check_layouts(false));
-  must_pass("tiles: F1 rows, hand-off halves", check_tiles());
-  must_pass("accumulator m64n128 = PTX D", check_accumulator(maps, 128));
-  must_pass("accumulator m64n64 = PTX D", check_accumulator(maps, 64));
-  must_pass("chaining n128 -> register A", check_chaining(maps, 128));
-  must_pass("chaining n64 -> register A", check_chaining(maps, 64));
-  must_pass("mirrored columns: quad exchange", check_mirror_exchange(maps));
-  must_pass("hand-off and y coverage", check_handoff_and_y(maps));
+  tally.must_pass("layouts: bijective, PTX SW128, CuTe's", check_layouts(false));
+  tally.must_pass("tiles: F1 rows, hand-off halves", check_tiles());
+  tally.must_pass("accumulator m64n128 = PTX D", check_accumulator(maps, 128));
+  tally.must_pass("accumulator m64n64 = PTX D", check_accumulator(maps, 64));
+  tally.must_pass("chaining n128 -> register A", check_chaining(maps, 128));
+  tally.must_pass("chaining n64 -> register A", check_chaining(maps, 64));
+  tally.must_pass("mirrored columns: quad exchange", check_mirror_exchange(maps));
+  tally.must_pass("hand-off and y coverage", check_handoff_and_y(maps));
   const Word filter_read = [](int k1, int k2) {
     return filter_stored_row<kN1>(k1) * kN2 + (k2 ^ filter_read_mask<kN1, kN2>(k1));
   };
-  must_pass("resident filter: mirrored rows, banks", check_filter(filter_read));
+  tally.must_pass("resident filter: mirrored rows, banks", check_filter(filter_read));
   const Begin begin = [](int64_t j, int64_t c, int64_t g) { return job_begin(j, c, g); };
-  must_pass("schedule: every job once, balanced", check_schedules(begin));
+  tally.must_pass("schedule: every job once, balanced", check_schedules(begin));
 
   // The same checks on deliberately wrong maps.
-  must_reject("wrong: ring stores unswizzled", [] { return check_layouts(true); });
+  tally.must_reject("wrong: ring stores unswizzled", [] { return check_layouts(true); });
   Maps m = maps;
   m.col = [](int q, int j, int e) { return 8 * j + 2 * e + q; };
-  must_reject("wrong: accumulator columns", [&] { return check_accumulator(m, 64); });
+  tally.must_reject("wrong: accumulator columns", [&] { return check_accumulator(m, 64); });
   m = maps;
   m.reg = [](int j, int h) { return 2 * h + j; };
-  must_reject("wrong: chained register order", [&] { return check_chaining(m, 64); });
+  tally.must_reject("wrong: chained register order", [&] { return check_chaining(m, 64); });
   m = maps;
   m.lane = [](int q, int e) { return (4 - q) & 3; };
-  must_reject("wrong: odd mirror from lane (4 - q) % 4", [&] { return check_mirror_exchange(m); });
+  tally.must_reject("wrong: odd mirror from lane (4 - q) % 4", [&] { return check_mirror_exchange(m); });
   m = maps;
   m.own_group = [](int mm) { return (kN2 / 8 - 1 - mm); };
-  must_reject("wrong: column n2/2 not from column 0", [&] { return check_mirror_exchange(m); });
+  tally.must_reject("wrong: column n2/2 not from column 0", [&] { return check_mirror_exchange(m); });
   m = maps;
   m.mirror = [](int c) { return kN2 - c; };
-  must_reject("wrong: hand-off mirror of column 0", [&] { return check_handoff_and_y(m); });
-  must_reject("wrong: mirrored rows at n2 - k2", [] {
+  tally.must_reject("wrong: hand-off mirror of column 0", [&] { return check_handoff_and_y(m); });
+  tally.must_reject("wrong: mirrored rows at n2 - k2", [] {
     return check_filter([](int k1, int k2) {
       return filter_mirrored<kN1>(k1) ? filter_word<kN2>(kN1 - k1, (kN2 - k2) % kN2) : filter_word<kN2>(k1, k2);
     });
   });
-  must_reject("wrong: 32-bit schedule products", [] {
+  tally.must_reject("wrong: 32-bit schedule products", [] {
     return check_schedules([](int64_t j, int64_t c, int64_t g) { return int64_t(uint32_t(j) * uint32_t(c) / uint32_t(g)); });
   });
-  must_reject("wrong: schedule shifted by one", [] {
+  tally.must_reject("wrong: schedule shifted by one", [] {
     return check_schedules([](int64_t j, int64_t c, int64_t g) { return j * c / g + (c == 1 ? 1 : 0); });
   });
 
-  std::printf("engine layout checks: %d passed, %d wrong maps rejected, %d failed\n", passed, rejected, failures);
-  return failures == 0 ? 0 : 1;
+  return tally.finish("engine layout checks");
 }

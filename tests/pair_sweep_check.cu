@@ -18,22 +18,10 @@
 #include <vector>
 
 #include "fp32/radix_pairs.cuh"
+#include "host_check.cuh"
 
 using namespace monarch_fftconv::fp32_detail;
 
-static int failures = 0;
-static bool quiet = false;  // while a wrong map is checked: its failures are expected
-#define EXPECT(cond, ...)                                \
-  do {                                                   \
-    if (!(cond)) {                                       \
-      if (!quiet) {                                      \
-        std::printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-        std::printf(__VA_ARGS__);                        \
-        std::printf("\n");                               \
-      }                                                  \
-      return false;                                      \
-    }                                                    \
-  } while (0)
 
 // A twiddle: tw_const(base == 0 ? wp0 : wp1, step, 32), or a constant: 1 (kOne) or -i (kMinusI).
 constexpr int kOne = -1, kMinusI = -2;
@@ -232,21 +220,10 @@ bool check_fixed_column_copies(int step_error) {
 }
 
 int main() {
-  int passed = 0, rejected = 0;
-  auto must_pass = [&](const char* name, bool ok) {
-    std::printf("%-52s %s\n", name, ok ? "ok" : "FAILED");
-    ok ? ++passed : ++failures;
-  };
-  auto must_reject = [&](const char* name, const std::function<bool()>& check) {
-    quiet = true;
-    const bool ok = check();
-    quiet = false;
-    std::printf("%-52s %s\n", name, ok ? "NOT REJECTED" : "rejected");
-    ok ? ++failures : ++rejected;
-  };
-  must_pass("uniform sweep = for_each_pair, every thread, M 2^7..2^14", check_sweeps(UniformMaps{}));
-  must_pass("filter walks = kspec, every step, split n1 | M/16", check_walks(8, 1));
-  must_pass("filter copy by columns = stage_index, n2 | T", check_fixed_column_copies(0));
+  host_check::Tally tally;
+  tally.must_pass("uniform sweep = for_each_pair, every thread, M 2^7..2^14", check_sweeps(UniformMaps{}));
+  tally.must_pass("filter walks = kspec, every step, split n1 | M/16", check_walks(8, 1));
+  tally.must_pass("filter copy by columns = stage_index, n2 | T", check_fixed_column_copies(0));
 
   // The same checks on deliberately wrong maps.
   UniformMaps m;
@@ -255,34 +232,33 @@ int main() {
     if (lane0 && u == 3) s.zm = UniformPairStep(u, false).zm;
     return s;
   };
-  must_reject("wrong: thread 0's Z[M-k] of step 3", [&] { return check_sweeps(m); });
+  tally.must_reject("wrong: thread 0's Z[M-k] of step 3", [&] { return check_sweeps(m); });
   m = UniformMaps{};
   m.step = [](int u, bool lane0) {  // thread 0's k = 0 turned by wp0 (the table's ω^0 = 1 - 0i)
     UniformPairStep s(u, lane0);
     if (lane0 && u == 0) s.tw_base = 0;
     return s;
   };
-  must_reject("wrong: thread 0's k = 0 twiddle from wp0", [&] { return check_sweeps(m); });
+  tally.must_reject("wrong: thread 0's k = 0 twiddle from wp0", [&] { return check_sweeps(m); });
   m = UniformMaps{};
   m.step = [](int u, bool lane0) {  // slots 8..15 for thread 0's steps u >= 8, k = M/2 in 16
     UniformPairStep s(u, lane0);
     s.slot = u;
     return s;
   };
-  must_reject("wrong: thread 0's slots u for u >= 8", [&] { return check_sweeps(m); });
+  tally.must_reject("wrong: thread 0's slots u for u >= 8", [&] { return check_sweeps(m); });
   m = UniformMaps{};
   m.freq = [](int M, int u, int tx) { return tx + u * (M / 16); };
-  must_reject("wrong: thread 0's k = u·M/16 for u >= 8", [&] { return check_sweeps(m); });
+  tally.must_reject("wrong: thread 0's k = u·M/16 for u >= 8", [&] { return check_sweeps(m); });
   m = UniformMaps{};
   m.source = [](int d) { return d < 16 ? lane0_output_source(d) : d; };
-  must_reject("wrong: thread 0's B2 left in place", [&] { return check_sweeps(m); });
+  tally.must_reject("wrong: thread 0's B2 left in place", [&] { return check_sweeps(m); });
   m = UniformMaps{};
   m.source = [](int d) { return d > 8 && d < 16 ? 16 + d : lane0_output_source(d); };
-  must_reject("wrong: thread 0's A2[9..15] from B2[9..15]", [&] { return check_sweeps(m); });
-  must_reject("wrong: thread 0's u >= 8 walks rebased by 7", [] { return check_walks(7, 1); });
-  must_reject("wrong: walks where n1 = 2·M/16", [] { return check_walks(8, 2); });
-  must_reject("wrong: filter copy rows n2 apart, not n2 + 1", [] { return check_fixed_column_copies(-1); });
+  tally.must_reject("wrong: thread 0's A2[9..15] from B2[9..15]", [&] { return check_sweeps(m); });
+  tally.must_reject("wrong: thread 0's u >= 8 walks rebased by 7", [] { return check_walks(7, 1); });
+  tally.must_reject("wrong: walks where n1 = 2·M/16", [] { return check_walks(8, 2); });
+  tally.must_reject("wrong: filter copy rows n2 apart, not n2 + 1", [] { return check_fixed_column_copies(-1); });
 
-  std::printf("pair sweep checks: %d passed, %d wrong maps rejected, %d failed\n", passed, rejected, failures);
-  return failures == 0 ? 0 : 1;
+  return tally.finish("pair sweep checks");
 }
