@@ -39,17 +39,13 @@ from torch import Tensor
 from . import ops
 
 
-def _ops_folded_spectrum(k: Tensor, seq_len: int, precision: str) -> Tensor:
-    return ops.filter_spectrum_two_sided_op(k, seq_len, precision)
-
-
 class BidirectionalConv(torch.autograd.Function):
     """y = conv(u, k_bi) (+ skip u) on the ops, k a (C, 2, Lk) filter bank (one row per channel:
     the caller repeats grouped rows, and their gradient sums through that repeat)."""
 
     @staticmethod
     def forward(u: Tensor, k: Tensor, skip: Tensor | None, precision: str) -> Tensor:
-        return ops.conv_forward_op(u, _ops_folded_spectrum(k, u.shape[-1], precision), skip, precision)
+        return ops.conv_forward_op(u, ops.filter_spectrum_two_sided_op(k, u.shape[-1], precision), skip, precision)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
@@ -64,7 +60,7 @@ class BidirectionalConv(torch.autograd.Function):
         u, k, skip = ctx.saved_tensors
         needs_u, needs_k, needs_skip, _ = ctx.needs_input_grad
         precision, taps = ctx.precision, k.shape[-1]
-        spectrum = _ops_folded_spectrum(k, u.shape[-1], precision)
+        spectrum = ops.filter_spectrum_two_sided_op(k, u.shape[-1], precision)
         backward = ops.fftconv_backward_two_sided_op if needs_k else ops.fftconv_backward_op
         du, dk, dskip = backward(grad.contiguous(), u, spectrum, skip, taps, precision)
         return (

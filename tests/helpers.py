@@ -39,6 +39,18 @@ def reference(u: torch.Tensor, k: torch.Tensor, D: torch.Tensor | None = None) -
     return y
 
 
+def two_sided_circle(k: torch.Tensor, n: int) -> torch.Tensor:
+    """A bidirectional filter bank (G, 2, Lk) as float64 N-point circles: causal tap s at bin s,
+    anti-causal tap s at bin N - s."""
+    k = k.cpu().double()
+    taps = k.shape[-1]
+    circle = torch.zeros(k.shape[0], n, dtype=torch.float64)
+    circle[:, :taps] += k[:, 0]
+    circle[:, 0] += k[:, 1, 0]
+    circle[:, n - torch.arange(1, taps)] += k[:, 1, 1:]
+    return circle
+
+
 def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 

@@ -12,7 +12,7 @@ from monarch_fftconv import ops, portable
 from monarch_fftconv.backends import BACKEND_ENV
 from monarch_fftconv.planner import plan_for, spectrum_frequencies
 
-from helpers import BUDGETS, GPU_WATCHDOG_S, randn, reference, rel_l2
+from helpers import BUDGETS, GPU_WATCHDOG_S, randn, reference, rel_l2, two_sided_circle
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -173,18 +173,6 @@ def test_filter_spectrum_kernel(length, filter_len, gen):
     assert rel_l2(ours.cpu(), want) <= 1e-6
 
 
-def two_sided_circle(k: torch.Tensor, n: int) -> torch.Tensor:
-    """A bidirectional filter bank (G, 2, Lk) as float64 N-point circles: causal tap s at bin s,
-    anti-causal tap s at bin N - s."""
-    k = k.cpu().double()
-    taps = k.shape[-1]
-    circle = torch.zeros(k.shape[0], n, dtype=torch.float64)
-    circle[:, :taps] += k[:, 0]
-    circle[:, 0] += k[:, 1, 0]
-    circle[:, n - torch.arange(1, taps)] += k[:, 1, 1:]
-    return circle
-
-
 @pytest.mark.parametrize("length, filter_len", [(length, length) for length in KERNEL_LENGTHS] + [(1000, 77), (8191, 1), (12345, 999)])
 def test_two_sided_filter_spectrum_kernel(length, filter_len, gen):
     """A bidirectional filter's spectrum, K_fwd + conj(K_rev), in one launch: float64 torch.fft
@@ -324,14 +312,6 @@ def test_accumulator_routes_agree(batch, channels, length, monkeypatch, gen):
             assert rel_l2(on_chip, scratch) <= 1e-6
 
 
-def test_an_unknown_accumulator_route_is_refused(monkeypatch, gen):
-    u, k = randn(gen, 2, 3, 1000, device=DEVICE), randn(gen, 3, 1000, device=DEVICE)
-    spectrum = ops.filter_spectrum(k, 1000, "fp32")
-    monkeypatch.setenv(GRAD_ACCUMULATOR_ENV, "onchip")
-    with pytest.raises(ValueError, match="MONARCH_FFTCONV_GRAD_ACCUMULATOR must be 'auto' or 'global'"):
-        ops.fftconv_backward_op(u, u, spectrum, None, 1000, "fp32")
-
-
 GRAD_UNIFORM_PAIRS_ENV = "MONARCH_FFTCONV_GRAD_UNIFORM_PAIRS"  # read by the binding at each backward call
 
 
@@ -355,12 +335,16 @@ def test_uniform_pair_sweeps_give_the_same_bits(batch, channels, length, two_sid
         assert torch.equal(default, uniform)
 
 
-@pytest.mark.watchdog(GPU_WATCHDOG_S)
-def test_an_unknown_uniform_pairs_choice_is_refused(monkeypatch, gen):
+@pytest.mark.watchdog(GPU_WATCHDOG_S)  # the uniform pairs' case would run a kernel not yet run on a GPU, were it accepted
+@pytest.mark.parametrize("env, value, message", [
+    (GRAD_ACCUMULATOR_ENV, "onchip", "MONARCH_FFTCONV_GRAD_ACCUMULATOR must be 'auto' or 'global'"),
+    (GRAD_UNIFORM_PAIRS_ENV, "yes", "MONARCH_FFTCONV_GRAD_UNIFORM_PAIRS must be '0' or '1'"),
+])
+def test_an_unknown_backward_choice_is_refused(env, value, message, monkeypatch, gen):
     u, k = randn(gen, 2, 3, 1000, device=DEVICE), randn(gen, 3, 1000, device=DEVICE)
     spectrum = ops.filter_spectrum(k, 1000, "fp32")
-    monkeypatch.setenv(GRAD_UNIFORM_PAIRS_ENV, "yes")
-    with pytest.raises(ValueError, match="MONARCH_FFTCONV_GRAD_UNIFORM_PAIRS must be '0' or '1'"):
+    monkeypatch.setenv(env, value)
+    with pytest.raises(ValueError, match=message):
         ops.fftconv_backward_op(u, u, spectrum, None, 1000, "fp32")
 
 

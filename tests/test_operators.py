@@ -12,7 +12,7 @@ from monarch_fftconv import backends, functional
 from monarch_fftconv.nn import HyenaOperator
 from monarch_fftconv.planner import plan_for, real_fft_flops
 
-from helpers import BUDGETS, randn, reference, rel_l2, requires_cuda
+from helpers import BUDGETS, randn, reference, rel_l2, requires_cuda, two_sided_circle
 
 GATES = ["none", "pre", "post", "both"]
 
@@ -557,12 +557,8 @@ def test_folded_spectrum_is_the_whole_circles(gen):
         plan = plan_for(length)
         n = plan.fft_size
         k = randn(gen, 3, 2, taps, dtype=torch.float64)
-        circle = torch.zeros(3, n, dtype=torch.float64)
-        circle[:, :taps] += k[:, 0]
-        circle[:, 0] += k[:, 1, 0]
-        circle[:, n - torch.arange(1, taps)] += k[:, 1, 1:]
         folded = torch.view_as_complex(ops.filter_spectrum_two_sided_op(k, length, "fp32"))
-        want = (torch.fft.fft(circle, n=n) / n)[:, spectrum_frequencies(plan)]
+        want = (torch.fft.fft(two_sided_circle(k, n), n=n) / n)[:, spectrum_frequencies(plan)]
         assert folded.shape == want.shape and rel_l2(folded, want) <= 1e-12
 
 
