@@ -70,16 +70,7 @@ __device__ __forceinline__ void two_sided_forward_passes(float* re, float* im, i
                  two_sided_tap(causal, anti_causal, t0 + 1, len, 2 * M)};
     }
   }
-#pragma unroll
-  for (int q = 0; q < NB; ++q) {
-    if (q > 0) fence(v[q]);
-    fft_reg<R, false>(v[q]);
-    fence(v[q]);
-  }
-  __syncthreads();
-  store_butterflies<T>(re, im, tx, v);
-  __syncthreads();
-  if constexpr (P::LR2 > 0) pass_smem<M, T, P::R2, P::R1, false>(re, im, tx, twFP2);
+  forward_p1_butterflies_and_p2<LOGM, false>(re, im, tx, twFP2, v);
 }
 
 template <int LOGM, bool TWO_SIDED>

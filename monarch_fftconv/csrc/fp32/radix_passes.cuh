@@ -100,6 +100,25 @@ __device__ __forceinline__ void store_butterflies(float* re, float* im, int tx, 
   }
 }
 
+// Forward p1's radix-R1 butterflies on this thread's loaded values v (UPPER_ZERO: inputs R/2..R-1
+// known zero) into smem, then p2. Starts with a barrier before its first smem write.
+template <int LOGM, bool UPPER_ZERO>
+__device__ __forceinline__ void forward_p1_butterflies_and_p2(float* re, float* im, int tx, const float2* twFP2,
+                                                              cf (&v)[32 / Plan<LOGM>::R1][Plan<LOGM>::R1]) {
+  using P = Plan<LOGM>;
+  constexpr int M = P::M, T = P::T, R = P::R1, NB = 32 / R;
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+    if (q > 0) fence(v[q]);
+    fft_reg<R, false, UPPER_ZERO>(v[q]);
+    fence(v[q]);
+  }
+  __syncthreads();
+  store_butterflies<T>(re, im, tx, v);
+  __syncthreads();
+  if constexpr (P::LR2 > 0) pass_smem<M, T, P::R2, P::R1, false>(re, im, tx, twFP2);
+}
+
 // Forward passes p1 (global -> smem, radix R1, the upper half of z known zero) and p2: the
 // sequence x[0:Lv), zero beyond, leaves them in smem ready for the mid pass. Starts with a
 // barrier before its first smem write, so smem may still be read when it is called.
@@ -144,17 +163,9 @@ __device__ __forceinline__ void forward_passes(float* re, float* im, int tx, con
       }
     }
   }
-#pragma unroll
-  for (int q = 0; q < NB; ++q) {
-    if (q > 0) fence(v[q]);
-    fft_reg<R, false, true>(v[q]);
-    fence(v[q]);
-  }
-  __syncthreads();
-  store_butterflies<T>(re, im, tx, v);
-  __syncthreads();
-  if constexpr (P::LR2 > 0) pass_smem<M, T, P::R2, P::R1, false>(re, im, tx, twFP2);
+  forward_p1_butterflies_and_p2<LOGM, true>(re, im, tx, twFP2, v);
 }
+
 
 // The mid pass's forward radix-16 butterflies j0 = tx and j1 (Z of the packed sequence at
 // k = j + r·M/16), from smem into registers.
