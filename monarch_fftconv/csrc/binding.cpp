@@ -422,30 +422,29 @@ void fourstep_backward(const at::Tensor& grad, const at::Tensor& u, const at::Te
   if (skip) dskip.copy_(u.to(at::kFloat).mul(grad.to(at::kFloat)).sum(at::IntArrayRef{0, 2}));
 }
 
+// A two-way setting read from the environment at each call: unset or `usual` gives false, `other`
+// true; any other value is a ValueError naming both.
+bool env_switch(const char* name, const char* usual, const char* other) {
+  const char* value = std::getenv(name);
+  const std::string choice = value == nullptr ? "" : value;
+  if (choice.empty() || choice == usual) return false;
+  if (choice == other) return true;
+  TORCH_CHECK_VALUE(false, "monarch_fftconv: ", name, " must be '", usual, "' or '", other, "', got '", choice, "'");
+}
+
 // Where the fused backward keeps its per-channel sums (mf::GradAccumulator), from
 // MONARCH_FFTCONV_GRAD_ACCUMULATOR, read at each call: unset or "auto" (on chip where it fits),
 // "global" (the scratch route, for the side-by-side benchmark). Read once per call, so the
 // workspace query and the launch see the same route.
 mf::GradAccumulator grad_accumulator_from_env() {
-  const char* value = std::getenv("MONARCH_FFTCONV_GRAD_ACCUMULATOR");
-  const std::string route = value == nullptr ? "" : value;
-  if (route.empty() || route == "auto") return mf::GradAccumulator::kAuto;
-  if (route == "global") return mf::GradAccumulator::kGlobal;
-  TORCH_CHECK_VALUE(false, "monarch_fftconv: MONARCH_FFTCONV_GRAD_ACCUMULATOR must be 'auto' or 'global', got '",
-                    route, "'");
+  return env_switch("MONARCH_FFTCONV_GRAD_ACCUMULATOR", "auto", "global") ? mf::GradAccumulator::kGlobal
+                                                                           : mf::GradAccumulator::kAuto;
 }
 
 // Whether the fused backward's pair sweeps run thread 0 in the other threads' code path
 // (ConvBackwardParams::uniform_pairs), from MONARCH_FFTCONV_GRAD_UNIFORM_PAIRS, read at each
 // call: unset or "0" (thread 0's own path, the default until measured on a GPU), "1".
-bool grad_uniform_pairs_from_env() {
-  const char* value = std::getenv("MONARCH_FFTCONV_GRAD_UNIFORM_PAIRS");
-  const std::string choice = value == nullptr ? "" : value;
-  if (choice.empty() || choice == "0") return false;
-  if (choice == "1") return true;
-  TORCH_CHECK_VALUE(false, "monarch_fftconv: MONARCH_FFTCONV_GRAD_UNIFORM_PAIRS must be '0' or '1', got '", choice,
-                    "'");
-}
+bool grad_uniform_pairs_from_env() { return env_switch("MONARCH_FFTCONV_GRAD_UNIFORM_PAIRS", "0", "1"); }
 
 // (du in u's dtype, dk float32 (C, filter_len) or, two-sided, (C, 2, filter_len) with lag -s in
 // dk[c][1][s], dD float32 (C,) or empty): the fused fp32 backward, for every precision
