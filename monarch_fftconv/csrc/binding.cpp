@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "fftconv.h"
@@ -27,13 +28,39 @@ namespace mf = monarch_fftconv;
 
 namespace {
 
+// Error messages, built as one std::string with no std::ostream: every TORCH_CHECK here takes a
+// string literal or message(...). Why: on the GPU image the JIT build's g++ (/opt/gcc) links
+// libstdc++ into this library, and formatting a number through an ostream here ran the copy's
+// ostream::_M_insert<long> with its own locale facet ids: every error with a number in its text
+// (a shape, a length) killed the process with SIGSEGV instead of raising (found in session 20
+// with a native backtrace; the strings-only env_switch errors raised). std::to_string and
+// string appends use no locale, and a single string passes through c10::str untouched.
+// tests/test_binding_messages.py holds every check in this file to that.
+std::string text(const char* part) { return part; }
+std::string text(const std::string& part) { return part; }
+template <class Int, std::enable_if_t<std::is_integral_v<Int>, int> = 0>
+std::string text(Int part) { return std::to_string(part); }
+std::string text(at::ScalarType part) { return c10::toString(part); }
+std::string text(const c10::Device& part) { return part.str(); }
+std::string text(at::IntArrayRef sizes) {
+  std::string out = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
+  return out + "]";
+}
+
+template <class... Parts>
+std::string message(const Parts&... parts) {
+  return (std::string() + ... + text(parts));
+}
+
 mf::IOType io_type_of(const at::Tensor& u) {
   switch (u.scalar_type()) {
     case at::kFloat: return mf::IOType::kFloat32;
     case at::kBFloat16: return mf::IOType::kBFloat16;
     case at::kHalf: return mf::IOType::kFloat16;
     default:
-      TORCH_CHECK_TYPE(false, "monarch_fftconv: u must be float32, bfloat16 or float16, got ", u.scalar_type());
+      TORCH_CHECK_TYPE(false,
+                       message("monarch_fftconv: u must be float32, bfloat16 or float16, got ", u.scalar_type()));
   }
 }
 
@@ -43,7 +70,7 @@ mf::Precision precision_of(c10::string_view name) {
   if (name == "tf32") return mf::Precision::kTF32;
   if (name == "bf16") return mf::Precision::kBF16;
   if (name == "fp16") return mf::Precision::kFP16;
-  TORCH_CHECK_VALUE(false, "monarch_fftconv: unknown precision '", std::string(name), "'");
+  TORCH_CHECK_VALUE(false, message("monarch_fftconv: unknown precision '", std::string(name), "'"));
 }
 
 bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
@@ -61,21 +88,22 @@ Split check_plan(const at::Tensor& u, const at::Tensor& spectrum) {
   const bool rows_fit = spectrum.dim() == 4 && (spectrum.size(0) == channels ||
                                                 (spectrum.size(0) > 0 && channels % spectrum.size(0) == 0));
   TORCH_CHECK_VALUE(rows_fit && spectrum.size(1) >= 2 && spectrum.size(3) == 2,
-                    "monarch_fftconv: the filter spectrum must be (G, n1/2+1, n2, 2) with G dividing C=", channels,
-                    ", got ", spectrum.sizes());
+                    message("monarch_fftconv: the filter spectrum must be (G, n1/2+1, n2, 2) with G dividing C=",
+                            channels, ", got ", spectrum.sizes()));
   const int64_t n1 = 2 * (spectrum.size(1) - 1), n2 = spectrum.size(2), fft_size = n1 * n2;
   TORCH_CHECK_VALUE(is_pow2(fft_size) && fft_size / 4 < seq_len && seq_len <= fft_size / 2,
-                    "monarch_fftconv: the spectrum's plan N=", fft_size, " (", n1, "x", n2,
-                    ") does not fit L=", seq_len, " (N must be 2·next_pow2(L))");
+                    message("monarch_fftconv: the spectrum's plan N=", fft_size, " (", n1, "x", n2,
+                            ") does not fit L=", seq_len, " (N must be 2·next_pow2(L))"));
   if (fft_size >= mf::kFourStepMinSize) {
     TORCH_CHECK_VALUE(fft_size <= mf::kFourStepMaxSize && n2 == mf::fourstep_inner_size(fft_size),
-                      "monarch_fftconv: no CUDA kernel for the four-step split ", n1, "x", n2);
+                      message("monarch_fftconv: no CUDA kernel for the four-step split ", n1, "x", n2));
   } else {
     TORCH_CHECK_VALUE(mf::covers_radix_split(static_cast<int>(n1), static_cast<int>(n2)),
-                      "monarch_fftconv: no CUDA kernel for the split ", n1, "x", n2);
+                      message("monarch_fftconv: no CUDA kernel for the split ", n1, "x", n2));
   }
-  TORCH_CHECK_VALUE(spectrum.device() == u.device(), "monarch_fftconv: u and the filter spectrum are on ", u.device(),
-                    " and ", spectrum.device());
+  TORCH_CHECK_VALUE(spectrum.device() == u.device(),
+                    message("monarch_fftconv: u and the filter spectrum are on ", u.device(), " and ",
+                            spectrum.device()));
   return {n1, n2, fft_size};
 }
 
@@ -94,7 +122,7 @@ at::Tensor per_channel_rows(const at::Tensor& spectrum, int64_t group_size) {
 
 // u as the kernels take it: (B, C, L), contiguous in time (copied once if it is not).
 at::Tensor time_contiguous(const at::Tensor& u) {
-  TORCH_CHECK_VALUE(u.dim() == 3, "monarch_fftconv: u must be (B, C, L), got ", u.sizes());
+  TORCH_CHECK_VALUE(u.dim() == 3, message("monarch_fftconv: u must be (B, C, L), got ", u.sizes()));
   return u.stride(2) == 1 ? u : u.contiguous();
 }
 
@@ -103,7 +131,7 @@ std::optional<at::Tensor> skip_term(const std::optional<at::Tensor>& skip_in, co
   if (!skip_in) return std::nullopt;
   at::Tensor skip = skip_in->to(at::kFloat).contiguous();
   TORCH_CHECK_VALUE(skip.dim() == 1 && skip.size(0) == u.size(1) && skip.device() == u.device(),
-                    "monarch_fftconv: the skip term D must be (C,) on u's device, got ", skip.sizes());
+                    message("monarch_fftconv: the skip term D must be (C,) on u's device, got ", skip.sizes()));
   return skip;
 }
 
@@ -112,7 +140,7 @@ cudaStream_t current_stream(const at::Tensor& u) {
 }
 
 void check_launch(cudaError_t status) {
-  TORCH_CHECK(status == cudaSuccess, "monarch_fftconv: kernel launch failed: ", cudaGetErrorString(status));
+  TORCH_CHECK(status == cudaSuccess, message("monarch_fftconv: kernel launch failed: ", cudaGetErrorString(status)));
 }
 
 // ------------------------------------------------------------------ four-step (N > 32768)
@@ -139,9 +167,9 @@ mf::FourStepParams fourstep_params(const at::Tensor& x, int64_t fft_size, at::Te
 std::optional<at::Tensor> gate_term(const std::optional<at::Tensor>& gate, const at::Tensor& u, const char* name) {
   if (!gate) return std::nullopt;
   TORCH_CHECK_VALUE(gate->sizes() == u.sizes() && gate->scalar_type() == u.scalar_type() && gate->device() == u.device(),
-                    "monarch_fftconv: ", name, " must have u's shape ", u.sizes(), ", dtype ", u.scalar_type(),
-                    " and device ", u.device(), ", got ", gate->sizes(), " ", gate->scalar_type(), " on ",
-                    gate->device());
+                    message("monarch_fftconv: ", name, " must have u's shape ", u.sizes(), ", dtype ", u.scalar_type(),
+                            " and device ", u.device(), ", got ", gate->sizes(), " ", gate->scalar_type(), " on ",
+                            gate->device()));
   return gate->contiguous();
 }
 
@@ -235,7 +263,7 @@ Split split_for(int64_t fft_size) {
     const int64_t inner = mf::fourstep_inner_size(fft_size);
     return {fft_size / inner, inner, fft_size};
   }
-  TORCH_CHECK_VALUE(false, "monarch_fftconv: no CUDA kernel for N=", fft_size);
+  TORCH_CHECK_VALUE(false, message("monarch_fftconv: no CUDA kernel for N=", fft_size));
 }
 
 // The radix spectrum kernel on k (contiguous fp32, C >= 1 rows: (C, Lk), or (C, 2, Lk) two-sided)
@@ -259,7 +287,8 @@ void launch_radix_spectrum(const at::Tensor& k, const at::Tensor& spectrum, floa
 at::Tensor filter_spectrum(const at::Tensor& k_in, int64_t seq_len, c10::string_view precision) {
   precision_of(precision);  // a known name; the spectrum is fp32 whatever it is
   TORCH_CHECK_VALUE(k_in.dim() == 2 && k_in.size(1) >= 1 && k_in.size(1) <= seq_len,
-                    "monarch_fftconv: the filter must be (C, Lk) with 1 <= Lk <= L=", seq_len, ", got ", k_in.sizes());
+                    message("monarch_fftconv: the filter must be (C, Lk) with 1 <= Lk <= L=", seq_len, ", got ",
+                            k_in.sizes()));
   const Split split = split_for(2 * next_pow2(seq_len));
   const at::Tensor k = k_in.to(at::kFloat).contiguous();
   const c10::cuda::CUDAGuard guard(k.device());
@@ -281,8 +310,8 @@ at::Tensor filter_spectrum(const at::Tensor& k_in, int64_t seq_len, c10::string_
 at::Tensor filter_spectrum_two_sided(const at::Tensor& k_in, int64_t seq_len, c10::string_view precision) {
   precision_of(precision);  // a known name; the spectrum is fp32 whatever it is
   TORCH_CHECK_VALUE(k_in.dim() == 3 && k_in.size(1) == 2 && k_in.size(2) >= 1 && k_in.size(2) <= seq_len,
-                    "monarch_fftconv: a bidirectional filter must be (C, 2, Lk) with 1 <= Lk <= L=", seq_len,
-                    ", got ", k_in.sizes());
+                    message("monarch_fftconv: a bidirectional filter must be (C, 2, Lk) with 1 <= Lk <= L=", seq_len,
+                            ", got ", k_in.sizes()));
   const Split split = split_for(2 * next_pow2(seq_len));
   const at::Tensor k = k_in.to(at::kFloat).contiguous();
   const c10::cuda::CUDAGuard guard(k.device());
@@ -328,20 +357,20 @@ at::Tensor conv_step(const at::Tensor& x, const at::Tensor& inputs, const at::Te
                      const at::Tensor& second_tap, const at::Tensor& index, bool fold) {
   const auto dtype = x.scalar_type();
   TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kDouble,
-                    "monarch_fftconv: conv_step computes in float32 or float64, got ", dtype);
+                    message("monarch_fftconv: conv_step computes in float32 or float64, got ", dtype));
   TORCH_CHECK_VALUE(x.dim() == 2 && inputs.dim() == 3 && pending.dim() == 3 && inputs.size(0) == x.size(0) &&
                         inputs.size(1) == x.size(1) && pending.size(0) == x.size(0) && pending.size(1) == x.size(1) &&
                         pending.size(2) >= inputs.size(2) && first_tap.sizes() == at::IntArrayRef{x.size(1)} &&
                         second_tap.sizes() == first_tap.sizes() && index.numel() == 1 &&
                         index.scalar_type() == at::kLong,
-                    "monarch_fftconv: conv_step takes x (B, C), inputs (B, C, T), pending (B, C, >= T), taps (C,) "
-                    "and an int64 index; got ", x.sizes(), ", ", inputs.sizes(), ", ", pending.sizes(), ", ",
-                    first_tap.sizes(), ", ", index.sizes(), " ", index.scalar_type());
+                    message("monarch_fftconv: conv_step takes x (B, C), inputs (B, C, T), pending (B, C, >= T), "
+                            "taps (C,) and an int64 index; got ", x.sizes(), ", ", inputs.sizes(), ", ",
+                            pending.sizes(), ", ", first_tap.sizes(), ", ", index.sizes(), " ", index.scalar_type()));
   std::vector<at::Tensor> values{x, inputs, pending, first_tap, second_tap};
   if (outputs) {
     TORCH_CHECK_VALUE(outputs->dim() == 3 && outputs->size(0) == inputs.size(2) && outputs->size(1) == x.size(0) &&
                           outputs->size(2) == x.size(1),
-                      "monarch_fftconv: conv_step's outputs must be (T, B, C), got ", outputs->sizes());
+                      message("monarch_fftconv: conv_step's outputs must be (T, B, C), got ", outputs->sizes()));
     values.push_back(*outputs);
   }
   for (const at::Tensor& t : values) {
@@ -356,7 +385,7 @@ at::Tensor conv_step(const at::Tensor& x, const at::Tensor& inputs, const at::Te
   return y;
 }
 
-// A cached spectrum brought up to date with k, in place and in one launch, with no host// A cached spectrum brought up to date with k, in place and in one launch, with no host
+// A cached spectrum brought up to date with k, in place and in one launch, with no host
 // sync: the rows whose filter differs from `source` (the fp32 filter they were computed from)
 // are recomputed and source takes their values. The radix layout only (N <= 32768): the
 // four-step spectrum has no refresh, its callers do not cache.
@@ -364,16 +393,19 @@ void refresh_filter_spectrum(const at::Tensor& k_in, const at::Tensor& source, c
                              int64_t seq_len, c10::string_view precision) {
   precision_of(precision);  // a known name; the spectrum is fp32 whatever it is
   TORCH_CHECK_VALUE(k_in.dim() == 2 && k_in.size(1) >= 1 && k_in.size(1) <= seq_len,
-                    "monarch_fftconv: the filter must be (C, Lk) with 1 <= Lk <= L=", seq_len, ", got ", k_in.sizes());
+                    message("monarch_fftconv: the filter must be (C, Lk) with 1 <= Lk <= L=", seq_len, ", got ",
+                            k_in.sizes()));
   const Split split = split_for(2 * next_pow2(seq_len));
-  TORCH_CHECK_VALUE(split.fft_size < mf::kFourStepMinSize, "monarch_fftconv: no spectrum refresh at N=", split.fft_size);
+  TORCH_CHECK_VALUE(split.fft_size < mf::kFourStepMinSize,
+                    message("monarch_fftconv: no spectrum refresh at N=", split.fft_size));
   const at::Tensor k = k_in.to(at::kFloat).contiguous();
   const auto is = [&](const at::Tensor& t, at::IntArrayRef shape) {
     return t.scalar_type() == at::kFloat && t.is_contiguous() && t.device() == k.device() && t.sizes() == shape;
   };
   TORCH_CHECK_VALUE(is(source, k.sizes()) && is(spectrum, {k.size(0), split.n1 / 2 + 1, split.n2, 2}),
-                    "monarch_fftconv: a refresh takes a contiguous float32 source of the filter's shape ", k.sizes(),
-                    " and spectrum of the plan's, on its device; got ", source.sizes(), " and ", spectrum.sizes());
+                    message("monarch_fftconv: a refresh takes a contiguous float32 source of the filter's shape ",
+                            k.sizes(), " and spectrum of the plan's, on its device; got ", source.sizes(), " and ",
+                            spectrum.sizes()));
   const c10::cuda::CUDAGuard guard(k.device());
   if (k.size(0) > 0) launch_radix_spectrum(k, spectrum, source.data_ptr<float>(), split);
 }
@@ -381,7 +413,7 @@ void refresh_filter_spectrum(const at::Tensor& k_in, const at::Tensor& source, c
 // (y, the spectrum it used): the whole forward in two launches, no Python on the way.
 std::tuple<at::Tensor, at::Tensor> fftconv(const at::Tensor& u, const at::Tensor& k,
                                            const std::optional<at::Tensor>& skip, c10::string_view precision) {
-  TORCH_CHECK_VALUE(u.dim() == 3, "monarch_fftconv: u must be (B, C, L), got ", u.sizes());
+  TORCH_CHECK_VALUE(u.dim() == 3, message("monarch_fftconv: u must be (B, C, L), got ", u.sizes()));
   at::Tensor spectrum = filter_spectrum(k, u.size(2), precision);
   return {conv_forward(u, spectrum, skip, precision), spectrum};
 }
@@ -415,7 +447,7 @@ void fourstep_backward(const at::Tensor& grad, const at::Tensor& u, const at::Te
   fill_backward(p, grad, u, spectrum, skip, du, dk);
   p.fft_size = static_cast<int>(fft_size);
   const size_t workspace_bytes = mf::fourstep_backward_workspace_bytes(p);
-  TORCH_CHECK(workspace_bytes > 0, "monarch_fftconv: no four-step backward for N=", p.fft_size);
+  TORCH_CHECK(workspace_bytes > 0, message("monarch_fftconv: no four-step backward for N=", p.fft_size));
   const at::Tensor workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, u.options().dtype(at::kByte));
   p.workspace = workspace.data_ptr();
   check_launch(mf::fourstep_backward(p, current_stream(u)));
@@ -429,7 +461,8 @@ bool env_switch(const char* name, const char* usual, const char* other) {
   const std::string choice = value == nullptr ? "" : value;
   if (choice.empty() || choice == usual) return false;
   if (choice == other) return true;
-  TORCH_CHECK_VALUE(false, "monarch_fftconv: ", name, " must be '", usual, "' or '", other, "', got '", choice, "'");
+  TORCH_CHECK_VALUE(false,
+                    message("monarch_fftconv: ", name, " must be '", usual, "' or '", other, "', got '", choice, "'"));
 }
 
 // Where the fused backward keeps its per-channel sums (mf::GradAccumulator), from
@@ -443,8 +476,9 @@ mf::GradAccumulator grad_accumulator_from_env() {
 
 // Whether the fused backward's pair sweeps run thread 0 in the other threads' code path
 // (ConvBackwardParams::uniform_pairs), from MONARCH_FFTCONV_GRAD_UNIFORM_PAIRS, read at each
-// call: unset or "0" (thread 0's own path, the default until measured on a GPU), "1".
-bool grad_uniform_pairs_from_env() { return env_switch("MONARCH_FFTCONV_GRAD_UNIFORM_PAIRS", "0", "1"); }
+// call: unset or "1" (the default since session 20: the grad kernel measured 1.22-1.28x faster,
+// same bits), "0" (thread 0's own path, for side-by-side benchmarks).
+bool grad_uniform_pairs_from_env() { return !env_switch("MONARCH_FFTCONV_GRAD_UNIFORM_PAIRS", "1", "0"); }
 
 // (du in u's dtype, dk float32 (C, filter_len) or, two-sided, (C, 2, filter_len) with lag -s in
 // dk[c][1][s], dD float32 (C,) or empty): the fused fp32 backward, for every precision
@@ -462,11 +496,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
   const Split split = check_plan(u, spectrum);
   const std::optional<at::Tensor> skip = skip_term(skip_in, u);
   TORCH_CHECK_VALUE(grad_in.sizes() == u.sizes() && grad_in.device() == u.device(),
-                    "monarch_fftconv: the gradient must be ", u.sizes(), " on ", u.device(), ", got ",
-                    grad_in.sizes());
+                    message("monarch_fftconv: the gradient must be ", u.sizes(), " on ", u.device(), ", got ",
+                            grad_in.sizes()));
   const int64_t batch = u.size(0), channels = u.size(1), seq_len = u.size(2);
-  TORCH_CHECK_VALUE(1 <= filter_len && filter_len <= seq_len, "monarch_fftconv: filter_len must be in [1, ", seq_len,
-                    "], got ", filter_len);
+  TORCH_CHECK_VALUE(1 <= filter_len && filter_len <= seq_len,
+                    message("monarch_fftconv: filter_len must be in [1, ", seq_len, "], got ", filter_len));
   const at::Tensor grad = grad_in.to(u.scalar_type()).contiguous();
 
   const c10::cuda::CUDAGuard guard(u.device());
@@ -553,8 +587,9 @@ bool needs_grad(const std::optional<at::Tensor>& t) { return t && needs_grad(*t)
 
 template <class... Inputs>
 void refuse_gradients(const char* op, const Inputs&... inputs) {
-  TORCH_CHECK(!at::GradMode::is_enabled() || !(needs_grad(inputs) || ...), "monarch_fftconv::", op,
-              " is not differentiable (fftconv is; double backward is not supported)");
+  TORCH_CHECK(!at::GradMode::is_enabled() || !(needs_grad(inputs) || ...),
+              message("monarch_fftconv::", op,
+                      " is not differentiable (fftconv is; double backward is not supported)"));
 }
 
 // The op `name`'s kernel below autograd, through the dispatcher (torch.compile's fake tensors

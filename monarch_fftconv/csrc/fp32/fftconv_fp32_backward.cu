@@ -32,8 +32,9 @@
 // Deterministic: no atomics; every sum has a fixed order. The chunking (how many work items
 // share a channel) depends only on the shape, the device and the route (GradLayout: the
 // default or MONARCH_FFTCONV_GRAD_ACCUMULATOR=global), so a given call on a given GPU gives
-// the same bits run after run. MONARCH_FFTCONV_GRAD_UNIFORM_PAIRS=1 changes only the control
-// flow of the pair sweeps (on the on-chip route), not the bits.
+// the same bits run after run. MONARCH_FFTCONV_GRAD_UNIFORM_PAIRS (the uniform pair sweeps by
+// default, =0 thread 0's own path) changes only the control flow of the pair sweeps (on the
+// on-chip route), not the bits.
 
 #include "fp32/radix.cuh"
 
@@ -260,8 +261,8 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, (GradLayout<LOGM, ON_CHIP
 }
 
 // The uniform pair sweeps, on the on-chip route only (one CTA per SM: nothing hides the thread-0
-// path there), behind MONARCH_FFTCONV_GRAD_UNIFORM_PAIRS=1 until measured on a GPU. Its filter
-// walks need n1 | M/16 (launch_grad_route).
+// path there); the default there since session 20 (H100: 331 -> 257 us at 16x256x4096, 585 ->
+// 483 at 16x256x8192). Its filter walks need n1 | M/16 (launch_grad_route).
 template <int LOGM, typename IO>
 __global__ void __launch_bounds__(Plan<LOGM>::THREADS, (GradLayout<LOGM, true>::kMinCtas))
     fftconv_fp32_grad_uniform_pairs_kernel(const GradArgs g) {
@@ -403,8 +404,8 @@ cudaError_t launch_grad(const ConvBackwardParams& p, cudaStream_t stream, size_t
 
 // The route: on chip where its shared memory fits one CTA per SM (never at 512 threads: N =
 // 32768, not even instantiated), unless the caller asks for the scratch route. The uniform
-// pair sweeps where the caller asks for them, on the on-chip route where n1 | M/16 (N >= 1024
-// with the planner's splits).
+// pair sweeps on the on-chip route where n1 | M/16 (N >= 1024 with the planner's splits),
+// unless the caller asks for thread 0's own path.
 template <int LOGM, typename IO>
 cudaError_t launch_grad_route(const ConvBackwardParams& p, cudaStream_t stream, size_t* workspace_bytes) {
   if constexpr (Plan<LOGM>::THREADS <= 256) {
