@@ -19,7 +19,11 @@ same work per token) and their logits compared with its. Each token is timed on 
 `prefill/step` against the naive dot product over the history and the full `fftconv` of
 the prefix per token. `--baseline-stride k` times those two at every k-th position only
 (their tokens are independent given the inputs); their total is then the mean over the
-timed positions times the number of tokens, and the table says so.
+timed positions times the number of tokens, and the table says so. In layer mode the naive
+and prefill/step loops also run once more with every token's call enqueued back to back and
+one synchronisation at the end ("streamed total"): a serving loop's own time, where the
+per-token total above adds a synchronisation (and the GPU's idle launch latency) per token.
+The streamed outputs must equal the per-token run's bit for bit.
 
     python examples/generate_hyena.py                              # CPU, seconds
     python examples/generate_hyena.py --device cuda --width 256 --seq-len 8192
@@ -226,6 +230,13 @@ def generate_layer(config: dict) -> dict:
         for name, runs in (("naive", naive), ("recompute", recompute)):
             outputs[name] = torch.stack([s for s, _ in runs], -1)
             latencies[name] = [seconds for _, seconds in runs]
+        # The same loops back to back, one synchronisation (a fresh state: the first run moved it).
+        _, state = layer.prefill(x[..., :prompt_len], max_len, cuda_graph=config["cuda_graph"])
+        streamed_steps, streamed_step_s = timed(
+            lambda: torch.stack([layer.step(x[..., t], state)[0] for t in range(prompt_len, max_len)], -1), device)
+        streamed_naive, streamed_naive_s = timed(
+            lambda: torch.stack([history_dot(x[..., : t + 1], reversed_filter[:, max_len - 1 - t:])
+                                 for t in positions], -1), device)
     reference = outputs["prefill/step"]
     strided = reference[..., :: config["baseline_stride"]]
     results = {}
@@ -233,18 +244,28 @@ def generate_layer(config: dict) -> dict:
         compared = reference if method == "prefill/step" else strided
         results[method] = summary(latencies[method], max_len - prompt_len)
         results[method]["max_rel_diff"] = ((outputs[method] - compared).norm() / compared.norm()).item()
+    tokens = max_len - prompt_len
+    results["prefill/step"]["streamed_total_s"] = streamed_step_s
+    results["naive"]["streamed_total_s"] = streamed_naive_s * tokens / len(positions)
+    results["prefill/step"]["streamed_equal"] = torch.equal(streamed_steps, reference)
+    results["naive"]["streamed_equal"] = torch.equal(streamed_naive, outputs["naive"])
     return {"config": config, "methods": results, "state_bytes": state.nbytes}
 
 
 def table(results: dict) -> str:
     config, stride = results["config"], results["config"]["baseline_stride"]
     diff = "max_rel_diff" if config["layer"] else "max_logit_diff"
-    lines = ["| method | tokens (timed) | median ms | p99 ms | max ms | total s | tokens/s | diff vs prefill/step |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| method | tokens (timed) | median ms | p99 ms | max ms | total s | tokens/s | streamed total s | "
+             "diff vs prefill/step |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for method, r in results["methods"].items():
         estimated = " (est.)" if r["timed"] < r["tokens"] else ""
+        streamed = "—"
+        if "streamed_total_s" in r:
+            streamed = f"{r['streamed_total_s']:.3f}{estimated}" + ("" if r["streamed_equal"] else " (OUTPUTS DIFFER)")
         lines.append(f"| {method} | {r['tokens']} ({r['timed']}) | {r['median_ms']:.3f} | {r['p99_ms']:.3f} | "
-                     f"{r['max_ms']:.3f} | {r['total_s']:.3f}{estimated} | {r['tokens_per_s']:.1f} | {r[diff]:.1e} |")
+                     f"{r['max_ms']:.3f} | {r['total_s']:.3f}{estimated} | {r['tokens_per_s']:.1f} | {streamed} | "
+                     f"{r[diff]:.1e} |")
     note = f"state: {results['state_bytes'] / 2**20:.2f} MiB"
     if stride > 1:
         note += f"; naive and recompute timed at every {stride}th position, totals (est.) = mean × tokens"
