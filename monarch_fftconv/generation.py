@@ -39,8 +39,10 @@ __all__ = ["ConvState", "HyenaState", "prefill", "step"]
 
 DIRECT_MAX_BLOCK = 8  # blocks up to this size: a small Toeplitz product, cheaper than two FFTs (CPU, C = 256)
 # The graphed steps' per-token part (input, output, level 0's fold) as one CUDA kernel
-# (ops.conv_step) instead of eight PyTorch launches. Off until measured on a GPU (written in
-# session 19 without one); read at prefill(cuda_graph=True), when the graphs are captured.
+# (ops.conv_step) instead of eight PyTorch launches; read at prefill(cuda_graph=True), when the
+# graphs are captured. Off: measured in session 20 (H100), the part alone replays in 3.05 us
+# against 13.8 (B=1, C=256), but a token's latency did not move (0.042 -> 0.041 ms at B=1 C=256
+# L=8192, 0.116 -> 0.116 at B=16 C=4096): the token's time goes elsewhere (performance.md).
 FUSED_STEP = False
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
