@@ -346,6 +346,18 @@ GROUPS_IN_KERNELS = False
 FUSED_GATES = True
 FUSED_GATE_IO_DTYPES = frozenset({torch.float32})
 
+# bf16/fp16 calls at N = 16384 with fp32 I/O and at least ENGINE_MIN_SEQUENCES sequences (B·C)
+# routed to the tensor-core engine instead of the fp32 kernel. It measured faster there (H100,
+# session 20, the op side by side with the fp32 kernel: 0.303 against 0.340 ms at 16x256x8192,
+# 0.512 against 0.619 at 32x256, 2.75 against 3.42 at 64x768; a tie at 2048 sequences, slower
+# below), error 4.6e-3 (bf16's budget 1e-2). Off until the routed calls have run through the
+# public API on a GPU (tests/test_cuda_engine.py's route tests; written in session 20 without a
+# GPU). tc/dispatch.cu's kEngineMinSequences is the same number: the binding runs the engine for
+# such calls whatever this switch says, so this decides only whether they reach the tensor cores.
+ENGINE_ROUTE = False
+ENGINE_MIN_SEQUENCES = 4096
+ENGINE_FACTORS = (128, 128)
+
 TF32_TENSOR_CORE_MAX_FFT = 4096  # the largest N at which tf32's tensor-core kernel measured faster
 SIZE_DEPENDENT_PRECISIONS = tuple(TENSOR_CORE_WAVE_SHARE)  # the precisions whose choice depends on B·C
 
@@ -385,22 +397,33 @@ BACKEND_CHOICES = ("auto", "portable")
 
 _decisions: dict[tuple, Backend] = {}
 
-# Which tensor-core kernel runs the 128x128 split (N = 16384) in bf16/fp16: the mma.sync kernel by
-# default, the Hopper wgmma kernel on request ("sm90"; it measured slower so far, docs/performance.md),
-# the tensor-core engine on request ("engine"; fp32 I/O only, compiled but not yet run on a GPU:
-# docs/design.md, "The next tensor-core engine"). The binding reads the same variable per call
-# (tc/dispatch.cu); here it only names the kernel in explain().
+# Which tensor-core kernel runs the 128x128 split (N = 16384) in bf16/fp16 (tc/dispatch.cu,
+# pick_hopper): unset, the tensor-core engine for calls of ENGINE_MIN_SEQUENCES or more with fp32
+# I/O and the mma.sync kernel otherwise; "engine" the engine at any size (fp32 I/O only: docs/
+# design.md, "The next tensor-core engine"); "mma" the mma.sync kernel at any size; "sm90" the
+# Hopper wgmma kernel (it measured slower so far, docs/performance.md). The binding reads the
+# same variable per call; here it names the kernel in explain() and keeps a named kernel off the
+# engine route.
 TC_KERNEL_ENV = "MONARCH_FFTCONV_TC_KERNEL"
 
 
-def _tensor_core_kernel(plan: MonarchPlan, precision: str, dtype: torch.dtype) -> str:
+def engine_applies(plan: MonarchPlan, precision: str, dtype: torch.dtype) -> bool:
+    """Whether the tensor-core engine covers a call: split 128x128, bf16/fp16, fp32 I/O."""
+    return plan.factors == ENGINE_FACTORS and precision in ("bf16", "fp16") and dtype == torch.float32
+
+
+def _tensor_core_kernel(plan: MonarchPlan, precision: str, dtype: torch.dtype, sequences: int = 1) -> str:
+    """The tensor-core kernel tc/dispatch.cu runs for the call (pick_hopper)."""
     requested = os.environ.get(TC_KERNEL_ENV, "")
-    if plan.factors != (128, 128) or precision not in ("bf16", "fp16"):
+    if plan.factors != ENGINE_FACTORS or precision not in ("bf16", "fp16"):
         return "the mma.sync kernel"
-    if requested == "engine" and dtype == torch.float32:
-        return "the tensor-core engine (on request; not yet run on a GPU)"
     if requested.startswith("sm90"):
         return "the Hopper wgmma kernel"
+    if engine_applies(plan, precision, dtype):
+        if requested == "engine":
+            return "the tensor-core engine (on request)"
+        if not requested and sequences >= ENGINE_MIN_SEQUENCES:
+            return f"the tensor-core engine (B·C >= {ENGINE_MIN_SEQUENCES})"
     return "the mma.sync kernel"
 
 
@@ -422,10 +445,13 @@ def select_backend(
     on_gpu = device.type == "cuda"
     fills = (on_gpu and precision in SIZE_DEPENDENT_PRECISIONS
              and fills_fp32_kernel(device, plan, sequences, TENSOR_CORE_WAVE_SHARE[precision]))
-    key = (device, dtype, precision, plan, fills, requested, on_gpu and os.environ.get(TC_KERNEL_ENV), bidirectional)
+    engine_sized = (ENGINE_ROUTE and on_gpu and sequences >= ENGINE_MIN_SEQUENCES
+                    and engine_applies(plan, precision, dtype))
+    key = (device, dtype, precision, plan, fills, engine_sized, requested, on_gpu and os.environ.get(TC_KERNEL_ENV),
+           bidirectional)
     if (decided := _decisions.get(key)) is not None:
         return decided
-    backend = _decide(device, dtype, precision, plan, fills, build, requested)
+    backend = _decide(device, dtype, precision, plan, fills, build, requested, engine_sized=engine_sized)
     if bidirectional:
         backend = _bidirectional(backend)
     # Remembered by eager calls only: a compiled graph decides at trace time, where storing
@@ -455,8 +481,10 @@ def _accumulate_dtype(dtype: torch.dtype) -> str:
 
 def _decide(
     device: torch.device, dtype: torch.dtype, precision: str, plan: MonarchPlan, fills: bool, build: bool,
-    requested: str,
+    requested: str, *, engine_sized: bool = False,
 ) -> Backend:
+    """The backend of a call; engine_sized: ENGINE_ROUTE is on and the call is one the engine
+    route takes (select_backend)."""
     factors = "x".join(map(str, plan.factors))
     if requested == "portable":
         if device.type == "cuda" and build:
@@ -503,16 +531,22 @@ def _decide(
         return FusedFP32("cuda-fp32", f"fused fp32 radix FFT conv, N={plan.fft_size}",
                          f"no tensor-core kernel at N={plan.fft_size}: the fp32-accurate fused kernel serves "
                          f"{precision}, more accurate than asked")
+    if engine_sized and os.environ.get(TC_KERNEL_ENV, "") in ("", "engine"):  # a named kernel keeps its route
+        return tensor_core_backend(
+            plan, precision, dtype, ENGINE_MIN_SEQUENCES,
+            reason=f"B·C >= {ENGINE_MIN_SEQUENCES} sequences at N={plan.fft_size} with float32 I/O: the tensor-core "
+                   f"engine measured faster than the fp32 kernel there (H100: 1.10x at 16x256x8192, 1.24x at "
+                   f"64x768x8192)")
     if (why := fp32_kernel_is_faster(precision, fills, plan.fft_size)) is not None:
         return FusedFP32("cuda-fp32", f"fused fp32 radix FFT conv, N={plan.fft_size}", why, runs_as="fp32")
     return tensor_core_backend(plan, precision, dtype)
 
 
-def tensor_core_backend(plan: MonarchPlan, precision: str, dtype: torch.dtype = torch.float32) -> FusedTensorCore:
-    """The fused tensor-core kernel of `precision` at a split it covers: what a call takes unless
-    `fp32_kernel_is_faster` sends it to the fp32 kernel (the benchmark's monarch-tc methods run it
-    regardless, through the op)."""
+def tensor_core_backend(plan: MonarchPlan, precision: str, dtype: torch.dtype = torch.float32, sequences: int = 1,
+                        reason: str = "the fused tensor-core kernel covers this call") -> FusedTensorCore:
+    """The fused tensor-core kernel of `precision` at a split it covers, for a call of `sequences`
+    sequences: what a call takes unless `fp32_kernel_is_faster` sends it to the fp32 kernel (the
+    benchmark's monarch-tc methods run it regardless, through the op)."""
     factors = "x".join(map(str, plan.factors))
     return FusedTensorCore("cuda-tensor-core", f"fused Monarch {factors} on tensor cores, {precision} operands, "
-                           f"{_tensor_core_kernel(plan, precision, dtype)}",
-                           "the fused tensor-core kernel covers this call")
+                           f"{_tensor_core_kernel(plan, precision, dtype, sequences)}", reason)

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import ops
+from . import _extension, ops
 from .functional import fftconv
 from .planner import compute_dtype
 
@@ -40,9 +40,9 @@ __all__ = ["ConvState", "HyenaState", "prefill", "step"]
 DIRECT_MAX_BLOCK = 8  # blocks up to this size: a small Toeplitz product, cheaper than two FFTs (CPU, C = 256)
 # The graphed steps' per-token part (input, output, level 0's fold) as one CUDA kernel
 # (ops.conv_step) instead of eight PyTorch launches; read at prefill(cuda_graph=True), when the
-# graphs are captured. Off: measured in session 20 (H100), the part alone replays in 3.05 us
-# against 13.8 (B=1, C=256), but a token's latency did not move (0.042 -> 0.041 ms at B=1 C=256
-# L=8192, 0.116 -> 0.116 at B=16 C=4096): the token's time goes elsewhere (performance.md).
+# graphs are captured. Off until a token's latency is measured with it: the part alone replays
+# in 3.05 us against 13.8 (H100, B=1 C=256, session 20), but session 20's example runs with
+# --fused-step never took it (see _fused_step), so their per-token figures say nothing of it.
 FUSED_STEP = False
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -346,9 +346,12 @@ class _GraphedSteps:
 
 def _fused_step(device: torch.device) -> bool:
     """Whether a graphed step's per-token part runs as the one CUDA kernel (FUSED_STEP, on a
-    CUDA device whose loaded extension registers it)."""
-    return (FUSED_STEP and device.type == "cuda"
-            and torch._C._dispatch_has_kernel_for_dispatch_key("monarch_fftconv::conv_step", "CUDA"))
+    CUDA device where the extension loads). Loads it first: until session 20 this asked only
+    whether the kernel was registered, and a prefill whose prompt makes no CUDA call (an empty
+    one) captured the PyTorch ops with FUSED_STEP on."""
+    if not (FUSED_STEP and device.type == "cuda") or isinstance(_extension.coverage(True), str):
+        return False
+    return torch._C._dispatch_has_kernel_for_dispatch_key("monarch_fftconv::conv_step", "CUDA")
 
 
 def _warm_index(q: int | None, to_generate: int) -> int:

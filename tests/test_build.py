@@ -415,6 +415,7 @@ H200_SMS = 132
     ("sm90", torch.float32, "the Hopper wgmma kernel"),
     ("engine", torch.float32, "the tensor-core engine"),
     ("engine", torch.bfloat16, "the mma.sync kernel"),  # the engine takes fp32 I/O only: dispatch.cu
+    ("mma", torch.float32, "the mma.sync kernel"),
 ])
 def test_explain_names_the_requested_tensor_core_kernel(hopper_kernels, monkeypatch, request_, dtype, kernel):
     """A small bf16 call at N = 16384 (it takes the tensor cores) names the kernel that
@@ -485,6 +486,43 @@ def test_half_precision_calls_that_fill_the_gpu_take_the_fp32_kernel(hopper_kern
         small = hopper_kernels.select_backend(cuda, dtype, precision, plan, wave - 1)
         assert small.name == "cuda-tensor-core" and small.runs_as is None
         assert hopper_kernels.select_backend(cuda, dtype, "fp32", plan, wave - 1).name == "cuda-fp32"
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_the_engine_route_takes_large_float32_io_calls_at_n_16384(hopper_kernels, monkeypatch, precision):
+    """With ENGINE_ROUTE on, a bf16/fp16 call at N = 16384 with fp32 I/O and at least
+    ENGINE_MIN_SEQUENCES sequences takes the tensor cores, naming the engine and why; one
+    sequence fewer, 2-byte I/O, another N, or a kernel named in MONARCH_FFTCONV_TC_KERNEL other
+    than the engine keep the fp32 kernel. With the switch off (the default) nothing changes."""
+    cuda, plan, many = torch.device("cuda", 0), plan_for(8192), hopper_kernels.ENGINE_MIN_SEQUENCES
+    monkeypatch.delenv(hopper_kernels.TC_KERNEL_ENV, raising=False)
+    assert hopper_kernels.select_backend(cuda, torch.float32, precision, plan, many).name == "cuda-fp32"
+    monkeypatch.setattr(hopper_kernels, "ENGINE_ROUTE", True)
+    routed = hopper_kernels.select_backend(cuda, torch.float32, precision, plan, many)
+    assert routed.name == "cuda-tensor-core" and routed.runs_as is None
+    assert "the tensor-core engine" in routed.kernel and "measured faster than the fp32 kernel" in routed.reason
+    assert hopper_kernels.select_backend(cuda, torch.float32, precision, plan, 16 * many) is routed
+    assert hopper_kernels.select_backend(cuda, torch.float32, precision, plan, many - 1).name == "cuda-fp32"
+    assert hopper_kernels.select_backend(cuda, torch.bfloat16, precision, plan, many).name == "cuda-fp32"
+    assert hopper_kernels.select_backend(cuda, torch.float32, precision, plan_for(4096), many).name == "cuda-fp32"
+    assert hopper_kernels.select_backend(cuda, torch.float32, "fp32", plan, many).name == "cuda-fp32"
+    for named, route in (("sm90", "cuda-fp32"), ("mma", "cuda-fp32"), ("engine", "cuda-tensor-core")):
+        monkeypatch.setenv(hopper_kernels.TC_KERNEL_ENV, named)
+        assert hopper_kernels.select_backend(cuda, torch.float32, precision, plan, many).name == route, named
+    # below the fp32 kernel's wave the tensor cores serve as before: the mma.sync kernel
+    monkeypatch.delenv(hopper_kernels.TC_KERNEL_ENV)
+    small = hopper_kernels.select_backend(cuda, torch.float32, precision, plan, 7)
+    assert small.name == "cuda-tensor-core" and "the mma.sync kernel" in small.kernel
+
+
+def test_the_engine_threshold_is_the_dispatchers():
+    """backends.ENGINE_MIN_SEQUENCES (which calls reach the tensor cores) is tc/dispatch.cu's
+    kEngineMinSequences (which of them the engine runs): one number in two languages."""
+    from monarch_fftconv import backends
+    source = (_extension.CSRC / "tc" / "dispatch.cu").read_text()
+    found = re.findall(r"constexpr int64_t kEngineMinSequences = (\d+);", source)
+    assert found == [str(backends.ENGINE_MIN_SEQUENCES)]
+    assert backends.ENGINE_FACTORS == (128, 128) and "p.n1 != 128 || p.n2 != 128" in source
 
 
 def test_the_seed_shape_fills_the_gpu_and_the_tiny_shapes_do_not(hopper_kernels):

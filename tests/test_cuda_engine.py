@@ -3,7 +3,8 @@ request (MONARCH_FFTCONV_TC_KERNEL=engine) at N = 16384, bf16 and fp16 operands,
 the float64 budget with an odd batch (the last pair's partner is zeros) and L not a multiple
 of 128, the skip term folded into the spectrum, the NaN rule (a poisoned sequence does not
 reach its pair partner; the other pairs are bitwise unchanged), determinism, and that the
-request reaches the engine. Skipped without a GPU. Each test runs in a child process under the
+request reaches the engine; and the route (backends.ENGINE_ROUTE) that sends large fp32-I/O
+calls to it. Skipped without a GPU. Each test runs in a child process under the
 watchdog (conftest.py): the engine's first run hung, and a hang must fail, not stall the suite."""
 
 import pytest
@@ -116,3 +117,29 @@ def test_zero_and_tiny_channels(precision, engine, gen):
                 assert not y[:, c].any(), f"channel {c}"
             else:
                 assert rel_l2(y[:, c], ref[:, c]) <= BUDGETS[precision], f"channel {c}"
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("length", [8192, 8188, 4097])
+def test_the_route_runs_the_engine_within_the_budget(length, precision, monkeypatch, gen):
+    """ENGINE_ROUTE on (written in session 20 without a GPU): a public call of exactly
+    ENGINE_MIN_SEQUENCES sequences at N = 16384 with fp32 I/O takes the tensor cores, explain()
+    names the engine, the output is bitwise the requested engine's (MONARCH_FFTCONV_TC_KERNEL=engine
+    through the ops) and within the budget against float64. L = 8188 takes the vector loads with
+    a partial last row, 4097 the smallest L at this N."""
+    from monarch_fftconv import backends
+    monkeypatch.delenv(KERNEL_ENV, raising=False)
+    monkeypatch.setattr(backends, "ENGINE_ROUTE", True)
+    monkeypatch.setattr(backends, "_decisions", {})
+    batch, channels = 16, backends.ENGINE_MIN_SEQUENCES // 16
+    u = randn(gen, batch, channels, length, device=DEVICE)
+    k = randn(gen, channels, length, device=DEVICE) / length**0.5
+    d = randn(gen, channels, device=DEVICE)
+    routed = poisoned_call(lambda: mf.fftconv(u, k, D=d, precision=precision), u)
+    info = mf.explain(u, k, D=d, precision=precision)
+    assert info["backend"] == "cuda-tensor-core" and "the tensor-core engine" in info["kernel"], info
+    assert torch.isfinite(routed).all(), "unwritten (NaN) outputs"
+    assert rel_l2(routed, reference(u, k, d)) <= BUDGETS[precision]
+    monkeypatch.setenv(KERNEL_ENV, "engine")
+    monkeypatch.setenv(BACKEND_ENV, "portable")
+    assert torch.equal(routed, mf.fftconv(u, k, D=d, precision=precision))

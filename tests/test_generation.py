@@ -421,6 +421,31 @@ def test_cuda_graph_needs_a_cuda_prompt(gen):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_fused_step_is_captured_when_no_call_loaded_the_extension():
+    """FUSED_STEP on, in a fresh process whose prefill makes no CUDA call before the capture (an
+    empty prompt): the graphs capture the conv_step kernel, not the PyTorch ops (session 20's
+    example runs took the ops: the extension was not loaded yet)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, monarch_fftconv as mf\n"
+        "from monarch_fftconv import generation, ops\n"
+        "calls = []\n"
+        "kernel = ops.conv_step_op\n"
+        "ops.conv_step_op = lambda *a, **kw: calls.append(1) or kernel(*a, **kw)\n"
+        "generation.FUSED_STEP = True\n"
+        "layer = mf.FFTConv(4, 64, device='cuda')\n"
+        "with torch.inference_mode():\n"
+        "    _, state = layer.prefill(torch.zeros(2, 4, 0, device='cuda'), 64, cuda_graph=True)\n"
+        "print(len(calls))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(out.stdout.split()[-1]) > 0, "the graphs captured the PyTorch ops"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 @pytest.mark.watchdog(300)
 @pytest.mark.parametrize("groups, length, prompt_len", [(4, 700, 0), (2, 4096, 333), (1, 100, 99)])
 @pytest.mark.parametrize("fused", [False, True])

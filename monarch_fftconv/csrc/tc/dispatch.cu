@@ -25,9 +25,9 @@ namespace engine {
 template <Precision P, IOType IO>
 cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream);
 
-// The tensor-core engine (docs/design.md, "The next tensor-core engine"), on request only
-// (MONARCH_FFTCONV_TC_KERNEL=engine): split 128 x 128, bf16/fp16 operands, fp32 I/O so far.
-// Any other call under the request keeps the kernel it would take without it.
+// The tensor-core engine (docs/design.md, "The next tensor-core engine"): split 128 x 128,
+// bf16/fp16 operands, fp32 I/O so far; calls of kEngineMinSequences or more, or any size on
+// request (MONARCH_FFTCONV_TC_KERNEL=engine). Any other call keeps the mma.sync kernel.
 inline tc::LaunchFn pick(const ConvForwardParams& p) {
   if (p.io_type != IOType::kFloat32) return nullptr;
   switch (p.precision) {
@@ -59,21 +59,36 @@ tc::LaunchFn pick_precision(Precision precision, IOType io) {
   }
 }
 
+}  // namespace sm90
+
+namespace {
+
+// Calls of at least this many sequences (B·C) take the engine where it applies (split 128 x 128,
+// bf16/fp16 operands, fp32 I/O) unless MONARCH_FFTCONV_TC_KERNEL names a kernel: measured faster
+// than the fp32 kernel from there (H100, session 20: 1.10x at 16x256x8192, 1.21x at 32x256, 1.24x
+// at 64x768; a tie at 2048 sequences, slower below). Smaller calls keep the mma.sync kernel.
+// backends.ENGINE_MIN_SEQUENCES mirrors it (tests/test_build.py checks).
+constexpr int64_t kEngineMinSequences = 4096;
+
 // The Hopper (wgmma) kernel covers split 128 x 128 in bf16 and fp16. It is correct but measured
 // slower than the mma.sync kernel (0.53 against 0.43 ms at the seed shape; docs/performance.md,
 // sessions 9 and 10), so it runs only on request:
 // MONARCH_FFTCONV_TC_KERNEL=sm90, read per call (side-by-side measurements, its tests), with one
 // sequence in flight per CTA (both warpgroups on it); sm90-2seq runs two, a warpgroup each.
-tc::LaunchFn pick(const ConvForwardParams& p) {
+// "engine" asks for the engine at any size, "mma" for the mma.sync kernel at any size.
+// Split 128 x 128: the Hopper kernel a call takes, or nullptr for the mma.sync kernel.
+tc::LaunchFn pick_hopper(const ConvForwardParams& p) {
   if (p.n1 != 128 || p.n2 != 128) return nullptr;
   const char* requested = std::getenv("MONARCH_FFTCONV_TC_KERNEL");
-  if (requested == nullptr) return nullptr;
+  if (requested == nullptr || *requested == '\0')
+    return p.batch * p.channels >= kEngineMinSequences ? engine::pick(p) : nullptr;
   if (std::strcmp(requested, "engine") == 0) return engine::pick(p);
-  if (std::strcmp(requested, "sm90") == 0) return pick_precision<2>(p.precision, p.io_type);
-  if (std::strcmp(requested, "sm90-2seq") == 0) return pick_precision<1>(p.precision, p.io_type);
+  if (std::strcmp(requested, "sm90") == 0) return sm90::pick_precision<2>(p.precision, p.io_type);
+  if (std::strcmp(requested, "sm90-2seq") == 0) return sm90::pick_precision<1>(p.precision, p.io_type);
   return nullptr;
 }
-}  // namespace sm90
+
+}  // namespace
 
 namespace tc {
 
@@ -108,7 +123,7 @@ LaunchFn pick(const ConvForwardParams& p) {
 }  // namespace tc
 
 cudaError_t conv_forward_tensor_core(const ConvForwardParams& params, cudaStream_t stream) {
-  tc::LaunchFn launch = sm90::pick(params);
+  tc::LaunchFn launch = pick_hopper(params);
   if (launch == nullptr) launch = tc::pick(params);
   const bool valid = launch != nullptr && params.u != nullptr && params.y != nullptr &&
                      params.filter_spectrum != nullptr && params.batch * params.channels <= int64_t(0x7fffffff) &&
