@@ -718,8 +718,10 @@ def test_tensor_core_rows_name_the_kernel_the_op_runs(bench, monkeypatch):
               "reason": mf.backends.fp32_kernel_is_faster("bf16", True)}
     monkeypatch.setattr(mf, "explain", lambda u, k, precision=None: dict(routed))
     info = bench.methods._describe_tensor_core("bf16")(u, k)
-    tensor_cores = mf.backends.tensor_core_backend(plan, "bf16")
+    tensor_cores = mf.backends.tensor_core_backend(plan, "bf16", torch.float32, 16 * 256)
     assert info["backend"] == "tc-op" and info["kernel"] == tensor_cores.kernel
+    monkeypatch.delenv(mf.backends.TC_KERNEL_ENV, raising=False)  # 16·256 sequences: the binding's engine
+    assert "the tensor-core engine" in bench.methods._describe_tensor_core("bf16")(u, k)["kernel"]
     assert info["flops"] == tensor_cores.flops(plan, 16, 256) != routed["flops"]
 
     covered = {"backend": "cuda-tensor-core", "kernel": "k", "flops": 7, "reason": "the fused tensor-core kernel"}

@@ -636,9 +636,9 @@ def _describe_tensor_core(precision: str) -> Describe:
         info = _explain(precision)(u, k)
         plan = plan_for(u.shape[-1])
         if info.get("reason") == mf.backends.fp32_kernel_is_faster(precision, True, plan.fft_size):
-            kernel = mf.backends.tensor_core_backend(plan, precision)
             channels = u.shape[-2]
             batch = u.numel() // (channels * u.shape[-1])
+            kernel = mf.backends.tensor_core_backend(plan, precision, u.dtype, batch * channels)  # the op's kernel
             info.update(kernel=kernel.kernel, reason=f"{kernel.reason}, through the op ({info['reason']})",
                         flops=kernel.flops(plan, batch, channels),
                         stages=kernel.stages(plan, batch, channels, u.element_size()))
