@@ -38,9 +38,9 @@ if TYPE_CHECKING:
 __all__ = ["ConvState", "HyenaState", "prefill", "step"]
 
 DIRECT_MAX_BLOCK = 8  # blocks up to this size: a small Toeplitz product, cheaper than two FFTs (CPU, C = 256)
-# The graphed steps' per-token part (input, output, level 0's fold) as one CUDA kernel
-# (ops.conv_step) instead of eight PyTorch launches; read at prefill(cuda_graph=True), when the
-# graphs are captured. Off until a token's latency is measured with it: the part alone replays
+# The graphed steps' per-token part (input, output, level 0's fold) and, at the Toeplitz levels
+# (n = 2 .. DIRECT_MAX_BLOCK), the level's block as one CUDA kernel (ops.conv_step) instead of
+# eight (sixteen) PyTorch launches; read at prefill(cuda_graph=True), when the graphs are captured. Off until a token's latency is measured with it: the part alone replays
 # in 3.05 us against 13.8 (H100, B=1 C=256, session 20), but session 20's example runs with
 # --fused-step never took it (see _fused_step), so their per-token figures say nothing of it.
 FUSED_STEP = False
@@ -325,10 +325,13 @@ class _GraphedSteps:
         `step`'s arithmetic with every offset a device index. Advances `self.index`; returns
         y_t (B, C) in the compute dtype (also in `outputs`)."""
         at = self.index.view(1)
-        step_at = ops.conv_step_op if _fused_step(state.device) else ops.conv_step_reference
+        fused = _fused_step(state.device)
+        # fused, a Toeplitz level's block (q = 1 .. 3) goes into the same kernel
+        block_in_kernel = fused and q is not None and 0 < q < len(state.toeplitz)
+        step_at = ops.conv_step_op if fused else ops.conv_step_reference
         y = step_at(self.x, state.inputs, state.pending, self.outputs, state.first_tap, state.second_tap, self.index,
-                    q == 0)
-        if q is not None and q > 0:
+                    q == 0, state.toeplitz[q] if block_in_kernel else None)
+        if q is not None and q > 0 and not block_in_kernel:
             out = _block_contribution(state, q, state.inputs.index_select(2, at + self.behind[q]))
             targets = at + self.ahead[q]  # i + 1 .. i + n
             state.pending.index_copy_(2, targets, state.pending.index_select(2, targets) + out)

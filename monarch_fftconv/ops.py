@@ -22,7 +22,8 @@ op                                                          CPU              CUD
                                                                              (four-step: eight)
 ``fftconv_backward_two_sided(...)``: dk (C, 2, Lk)          portable engine  the same two kernels
                                                                              (four-step: two backwards)
-``conv_step(x, inputs!, pending!, outputs!, ...) -> y``     PyTorch ops      one kernel (a generation step)
+``conv_step(x, inputs!, pending!, outputs!, ...) -> y``     PyTorch ops      one kernel (a generation step,
+                                                                             a small level's block too)
 ==========================================================  ===============  ==================================
 
 S is the filter spectrum, (C, n1/2+1, M, 2) real in the compute dtype, scaled by 1/N: the
@@ -115,12 +116,14 @@ def bits(t: Tensor) -> Tensor:
 
 
 def conv_step_reference(x: Tensor, inputs: Tensor, pending: Tensor, outputs: Tensor | None, first_tap: Tensor,
-                        second_tap: Tensor, index: Tensor, fold: bool) -> Tensor:
+                        second_tap: Tensor, index: Tensor, fold: bool, block_taps: Tensor | None = None) -> Tensor:
     """One generation step (generation.py) at the generated index i held in `index` (a device
     scalar: a CUDA graph of the step then serves every position): inputs[:, :, i] = x;
     y = pending[:, :, i] + first_tap·x, also into outputs[i] where outputs is given; with fold,
-    pending[:, :, i + 1] += second_tap·x (level 0's block). Returns y. In PyTorch ops: eight
-    launches on a GPU, where the op's CUDA kernel does it in one."""
+    pending[:, :, i + 1] += second_tap·x (level 0's block). With block_taps (G, n, n), a small
+    level's block after that: pending[:, :, i+1+m] += Σ_j inputs[:, :, i+1-n+j]·block_taps[g, j, m]
+    for m < n, g = c // (C/G) (generation's Toeplitz product). Returns y. In PyTorch ops: eight
+    launches on a GPU (eight more with a block), where the op's CUDA kernel does it in one."""
     at = index.view(1)
     inputs.index_copy_(2, at, x.unsqueeze(-1))
     y = torch.addcmul(pending.index_select(2, at).squeeze(-1), first_tap, x)
@@ -130,18 +133,25 @@ def conv_step_reference(x: Tensor, inputs: Tensor, pending: Tensor, outputs: Ten
         after = at + 1
         folded = torch.addcmul(pending.index_select(2, after), x.unsqueeze(-1), second_tap.unsqueeze(-1))
         pending.index_copy_(2, after, folded)
+    if block_taps is not None:
+        n = block_taps.shape[-1]
+        offsets = torch.arange(n, device=at.device)
+        block = inputs.index_select(2, at + 1 - n + offsets)  # the last n inputs, x the newest
+        out = (block.unflatten(1, (block_taps.shape[0], -1)) @ block_taps.unsqueeze(0)).flatten(1, 2)
+        targets = at + 1 + offsets
+        pending.index_copy_(2, targets, pending.index_select(2, targets) + out)
     return y
 
 
 @torch.library.custom_op("monarch_fftconv::conv_step", mutates_args=("inputs", "pending", "outputs"),
                          device_types="cpu")
 def conv_step(x: Tensor, inputs: Tensor, pending: Tensor, outputs: Tensor | None, first_tap: Tensor,
-              second_tap: Tensor, index: Tensor, fold: bool) -> Tensor:
-    return conv_step_reference(x, inputs, pending, outputs, first_tap, second_tap, index, fold)
+              second_tap: Tensor, index: Tensor, fold: bool, block_taps: Tensor | None = None) -> Tensor:
+    return conv_step_reference(x, inputs, pending, outputs, first_tap, second_tap, index, fold, block_taps)
 
 
 @conv_step.register_fake
-def _(x, inputs, pending, outputs, first_tap, second_tap, index, fold):
+def _(x, inputs, pending, outputs, first_tap, second_tap, index, fold, block_taps=None):
     return x.new_empty(x.shape)
 
 

@@ -522,24 +522,67 @@ def test_conv_step_op_is_one_step(gen, fold, keep_outputs):
         assert torch.equal(case["outputs"], outputs)
 
 
+@pytest.mark.parametrize("n, groups", [(2, 1), (4, 5), (8, 1), (1, 5)])
+def test_conv_step_op_adds_a_small_levels_block(gen, n, groups):
+    """block_taps (G, n, n), a Toeplitz level's block: after the step's own writes,
+    pending[:, c, i+1+m] += Σ_j inputs[:, c, i+1-n+j]·K[c // (C/G), j, m] for m < n (the newest
+    input is x), summed here one term at a time; y and every other entry as without it."""
+    from monarch_fftconv import ops
+    case = conv_step_case(gen, "cpu", torch.float64)
+    taps = randn(gen, groups, n, n, dtype=torch.float64)
+    before = {name: t.clone() for name, t in case.items()}
+    i = 15  # i + 1 = 16: a fold of every n here
+    y = ops.conv_step_op(**case, index=torch.tensor(i), fold=False, block_taps=taps)
+    inputs, pending = before["inputs"].clone(), before["pending"].clone()
+    inputs[:, :, i] = before["x"]
+    channels = inputs.shape[1]
+    for c in range(channels):
+        g = c // (channels // groups)
+        for m in range(n):
+            for j in range(n):
+                pending[:, c, i + 1 + m] += inputs[:, c, i + 1 - n + j] * taps[g, j, m]
+    assert torch.equal(y, torch.addcmul(before["pending"][:, :, i], before["first_tap"], before["x"]))
+    assert torch.equal(case["inputs"], inputs)
+    assert torch.allclose(case["pending"], pending, rtol=0, atol=1e-13)
+    untouched = torch.ones(pending.shape[-1], dtype=torch.bool)
+    untouched[i + 1: i + 1 + n] = False
+    assert torch.equal(case["pending"][..., untouched], before["pending"][..., untouched])
+
+
+def test_the_kernels_largest_block_is_generations():
+    """generation sends its Toeplitz levels (n <= DIRECT_MAX_BLOCK) to the conv_step kernel,
+    which takes n up to kConvStepMaxBlock (fftconv.h): one number in two languages."""
+    import re
+    from monarch_fftconv import _extension
+    header = (_extension.CSRC / "fftconv.h").read_text()
+    assert re.findall(r"constexpr int kConvStepMaxBlock = (\d+);", header) == [str(generation.DIRECT_MAX_BLOCK)]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the conv_step kernel needs a CUDA device")
 @pytest.mark.watchdog(120)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("fold, keep_outputs", [(False, False), (True, True), (True, False)])
-def test_conv_step_kernel_is_the_reference_step(gen, dtype, fold, keep_outputs):
+@pytest.mark.parametrize("fold, keep_outputs, block", [(False, False, None), (True, True, None), (True, False, None),
+                                                       (False, True, (4, 1)), (False, False, (8, 7))])
+def test_conv_step_kernel_is_the_reference_step(gen, dtype, fold, keep_outputs, block):
     """The CUDA conv_step kernel against ops.conv_step_reference (PyTorch ops) on the same
     buffers, at an index read from device memory: the same values (fma against addcmul's
-    rounding: within an ulp), the same entries written; and clear errors on bad buffers."""
+    rounding: within an ulp), the same entries written, with a small level's block (n, G) too;
+    and clear errors on bad buffers."""
     from monarch_fftconv import _extension, ops
     assert not isinstance(_extension.coverage(True), str)
     case = conv_step_case(gen, "cuda", dtype, to_generate=1001, batch=7, channels=301)
     if not keep_outputs:
         case["outputs"] = None
+    if block is not None:
+        n, groups = block
+        case["block_taps"] = randn(gen, groups, n, n, dtype=dtype).to("cuda")
     theirs = {name: None if t is None else t.clone() for name, t in case.items()}
-    index = torch.tensor(997, device="cuda")
+    index = torch.tensor(997 if block is None else 991, device="cuda")  # 992 = 8·124: a fold of n = 4, 8
     y = ops.conv_step_op(**case, index=index, fold=fold)
     want = ops.conv_step_reference(**theirs, index=index.clone(), fold=fold)
     ulp = 16 * torch.finfo(dtype).eps  # the terms are O(1): fma against addcmul's rounding, within an ulp or two
+    if block is not None:
+        ulp *= 4 * block[0]  # a block's n products summed in another order than the GEMM's
     assert torch.allclose(y, want, rtol=0, atol=ulp)
     for name in ("inputs", "pending", "outputs"):
         if case[name] is not None:
@@ -549,3 +592,6 @@ def test_conv_step_kernel_is_the_reference_step(gen, dtype, fold, keep_outputs):
     with pytest.raises(ValueError, match="conv_step"):
         ops.conv_step_op(**{**case, "x": case["x"].float() if dtype == torch.float64 else case["x"].double()},
                          index=index, fold=fold)
+    if block is not None:
+        with pytest.raises(ValueError, match="block_taps"):
+            ops.conv_step_op(**{**case, "block_taps": case["block_taps"][..., :-1]}, index=index, fold=fold)

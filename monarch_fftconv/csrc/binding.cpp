@@ -328,13 +328,15 @@ at::Tensor filter_spectrum_two_sided(const at::Tensor& k_in, int64_t seq_len, c1
 }
 
 // One generation step in one launch (generation.py's graphed steps; ConvStepParams): writes
-// x into inputs[:, :, i] and, with fold, level 0's block into pending[:, :, i + 1], i the
-// generated index in `index` (device memory); returns y = pending[:, :, i] + first_tap·x, also
-// stored in outputs[i] where outputs is given.
+// x into inputs[:, :, i], with fold level 0's block into pending[:, :, i + 1], and with
+// block_taps (G, n, n) a small level's block into pending[:, :, i+1 .. i+n], i the generated
+// index in `index` (device memory); returns y = pending[:, :, i] + first_tap·x, also stored in
+// outputs[i] where outputs is given.
 template <typename T>
 void launch_conv_step(const at::Tensor& x, const at::Tensor& inputs, const at::Tensor& pending,
                       const std::optional<at::Tensor>& outputs, const at::Tensor& y, const at::Tensor& first_tap,
-                      const at::Tensor& second_tap, const at::Tensor& index, bool fold) {
+                      const at::Tensor& second_tap, const at::Tensor& index, bool fold,
+                      const std::optional<at::Tensor>& block_taps) {
   mf::ConvStepParams<T> p{};
   p.x = x.data_ptr<T>();
   p.inputs = inputs.data_ptr<T>();
@@ -344,17 +346,21 @@ void launch_conv_step(const at::Tensor& x, const at::Tensor& inputs, const at::T
   p.first_tap = first_tap.data_ptr<T>();
   p.second_tap = second_tap.data_ptr<T>();
   p.index = index.data_ptr<int64_t>();
+  p.block_taps = block_taps ? block_taps->data_ptr<T>() : nullptr;
   p.batch = x.size(0);
   p.channels = x.size(1);
   p.to_generate = inputs.size(2);
   p.pending_len = pending.size(2);
+  p.groups = block_taps ? block_taps->size(0) : 1;
+  p.block_n = block_taps ? static_cast<int>(block_taps->size(1)) : 0;
   p.fold = fold;
   check_launch(mf::conv_step(p, current_stream(x)));
 }
 
 at::Tensor conv_step(const at::Tensor& x, const at::Tensor& inputs, const at::Tensor& pending,
                      const std::optional<at::Tensor>& outputs, const at::Tensor& first_tap,
-                     const at::Tensor& second_tap, const at::Tensor& index, bool fold) {
+                     const at::Tensor& second_tap, const at::Tensor& index, bool fold,
+                     const std::optional<at::Tensor>& block_taps) {
   const auto dtype = x.scalar_type();
   TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kDouble,
                     message("monarch_fftconv: conv_step computes in float32 or float64, got ", dtype));
@@ -373,6 +379,15 @@ at::Tensor conv_step(const at::Tensor& x, const at::Tensor& inputs, const at::Te
                       message("monarch_fftconv: conv_step's outputs must be (T, B, C), got ", outputs->sizes()));
     values.push_back(*outputs);
   }
+  if (block_taps) {
+    const int64_t n = block_taps->dim() == 3 ? block_taps->size(1) : 0, groups = block_taps->size(0);
+    TORCH_CHECK_VALUE(n >= 1 && n <= mf::kConvStepMaxBlock && block_taps->size(2) == n && groups >= 1 &&
+                          x.size(1) % groups == 0 && n <= pending.size(2),
+                      message("monarch_fftconv: conv_step's block_taps must be (G, n, n) with 1 <= n <= ",
+                              mf::kConvStepMaxBlock, " and G dividing C=", x.size(1), ", got ",
+                              block_taps->sizes()));
+    values.push_back(*block_taps);
+  }
   for (const at::Tensor& t : values) {
     TORCH_CHECK_VALUE(t.is_contiguous() && t.device() == x.device() && t.scalar_type() == dtype,
                       "monarch_fftconv: conv_step's tensors must be contiguous, on one device, in x's dtype");
@@ -380,8 +395,10 @@ at::Tensor conv_step(const at::Tensor& x, const at::Tensor& inputs, const at::Te
   TORCH_CHECK_VALUE(index.device() == x.device(), "monarch_fftconv: conv_step's index must be on x's device");
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor y = at::empty_like(x);
-  if (dtype == at::kFloat) launch_conv_step<float>(x, inputs, pending, outputs, y, first_tap, second_tap, index, fold);
-  else launch_conv_step<double>(x, inputs, pending, outputs, y, first_tap, second_tap, index, fold);
+  if (dtype == at::kFloat)
+    launch_conv_step<float>(x, inputs, pending, outputs, y, first_tap, second_tap, index, fold, block_taps);
+  else
+    launch_conv_step<double>(x, inputs, pending, outputs, y, first_tap, second_tap, index, fold, block_taps);
   return y;
 }
 

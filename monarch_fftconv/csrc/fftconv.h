@@ -182,8 +182,12 @@ struct FourStepBackwardParams {
 
 // One step of a long convolution's streaming generation (generation/conv_step.cu): with the
 // generated index i = *index, for every stream e = b·C + c: inputs[e][i] = x[e];
-// y[e] = pending[e][i] + first_tap[c]·x[e], also outputs[i][e] where outputs is given; and with
-// fold, pending[e][i+1] += second_tap[c]·x[e]. Every tensor contiguous, in T (fp32 or fp64).
+// y[e] = pending[e][i] + first_tap[c]·x[e], also outputs[i][e] where outputs is given; with
+// fold, pending[e][i+1] += second_tap[c]·x[e]; and with block_taps (a small fold level's
+// Toeplitz block, n = block_n <= kConvStepMaxBlock), pending[e][i+1+m] +=
+// Σ_j inputs[e][i+1-n+j]·block_taps[g][j][m], g = c / (C / groups). Every tensor contiguous, in
+// T (fp32 or fp64).
+constexpr int kConvStepMaxBlock = 8;  // generation.DIRECT_MAX_BLOCK: the largest Toeplitz level
 template <typename T>
 struct ConvStepParams {
   const T* x;             // (B, C)
@@ -194,10 +198,13 @@ struct ConvStepParams {
   const T* first_tap;     // (C,)
   const T* second_tap;    // (C,)
   const int64_t* index;   // the generated index i, in device memory
+  const T* block_taps;    // (groups, block_n, block_n), or null: no block
   int64_t batch;
   int64_t channels;
   int64_t to_generate;
   int64_t pending_len;
+  int64_t groups;         // divides channels (1 <= groups)
+  int block_n;            // 0 without block_taps, else 1 .. kConvStepMaxBlock
   bool fold;
 };
 cudaError_t conv_step(const ConvStepParams<float>& params, cudaStream_t stream);
