@@ -417,7 +417,7 @@ def _tensor_core_kernel(plan: MonarchPlan, precision: str, dtype: torch.dtype, s
     requested = os.environ.get(TC_KERNEL_ENV, "")
     if plan.factors != ENGINE_FACTORS or precision not in ("bf16", "fp16"):
         return "the mma.sync kernel"
-    if requested.startswith("sm90"):
+    if requested in ("sm90", "sm90-2seq"):  # the values pick_hopper knows; any other runs mma.sync
         return "the Hopper wgmma kernel"
     if engine_applies(plan, precision, dtype):
         if requested == "engine":
@@ -445,13 +445,13 @@ def select_backend(
     on_gpu = device.type == "cuda"
     fills = (on_gpu and precision in SIZE_DEPENDENT_PRECISIONS
              and fills_fp32_kernel(device, plan, sequences, TENSOR_CORE_WAVE_SHARE[precision]))
-    engine_sized = (ENGINE_ROUTE and on_gpu and sequences >= ENGINE_MIN_SEQUENCES
-                    and engine_applies(plan, precision, dtype))
-    key = (device, dtype, precision, plan, fills, engine_sized, requested, on_gpu and os.environ.get(TC_KERNEL_ENV),
-           bidirectional)
+    # where tc/dispatch.cu runs the engine for a tensor-core call (pick_hopper)
+    engine_size = on_gpu and sequences >= ENGINE_MIN_SEQUENCES and engine_applies(plan, precision, dtype)
+    key = (device, dtype, precision, plan, fills, engine_size, ENGINE_ROUTE, requested,
+           on_gpu and os.environ.get(TC_KERNEL_ENV), bidirectional)
     if (decided := _decisions.get(key)) is not None:
         return decided
-    backend = _decide(device, dtype, precision, plan, fills, build, requested, engine_sized=engine_sized)
+    backend = _decide(device, dtype, precision, plan, fills, build, requested, engine_size=engine_size)
     if bidirectional:
         backend = _bidirectional(backend)
     # Remembered by eager calls only: a compiled graph decides at trace time, where storing
@@ -481,10 +481,10 @@ def _accumulate_dtype(dtype: torch.dtype) -> str:
 
 def _decide(
     device: torch.device, dtype: torch.dtype, precision: str, plan: MonarchPlan, fills: bool, build: bool,
-    requested: str, *, engine_sized: bool = False,
+    requested: str, *, engine_size: bool = False,
 ) -> Backend:
-    """The backend of a call; engine_sized: ENGINE_ROUTE is on and the call is one the engine
-    route takes (select_backend)."""
+    """The backend of a call; engine_size: a call the engine covers with B·C >=
+    ENGINE_MIN_SEQUENCES, which the binding runs on the engine if it reaches the tensor cores."""
     factors = "x".join(map(str, plan.factors))
     if requested == "portable":
         if device.type == "cuda" and build:
@@ -531,7 +531,7 @@ def _decide(
         return FusedFP32("cuda-fp32", f"fused fp32 radix FFT conv, N={plan.fft_size}",
                          f"no tensor-core kernel at N={plan.fft_size}: the fp32-accurate fused kernel serves "
                          f"{precision}, more accurate than asked")
-    if engine_sized and os.environ.get(TC_KERNEL_ENV, "") in ("", "engine"):  # a named kernel keeps its route
+    if ENGINE_ROUTE and engine_size and os.environ.get(TC_KERNEL_ENV, "") in ("", "engine"):  # a named kernel keeps its route
         return tensor_core_backend(
             plan, precision, dtype, ENGINE_MIN_SEQUENCES,
             reason=f"B·C >= {ENGINE_MIN_SEQUENCES} sequences at N={plan.fft_size} with float32 I/O: the tensor-core "
@@ -539,7 +539,7 @@ def _decide(
                    f"64x768x8192)")
     if (why := fp32_kernel_is_faster(precision, fills, plan.fft_size)) is not None:
         return FusedFP32("cuda-fp32", f"fused fp32 radix FFT conv, N={plan.fft_size}", why, runs_as="fp32")
-    return tensor_core_backend(plan, precision, dtype)
+    return tensor_core_backend(plan, precision, dtype, ENGINE_MIN_SEQUENCES if engine_size else 1)
 
 
 def tensor_core_backend(plan: MonarchPlan, precision: str, dtype: torch.dtype = torch.float32, sequences: int = 1,

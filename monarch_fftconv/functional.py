@@ -292,7 +292,7 @@ def _call_key(
     try:
         key = (type(u), u.shape, u.dtype, u.device, type(k), k.shape, k.dtype, k.device,  # type: ignore[attr-defined]
                type(bidirectional), bidirectional, precision, module_precision,
-               stack[-1] if (stack := policy.overrides.stack) else None, _environment())
+               stack[-1] if (stack := policy.overrides.stack) else None, _environment(), backends.ENGINE_ROUTE)
         if D is not None:
             key += (type(D), D.shape, D.dtype, D.device)  # type: ignore[attr-defined]
         if pregate is not None:

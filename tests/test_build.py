@@ -482,7 +482,7 @@ def test_half_precision_calls_that_fill_the_gpu_take_the_fp32_kernel(hopper_kern
         filled = hopper_kernels.select_backend(cuda, dtype, precision, plan, wave)
         assert filled.name == "cuda-fp32" and filled.runs_as == "fp32"
         assert "fills the GPU" in filled.reason and precision in filled.reason
-        assert hopper_kernels.select_backend(cuda, dtype, precision, plan, 16 * wave) is filled
+        assert hopper_kernels.select_backend(cuda, dtype, precision, plan, 16 * wave) == filled
         small = hopper_kernels.select_backend(cuda, dtype, precision, plan, wave - 1)
         assert small.name == "cuda-tensor-core" and small.runs_as is None
         assert hopper_kernels.select_backend(cuda, dtype, "fp32", plan, wave - 1).name == "cuda-fp32"
@@ -513,6 +513,13 @@ def test_the_engine_route_takes_large_float32_io_calls_at_n_16384(hopper_kernels
     monkeypatch.delenv(hopper_kernels.TC_KERNEL_ENV)
     small = hopper_kernels.select_backend(cuda, torch.float32, precision, plan, 7)
     assert small.name == "cuda-tensor-core" and "the mma.sync kernel" in small.kernel
+    # a call's remembered decision (functional._decided) follows the switch too
+    from monarch_fftconv import functional
+    u, k = torch.empty(16, 256, 8192, device="meta"), torch.empty(256, 8192, device="meta")
+    call = (u, k, None, None, None, False, precision, None)
+    routed_key = functional._call_key(*call)
+    monkeypatch.setattr(hopper_kernels, "ENGINE_ROUTE", False)
+    assert functional._call_key(*call) != routed_key
 
 
 def test_the_engine_threshold_is_the_dispatchers():

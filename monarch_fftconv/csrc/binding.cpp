@@ -380,7 +380,8 @@ at::Tensor conv_step(const at::Tensor& x, const at::Tensor& inputs, const at::Te
     values.push_back(*outputs);
   }
   if (block_taps) {
-    const int64_t n = block_taps->dim() == 3 ? block_taps->size(1) : 0, groups = block_taps->size(0);
+    const bool cube = block_taps->dim() == 3;
+    const int64_t n = cube ? block_taps->size(1) : 0, groups = cube ? block_taps->size(0) : 0;
     TORCH_CHECK_VALUE(n >= 1 && n <= mf::kConvStepMaxBlock && block_taps->size(2) == n && groups >= 1 &&
                           x.size(1) % groups == 0 && n <= pending.size(2),
                       message("monarch_fftconv: conv_step's block_taps must be (G, n, n) with 1 <= n <= ",
