@@ -531,7 +531,8 @@ def _decide(
         return FusedFP32("cuda-fp32", f"fused fp32 radix FFT conv, N={plan.fft_size}",
                          f"no tensor-core kernel at N={plan.fft_size}: the fp32-accurate fused kernel serves "
                          f"{precision}, more accurate than asked")
-    if ENGINE_ROUTE and engine_size and os.environ.get(TC_KERNEL_ENV, "") in ("", "engine"):  # a named kernel keeps its route
+    # the engine route; a kernel named in TC_KERNEL_ENV other than the engine keeps the fp32 route
+    if ENGINE_ROUTE and engine_size and os.environ.get(TC_KERNEL_ENV, "") in ("", "engine"):
         return tensor_core_backend(
             plan, precision, dtype, ENGINE_MIN_SEQUENCES,
             reason=f"B·C >= {ENGINE_MIN_SEQUENCES} sequences at N={plan.fft_size} with float32 I/O: the tensor-core "

@@ -40,9 +40,10 @@ __all__ = ["ConvState", "HyenaState", "prefill", "step"]
 DIRECT_MAX_BLOCK = 8  # blocks up to this size: a small Toeplitz product, cheaper than two FFTs (CPU, C = 256)
 # The graphed steps' per-token part (input, output, level 0's fold) and, at the Toeplitz levels
 # (n = 2 .. DIRECT_MAX_BLOCK), the level's block as one CUDA kernel (ops.conv_step) instead of
-# eight (sixteen) PyTorch launches; read at prefill(cuda_graph=True), when the graphs are captured. Off until a token's latency is measured with it: the part alone replays
-# in 3.05 us against 13.8 (H100, B=1 C=256, session 20), but session 20's example runs with
-# --fused-step never took it (see _fused_step), so their per-token figures say nothing of it.
+# eight (sixteen) PyTorch launches; read at prefill(cuda_graph=True), when the graphs are
+# captured. Off until a token's latency is measured with it: the per-token part alone replays in
+# 3.05 us against 13.8 (H100, B=1 C=256, session 20), but session 20's example runs with
+# --fused-step never took it (see _fused_step), and the block has not run on a GPU.
 FUSED_STEP = False
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
