@@ -10,7 +10,7 @@ from monarch_fftconv import generation
 from monarch_fftconv.nn import HyenaOperator
 from monarch_fftconv.policy import ERROR_BUDGETS
 
-from helpers import randn, reference, rel_l2
+from helpers import randn, reference, rel_l2, run_python
 
 FP64_TOLERANCE = 1e-10  # relative L2 of the generated positions; measured ~5e-16
 
@@ -425,9 +425,6 @@ def test_fused_step_is_captured_when_no_call_loaded_the_extension():
     """FUSED_STEP on, in a fresh process whose prefill makes no CUDA call before the capture (an
     empty prompt): the graphs capture the conv_step kernel, not the PyTorch ops (session 20's
     example runs took the ops: the extension was not loaded yet)."""
-    import subprocess
-    import sys
-
     code = (
         "import torch, monarch_fftconv as mf\n"
         "from monarch_fftconv import generation, ops\n"
@@ -438,11 +435,12 @@ def test_fused_step_is_captured_when_no_call_loaded_the_extension():
         "layer = mf.FFTConv(4, 64, device='cuda')\n"
         "with torch.inference_mode():\n"
         "    _, state = layer.prefill(torch.zeros(2, 4, 0, device='cuda'), 64, cuda_graph=True)\n"
-        "print(len(calls))\n"
+        "print('conv_step calls', len(calls))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert int(out.stdout.split()[-1]) > 0, "the graphs captured the PyTorch ops"
+    run = run_python(code, timeout=600)  # a kernel not yet run on a GPU: a hang is killed, not waited on
+    assert run.returncode == 0, run.output[-2000:]
+    counts = [int(line.split()[-1]) for line in run.output.splitlines() if line.startswith("conv_step calls ")]
+    assert len(counts) == 1 and counts[0] > 0, "the graphs captured the PyTorch ops"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
