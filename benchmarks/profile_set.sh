@@ -2,8 +2,8 @@
 # Several Nsight Compute profiles in one device call, within its 10-minute limit.
 #
 #   bash benchmarks/profile_set.sh \
-#     "tc1   MONARCH_FFTCONV_TC_KERNEL=sm90        KERNEL=regex:monarch_sm90 PRECISION=bf16" \
-#     "tc2   MONARCH_FFTCONV_TC_KERNEL=sm90-2seq   KERNEL=regex:monarch_sm90 PRECISION=bf16" \
+#     "eng   MONARCH_FFTCONV_TC_KERNEL=engine      KERNEL=regex:engine PRECISION=bf16" \
+#     "mma   MONARCH_FFTCONV_TC_KERNEL=mma         KERNEL=regex:monarch_tc PRECISION=bf16" \
 #     "grad  BACKWARD=1 KERNEL=regex:fftconv_fp32_grad PRECISION=fp32"
 #
 # Each argument: a name, then the environment of one benchmarks/profile_ncu.sh run. A profile

@@ -400,10 +400,9 @@ _decisions: dict[tuple, Backend] = {}
 # Which tensor-core kernel runs the 128x128 split (N = 16384) in bf16/fp16 (tc/dispatch.cu,
 # pick_hopper): unset, the tensor-core engine for calls of ENGINE_MIN_SEQUENCES or more with fp32
 # I/O and the mma.sync kernel otherwise; "engine" the engine at any size (fp32 I/O only: docs/
-# design.md, "The next tensor-core engine"); "mma" the mma.sync kernel at any size; "sm90" the
-# Hopper wgmma kernel (it measured slower so far, docs/performance.md). The binding reads the
-# same variable per call; here it names the kernel in explain() and keeps a named kernel off the
-# engine route.
+# design.md, "The next tensor-core engine"); "mma", or any other value, the mma.sync kernel at any
+# size. The binding reads the same variable per call; here it names the kernel in explain() and
+# keeps a named kernel off the engine route.
 TC_KERNEL_ENV = "MONARCH_FFTCONV_TC_KERNEL"
 
 
@@ -417,8 +416,6 @@ def _tensor_core_kernel(plan: MonarchPlan, precision: str, dtype: torch.dtype, s
     requested = os.environ.get(TC_KERNEL_ENV, "")
     if plan.factors != ENGINE_FACTORS or precision not in ("bf16", "fp16"):
         return "the mma.sync kernel"
-    if requested in ("sm90", "sm90-2seq"):  # the values pick_hopper knows; any other runs mma.sync
-        return "the Hopper wgmma kernel"
     if engine_applies(plan, precision, dtype):
         if requested == "engine":
             return "the tensor-core engine (on request)"

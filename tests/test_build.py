@@ -412,7 +412,7 @@ H200_SMS = 132
 
 @pytest.mark.parametrize("request_, dtype, kernel", [
     (None, torch.float32, "the mma.sync kernel"),
-    ("sm90", torch.float32, "the Hopper wgmma kernel"),
+    ("sm90", torch.float32, "the mma.sync kernel"),  # the deleted wgmma kernel's name: any other value
     ("engine", torch.float32, "the tensor-core engine"),
     ("engine", torch.bfloat16, "the mma.sync kernel"),  # the engine takes fp32 I/O only: dispatch.cu
     ("mma", torch.float32, "the mma.sync kernel"),

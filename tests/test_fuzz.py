@@ -40,7 +40,7 @@ class Case:
     skip: bool
     backward: bool
     engine: str  # MONARCH_FFTCONV_BACKEND: "auto", or "portable" (the emulating engine)
-    tc_kernel: str = "sm80"  # MONARCH_FFTCONV_TC_KERNEL: "sm90" requests the Hopper kernel (GPU only)
+    tc_kernel: str = "mma"  # MONARCH_FFTCONV_TC_KERNEL: "engine" requests the tensor-core engine (GPU only)
 
 
 def draw(rng: random.Random, device: str) -> Case:
@@ -62,7 +62,7 @@ def draw(rng: random.Random, device: str) -> Case:
         engine=rng.choice(["auto", "portable"]) if device == "cpu" else "auto",
     )
     if device == "cuda":  # drawn last, so the CPU's draws (and its seeds' cases) are unchanged
-        case.tc_kernel = rng.choice(["sm80", "sm90"])
+        case.tc_kernel = rng.choice(["mma", "engine"])
     return case
 
 
@@ -120,7 +120,7 @@ def run_case(case: Case, gen: torch.Generator, device: str) -> tuple[str, list[s
             t.requires_grad_()
     y = mf.fftconv(u, k, D=D, precision=case.precision)
     explained = mf.explain(u, k, D=D, precision=case.precision)
-    backend = explained["backend"] + (" (wgmma)" if "wgmma" in explained["kernel"] else "")
+    backend = explained["backend"] + (" (engine)" if "engine" in explained["kernel"] else "")
     g = torch.randn(y.shape, generator=gen).to(device=device, dtype=y.dtype) if case.backward else None
     wanted = reference_with_scales(u, k, D, g)
     budget = BUDGETS[case.precision] + IO_ROUNDING[case.io_dtype]

@@ -38,29 +38,6 @@ inline tc::LaunchFn pick(const ConvForwardParams& p) {
 }
 }  // namespace engine
 
-namespace sm90 {
-// Defined in tc/sm90_kernel.cuh; instantiated in tc/sm90_instances.cu.
-template <Precision P, IOType IO, int SeqWarpgroups>
-cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream);
-
-template <Precision P, int SeqWarpgroups>
-constexpr tc::LaunchFn pick_io(IOType io) {
-  return io == IOType::kFloat32    ? &launch<P, IOType::kFloat32, SeqWarpgroups>
-         : io == IOType::kBFloat16 ? &launch<P, IOType::kBFloat16, SeqWarpgroups>
-                                   : &launch<P, IOType::kFloat16, SeqWarpgroups>;
-}
-
-template <int SeqWarpgroups>
-tc::LaunchFn pick_precision(Precision precision, IOType io) {
-  switch (precision) {
-    case Precision::kBF16: return pick_io<Precision::kBF16, SeqWarpgroups>(io);
-    case Precision::kFP16: return pick_io<Precision::kFP16, SeqWarpgroups>(io);
-    default: return nullptr;
-  }
-}
-
-}  // namespace sm90
-
 namespace {
 
 // Calls of at least this many sequences (B·C) take the engine where it applies (split 128 x 128,
@@ -70,12 +47,10 @@ namespace {
 // backends.ENGINE_MIN_SEQUENCES mirrors it (tests/test_build.py checks).
 constexpr int64_t kEngineMinSequences = 4096;
 
-// The Hopper (wgmma) kernel covers split 128 x 128 in bf16 and fp16. It is correct but measured
-// slower than the mma.sync kernel (0.53 against 0.43 ms at the seed shape; docs/performance.md,
-// sessions 9 and 10), so it runs only on request:
-// MONARCH_FFTCONV_TC_KERNEL=sm90, read per call (side-by-side measurements, its tests), with one
-// sequence in flight per CTA (both warpgroups on it); sm90-2seq runs two, a warpgroup each.
-// "engine" asks for the engine at any size, "mma" for the mma.sync kernel at any size.
+// MONARCH_FFTCONV_TC_KERNEL, read per call, names a kernel for side-by-side measurements and
+// tests: "engine" the engine at any size where it applies; "mma" (or any other value) the mma.sync
+// kernel at any size; unset, the route above. (The Hopper wgmma kernel that "sm90" named was
+// deleted in session 21: the engine replaced it, and it never beat the mma.sync kernel.)
 // Split 128 x 128: the Hopper kernel a call takes, or nullptr for the mma.sync kernel.
 tc::LaunchFn pick_hopper(const ConvForwardParams& p) {
   if (p.n1 != 128 || p.n2 != 128) return nullptr;
@@ -83,8 +58,6 @@ tc::LaunchFn pick_hopper(const ConvForwardParams& p) {
   if (requested == nullptr || *requested == '\0')
     return p.batch * p.channels >= kEngineMinSequences ? engine::pick(p) : nullptr;
   if (std::strcmp(requested, "engine") == 0) return engine::pick(p);
-  if (std::strcmp(requested, "sm90") == 0) return sm90::pick_precision<2>(p.precision, p.io_type);
-  if (std::strcmp(requested, "sm90-2seq") == 0) return sm90::pick_precision<1>(p.precision, p.io_type);
   return nullptr;
 }
 

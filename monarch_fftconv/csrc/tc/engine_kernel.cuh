@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 #include <cuda_runtime.h>
 #include <cute/tensor.hpp>
@@ -20,7 +21,6 @@
 
 #include "fftconv.h"
 #include "tc/engine_traits.cuh"
-#include "tc/sm90_epilogue.cuh"
 #include "common/complex.cuh"
 #include "common/ptx.cuh"
 #include "common/residency.cuh"
@@ -29,8 +29,19 @@ namespace monarch_fftconv {
 namespace engine {
 
 using namespace cute;
-using sm90::pack2;
-using sm90::st_shared;
+
+// Two floats rounded to the operand type T (cute::bfloat16_t or cute::half_t), lo in the low
+// half: one cvt instruction.
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, cute::bfloat16_t>) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return reinterpret_cast<const uint32_t&>(h);
+  } else {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return reinterpret_cast<const uint32_t&>(h);
+  }
+}
 
 // ---------------------------------------------------------------------------
 // Synchronisation: mbarriers (the ring, the filter, the non-finite flags), named barriers
@@ -736,7 +747,7 @@ __device__ void consumer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
     fence_proxy_async();
     named_arrive(Cfg::barrier_rows_ready(wg), 2 * Cfg::kWarpgroup);
     // wgmma orders no shared-memory writes of the other warps: inverse 1's own k steps read
-    // every warp's rows, so the warpgroup meets first (the rule of sm90_gmma.cuh).
+    // every warp's rows, so the warpgroup meets first (wgmma reads the whole warpgroup's registers).
     named_sync(Cfg::barrier_own_rows(wg), Cfg::kWarpgroup);
     float yr[32], yi[32];
     inverse1<Cfg>(sF1cT, sF1sT, sHrHalf, sHiHalf, wg, yr, yi);

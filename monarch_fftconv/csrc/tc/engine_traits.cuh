@@ -110,7 +110,7 @@ __host__ __device__ constexpr Item job_item(int job, int batch) {
 }
 
 // Element offset of (i, j) in a GMMA 128-byte-swizzled layout of 16-bit elements, host and
-// device (sm90::swizzled_offset's rule): the layout's unswizzled offset, then the swizzle
+// device: the layout's unswizzled offset, then the swizzle
 // (16-byte chunk ^= 128-byte row, mod 8), which the smem tensors apply to addresses.
 template <class SwizzledLayout>
 __host__ __device__ inline uint32_t sw128_offset(SwizzledLayout const& layout, int i, int j) {

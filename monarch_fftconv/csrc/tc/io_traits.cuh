@@ -1,5 +1,5 @@
 // monarch_fftconv: the io element types of u and y in global memory as the tensor-core Monarch
-// kernels read and write them (tc/sm80_kernel.cuh, tc/sm90_kernel.cuh): IoTraits<IOType>,
+// kernels read and write them (tc/sm80_kernel.cuh, tc/engine_kernel.cuh): IoTraits<IOType>,
 // read-only-cache loads (__ldg, 16-byte vectors unpacked) and plain stores. The fp32 radix
 // library has its own, streaming (fp32/radix_memory.cuh): its policy differs.
 //
