@@ -111,12 +111,15 @@ if [ -n "${OPERATORS:-}" ]; then
   done
   # The switches' rows beside the defaults: the ATen gates (backends.FUSED_GATES off), the ops
   # on grouped rows (GROUPS_IN_KERNELS on), the backward's scratch route.
-  for spec in "gated:reference,monarch[fp32],monarch-aten-gates:" "grouped:reference,monarch[fp32],monarch-grouped-ops:--backward" \
+  # FUSED_GATED_TRAINING on: the fused gated training step, fwd+bwd (session 21, unmeasured).
+  for spec in "gated:reference,monarch[fp32],monarch-aten-gates:" \
+              "gated:monarch[fp32],monarch-fused-gated-train:--backward" \
+              "grouped:reference,monarch[fp32],monarch-grouped-ops:--backward" \
               "plain:reference,monarch[fp32],monarch-scratch-grad:--backward"; do
     IFS=: read -r op methods pass <<< "$spec"
     echo "== benchmark: --operator $op $pass, $methods"
     timeout 200 python3 benchmarks/bench_cufft.py --operator "$op" $pass --methods "$methods" --shapes "${OP_SHAPES:-16x256x8192}" \
-      --no-plots --out "/tmp/bench_switch_${op}" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_switch_${op}.log"
+      --no-plots --out "/tmp/bench_switch_${op}${pass:+_bwd}" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_switch_${op}${pass:+_bwd}.log"
   done
 fi
 [ "${#BENCH_DIRS[@]}" -gt 0 ] && tar czf "$OUT/bench.tgz" -C /tmp "${BENCH_DIRS[@]}"

@@ -346,6 +346,19 @@ GROUPS_IN_KERNELS = False
 FUSED_GATES = True
 FUSED_GATE_IO_DTYPES = frozenset({torch.float32})
 
+# The gated training step fused (issue #39): a call that records a gradient, on a backend whose
+# kernel takes the gates, causal, u of FUSED_GATE_IO_DTYPES and gates of u's shape and dtype, runs
+# ops.gated_fftconv (the fp32 forward kernel's gated instance, also storing z = conv(x) + D·x for
+# the backward) and ops.gated_fftconv_backward (the fp32 grad kernel's gated instance: x =
+# pregate ⊙ u and dz = postgate ⊙ dy at its loads, du = pregate ⊙ dx and dpregate = u ⊙ dx at its
+# store), dpostgate = dy ⊙ z one ATen multiply: 14 full-tensor passes a step against the ATen
+# gates' ~23 (docs/design.md, "The gated training step"). Off: written in session 21 on a machine
+# without a GPU, never run or timed on one (docs/performance.md, "Session 21 (unmeasured)": a
+# prediction of 1.25 ms against the ATen gates' 1.679 at 16x256x8192). Turn it on once the GPU
+# tests (tests/test_cuda_gated_training.py) pass and `bench_cufft.py --operator gated --methods
+# monarch-fused-gated-train` has measured it.
+FUSED_GATED_TRAINING = False
+
 # bf16/fp16 calls at N = 16384 with fp32 I/O and at least ENGINE_MIN_SEQUENCES sequences (B·C)
 # routed to the tensor-core engine instead of the fp32 kernel. It measured faster there (H100,
 # session 20, the op side by side with the fp32 kernel: 0.303 against 0.340 ms at 16x256x8192,

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import backends, policy
+from . import backends, ops, policy
 from .backends import BACKEND_ENV, TC_KERNEL_ENV, Backend, select_backend
 from .planner import plan_for
 
@@ -176,6 +176,8 @@ def fftconv(
     (one autograd graph), on every backend. A float32 call that records no gradient, with gates
     of u's shape and dtype, takes them into the fp32 kernel where it runs the call
     (`backends.FUSED_GATES`, on by default; `backends.FUSED_GATE_IO_DTYPES`; docs/design.md).
+    With `backends.FUSED_GATED_TRAINING` (off by default: not yet run on a GPU), such a call that
+    records a gradient takes them into the fp32 forward and backward kernels too.
     Bidirectional calls run where the causal call would, the
     Monarch kernels on the folded spectrum K_fwd + conj(K_rev) (bidirectional.py; `explain()`).
     """
@@ -218,6 +220,9 @@ def conv(
     if _gates_fuse(backend, u, pregate, postgate, k, D, bidirectional):
         return _gated_inference(backend, u, k, D if D is None or D.dtype == skip_dtype else D.to(skip_dtype),
                                 pregate, postgate, chosen, flat, cached_spectrum)
+    if _gated_training_fuses(backend, u, pregate, postgate, k, D, bidirectional):
+        return _gated_training(backend, u, k, D if D is None or D.dtype == skip_dtype else D.to(skip_dtype),
+                               pregate, postgate, chosen, flat)
     x = u if pregate is None else u * pregate  # u's shape (checked), the promoted dtype
     if flat:
         x = x.reshape(-1, *u.shape[-2:])  # (..., C, L) -> (B, C, L): a view unless the strides forbid
@@ -235,15 +240,30 @@ def conv(
     return y if y.dtype == u.dtype else y.to(u.dtype)
 
 
+def _kernel_takes_gates(backend: Backend, u: Tensor, pregate: Tensor | None, postgate: Tensor | None,
+                        bidirectional: bool | str) -> bool:
+    """Whether the call's gates can go into the kernel: a causal call on a backend whose kernel
+    takes gates, u of a dtype whose fused call measured faster (`backends.FUSED_GATE_IO_DTYPES`),
+    with gates of u's own shape and dtype (a broadcast or promoting gate keeps the elementwise ops)."""
+    return (backend.fuses_gates and not bidirectional and u.dtype in backends.FUSED_GATE_IO_DTYPES
+            and all(g is None or (g.shape == u.shape and g.dtype == u.dtype) for g in (pregate, postgate)))
+
+
 def _gates_fusable(backend: Backend, u: Tensor, pregate: Tensor | None, postgate: Tensor | None,
                    bidirectional: bool | str) -> bool:
     """Whether a call that records no gradient takes its gates into the kernel
-    (`Backend.gated_conv`): a causal call, with the switch on, on a backend whose kernel takes
-    gates, u of a dtype whose fused call measured faster (`backends.FUSED_GATE_IO_DTYPES`), with
-    gates of u's own shape and dtype (a broadcast or promoting gate keeps the elementwise ops)."""
-    return (backends.FUSED_GATES and backend.fuses_gates and not bidirectional
-            and u.dtype in backends.FUSED_GATE_IO_DTYPES
-            and all(g is None or (g.shape == u.shape and g.dtype == u.dtype) for g in (pregate, postgate)))
+    (`Backend.gated_conv`): `backends.FUSED_GATES` on and `_kernel_takes_gates`."""
+    return backends.FUSED_GATES and _kernel_takes_gates(backend, u, pregate, postgate, bidirectional)
+
+
+def _gated_training_fuses(backend: Backend, u: Tensor, pregate: Tensor | None, postgate: Tensor | None, k: Tensor,
+                          D: Tensor | None, bidirectional: bool | str) -> bool:
+    """Whether this gated call that records a gradient runs the fused gated training step
+    (`_FusedGatedTraining`): `backends.FUSED_GATED_TRAINING` on (off by default: not yet run on a
+    GPU) and `_kernel_takes_gates`."""
+    gated = pregate is not None or postgate is not None
+    return (gated and backends.FUSED_GATED_TRAINING and _kernel_takes_gates(backend, u, pregate, postgate, bidirectional)
+            and _records_grad(u, k, D, pregate, postgate))
 
 
 def _gates_fuse(backend: Backend, u: Tensor, pregate: Tensor | None, postgate: Tensor | None, k: Tensor,
@@ -267,6 +287,50 @@ def _gated_inference(
     if flat:  # (..., C, L) -> (B, C, L), the gates alike (they have u's shape)
         u, pregate, postgate = (None if t is None else t.reshape(-1, *shape[-2:]) for t in (u, pregate, postgate))
     y = backend.gated_conv(u, spectrum, skip, pregate, postgate, precision)
+    return y.reshape(shape) if flat else y
+
+
+class _FusedGatedTraining(torch.autograd.Function):
+    """y = postgate ⊙ z, z = conv(x, k) + D ⊙ x, x = pregate ⊙ u (u and the gates (B, C, L), k a
+    filter per channel) with the gates in the kernels both ways (ops.gated_fftconv and
+    ops.gated_fftconv_backward). Saved: u, both gates, k's spectrum and, with a postgate, z;
+    dpostgate = dy ⊙ z is the one elementwise op left (docs/design.md, "The gated training step")."""
+
+    @staticmethod
+    def forward(ctx, u, k, skip, pregate, postgate, precision):
+        y, z, spectrum = ops.gated_fftconv_op(u, k, skip, pregate, postgate, precision)
+        ctx.save_for_backward(u, spectrum, skip, pregate, postgate, z if postgate is not None else None)
+        ctx.filter_len, ctx.filter_dtype, ctx.precision = k.shape[-1], k.dtype, precision
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        u, spectrum, skip, pregate, postgate, z = ctx.saved_tensors
+        needs_u, needs_k, needs_skip, needs_pregate, needs_postgate, _ = ctx.needs_input_grad
+        du, dk, dskip, dpregate = ops.gated_fftconv_backward_op(dy.contiguous(), u, spectrum, skip, pregate, postgate,
+                                                                ctx.filter_len, ctx.precision)
+        return (
+            du if needs_u else None,
+            dk.to(ctx.filter_dtype) if needs_k else None,
+            dskip.to(skip.dtype) if skip is not None and needs_skip else None,
+            dpregate if pregate is not None and needs_pregate else None,
+            dy * z if postgate is not None and needs_postgate else None,
+            None,
+        )
+
+
+def _gated_training(
+    backend: Backend, u: Tensor, k: Tensor, skip: Tensor | None, pregate: Tensor | None, postgate: Tensor | None,
+    precision: str, flat: bool,
+) -> Tensor:
+    """The fused gated training step (`_FusedGatedTraining`) on (B, C, L), a grouped filter bank
+    given as the other ops take it (`backends._filter_rows`: repeated to a row per channel unless
+    GROUPS_IN_KERNELS; the repeat's gradient, each group's sum, is autograd's)."""
+    shape = u.shape
+    if flat:  # (..., C, L) -> (B, C, L), the gates alike (they have u's shape)
+        u, pregate, postgate = (None if t is None else t.reshape(-1, *shape[-2:]) for t in (u, pregate, postgate))
+    y = _FusedGatedTraining.apply(u, backends._filter_rows(k, shape[-2]), skip, pregate, postgate,
+                                  backend.runs_as or precision)
     return y.reshape(shape) if flat else y
 
 
@@ -385,6 +449,8 @@ def explain(
     fusable = _gates_fusable(backend, u, pregate, postgate, convention is not None)
 
     def fused_gate(where: str) -> str:
+        if backends.FUSED_GATED_TRAINING:
+            return f"fused into the fp32 kernel's {where}, forward and backward (backends.FUSED_GATED_TRAINING)"
         return (f"fused into the fp32 kernel's {where} where no gradient is recorded (inference); "
                 f"an elementwise op when autograd records the call")
 

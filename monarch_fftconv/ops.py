@@ -24,6 +24,13 @@ op                                                          CPU              CUD
                                                                              (four-step: two backwards)
 ``conv_step(x, inputs!, pending!, outputs!, ...) -> y``     PyTorch ops      one kernel (a generation step,
                                                                              a small level's block too)
+``gated_fftconv(u, k, skip, pre, post, prec.) -> (y, z, S)``  the ops above    the spectrum kernel, the fp32
+                                                                             kernel with gates and z (else
+                                                                             ATen gates around)
+``gated_fftconv_backward(grad, u, S, skip, pre, post, ...)``  the ops above    the gated grad kernel and the
+                                                                             filter-gradient kernel (fp32
+                                                                             io, N <= 32768; else ATen gates
+                                                                             around the backward)
 ==========================================================  ===============  ==================================
 
 S is the filter spectrum, (C, n1/2+1, M, 2) real in the compute dtype, scaled by 1/N: the
@@ -215,6 +222,75 @@ def _(u: Tensor, filter_spectrum: Tensor, skip: Tensor | None, pregate: Tensor |
     return torch.empty_like(u, memory_format=torch.contiguous_format)
 
 
+# --------------------------------------------------------------------------- gated training step
+# The fused gated training step (issue #39; functional.py's autograd, behind
+# backends.FUSED_GATED_TRAINING): the forward keeps z = conv(x) + D·x, x = pregate ⊙ u, so the
+# backward's dpostgate = dy ⊙ z is one multiply; the backward takes both gates into the grad
+# kernel. The CPU implementations compose the ops above exactly as the CUDA kernels fuse them.
+
+
+def _check_gates(u: Tensor, pregate: Tensor | None, postgate: Tensor | None) -> None:
+    for name, gate in (("pregate", pregate), ("postgate", postgate)):
+        if gate is not None and (gate.shape != u.shape or gate.dtype != u.dtype):
+            raise ValueError(f"monarch_fftconv: {name} must have u's shape {tuple(u.shape)} and dtype {u.dtype}, "
+                             f"got {tuple(gate.shape)} {gate.dtype}")
+
+
+@torch.library.custom_op("monarch_fftconv::gated_fftconv", mutates_args=(), device_types="cpu")
+def gated_fftconv(u: Tensor, k: Tensor, skip: Tensor | None, pregate: Tensor | None, postgate: Tensor | None,
+                  precision: str) -> tuple[Tensor, Tensor, Tensor]:
+    """(y, z, S): y = postgate ⊙ z, z = conv(x, k) + skip·x, x = pregate ⊙ u, each gate optional
+    and of u's shape and dtype; z is returned only with a postgate (else empty: y is z), S is k's
+    spectrum (not differentiable). Not differentiable itself: functional.py's autograd calls it.
+    CUDA: the spectrum kernel, then the fp32 kernel's gated instance storing z beside y where it
+    runs the call (ATen gates around the conv elsewhere)."""
+    _check_gates(u, pregate, postgate)
+    spectrum = filter_spectrum(k, u.shape[-1], precision)
+    x = u if pregate is None else u * pregate
+    z = conv_forward(x, spectrum, skip, precision)
+    if postgate is None:
+        return z, z.new_empty(0), spectrum
+    return z * postgate, z, spectrum
+
+
+@gated_fftconv.register_fake
+def _(u: Tensor, k: Tensor, skip: Tensor | None, pregate: Tensor | None, postgate: Tensor | None,
+      precision: str) -> tuple[Tensor, Tensor, Tensor]:
+    y = torch.empty_like(u, memory_format=torch.contiguous_format)
+    z = torch.empty_like(y) if postgate is not None else u.new_empty(0)
+    return y, z, k.new_empty(_spectrum_shape(k, u.shape[-1]), dtype=compute_dtype(k))
+
+
+@torch.library.custom_op("monarch_fftconv::gated_fftconv_backward", mutates_args=(), device_types="cpu")
+def gated_fftconv_backward(
+    grad: Tensor, u: Tensor, filter_spectrum: Tensor, skip: Tensor | None, pregate: Tensor | None,
+    postgate: Tensor | None, filter_len: int, precision: str,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(du, dk, dskip, dpregate) of gated_fftconv from dy = grad: dz = postgate ⊙ dy; dx, dk and
+    dskip are fftconv_backward's of dz and x = pregate ⊙ u (dk = Σ_b dz ⋆ x, dskip = Σ dz·x);
+    du = pregate ⊙ dx, dpregate = u ⊙ dx (empty without a pregate). dpostgate = dy ⊙ z is the
+    caller's. du and dpregate in u's dtype, dk and dskip in the compute dtype. CUDA: the gated
+    grad kernel, the gates in its loads and store (fp32 io, N <= 32768), else these ATen gates
+    around the ungated backward."""
+    _check_gates(u, pregate, postgate)
+    x = u if pregate is None else u * pregate
+    dz = grad.to(u.dtype) if postgate is None else grad.to(u.dtype) * postgate
+    dx, dk, dskip = fftconv_backward(dz, x, filter_spectrum, skip, filter_len, precision)
+    dx = dx.to(u.dtype)
+    if pregate is None:
+        return dx, dk, dskip, u.new_empty(0)
+    return dx * pregate, dk, dskip, dx * u
+
+
+@gated_fftconv_backward.register_fake
+def _(grad: Tensor, u: Tensor, filter_spectrum: Tensor, skip: Tensor | None, pregate: Tensor | None,
+      postgate: Tensor | None, filter_len: int, precision: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    du = torch.empty_like(u, memory_format=torch.contiguous_format)
+    dk = u.new_empty((filter_spectrum.shape[0], filter_len), dtype=compute_dtype(u))
+    dpregate = torch.empty_like(du) if pregate is not None else u.new_empty(0)
+    return du, dk, _empty_if_none(None if skip is None else torch.empty_like(skip), u), dpregate
+
+
 # --------------------------------------------------------------------------- fftconv + autograd
 
 
@@ -324,6 +400,8 @@ conv_step_op = torch.ops.monarch_fftconv.conv_step.default
 refresh_filter_spectrum_op = torch.ops.monarch_fftconv.refresh_filter_spectrum.default
 conv_forward_op = torch.ops.monarch_fftconv.conv_forward.default
 gated_conv_forward_op = torch.ops.monarch_fftconv.gated_conv_forward.default
+gated_fftconv_op = torch.ops.monarch_fftconv.gated_fftconv.default
+gated_fftconv_backward_op = torch.ops.monarch_fftconv.gated_fftconv_backward.default
 fftconv_op = torch.ops.monarch_fftconv.fftconv.default
 fftconv_backward_op = torch.ops.monarch_fftconv.fftconv_backward.default
 fftconv_backward_two_sided_op = torch.ops.monarch_fftconv.fftconv_backward_two_sided.default

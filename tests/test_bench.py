@@ -1066,6 +1066,27 @@ def test_a_wrong_operator_or_gradient_is_caught(bench, tmp_path, monkeypatch):
     assert not row["grad_pregate_allclose"] and not bench.guard.is_accurate(row)
 
 
+def test_fused_gated_training_method_turns_the_switch_on(bench, tmp_path, monkeypatch):
+    """monarch-fused-gated-train (run only when --methods names it) times fftconv with
+    backends.FUSED_GATED_TRAINING on for its calls only: with --backward on the CPU (the portable
+    engine standing in for the fp32 kernel) its step goes through the gated ops, accurate with
+    every gradient, and the switch is off again after."""
+    from monarch_fftconv import backends, ops
+
+    monkeypatch.setenv(backends.BACKEND_ENV, "portable")
+    monkeypatch.setattr(backends.Portable, "fuses_gates", True)
+    calls = []
+    real = ops.gated_fftconv_op
+    monkeypatch.setattr(ops, "gated_fftconv_op", lambda *args: (calls.append(args), real(*args))[1])
+    assert "monarch-fused-gated-train" not in {
+        m.name for m in bench.methods.make_methods("cpu", operator=bench.runner.OPERATORS["gated"])}
+    res = bench.cli.main(["--quick", "--device", "cpu", "--no-plots", "--backward", "--operator", "gated",
+                          "--methods", "monarch-fused-gated-train", "--shapes", "2x16x128", "--out", str(tmp_path)])
+    (row,) = res["rows"]
+    assert row["status"] == "ok" and bench.guard.is_accurate(row), row.get("error")
+    assert calls and backends.FUSED_GATED_TRAINING is False
+
+
 def test_plain_operator_keeps_the_plain_methods(bench):
     """--operator plain times what the benchmark timed before: the reference is reference_conv,
     every method runs, and the torch.fft rows keep their flop counts."""

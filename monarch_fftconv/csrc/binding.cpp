@@ -176,21 +176,32 @@ std::optional<at::Tensor> gate_term(const std::optional<at::Tensor>& gate, const
 // u may have any batch and channel strides; a u that is not contiguous in time, and a
 // spectrum or skip term that is not contiguous float32, are copied once (the kernels
 // compute in fp32 whatever the caller's dtype).
-at::Tensor conv_forward_gated(const at::Tensor& u_in, const at::Tensor& spectrum_in,
-                              const std::optional<at::Tensor>& skip_in, const std::optional<at::Tensor>& pregate_in,
-                              const std::optional<at::Tensor>& postgate_in, c10::string_view precision);
+at::Tensor conv_forward_gated_z(const at::Tensor& u_in, const at::Tensor& spectrum_in,
+                                const std::optional<at::Tensor>& skip_in, const std::optional<at::Tensor>& pregate_in,
+                                const std::optional<at::Tensor>& postgate_in, c10::string_view precision,
+                                at::Tensor* z_out);
 
 at::Tensor conv_forward(const at::Tensor& u_in, const at::Tensor& spectrum_in,
                         const std::optional<at::Tensor>& skip_in, c10::string_view precision) {
-  return conv_forward_gated(u_in, spectrum_in, skip_in, std::nullopt, std::nullopt, precision);
+  return conv_forward_gated_z(u_in, spectrum_in, skip_in, std::nullopt, std::nullopt, precision, nullptr);
+}
+
+// The op gated_conv_forward (inference): conv_forward_gated_z without z.
+at::Tensor conv_forward_gated(const at::Tensor& u_in, const at::Tensor& spectrum_in,
+                              const std::optional<at::Tensor>& skip_in, const std::optional<at::Tensor>& pregate_in,
+                              const std::optional<at::Tensor>& postgate_in, c10::string_view precision) {
+  return conv_forward_gated_z(u_in, spectrum_in, skip_in, pregate_in, postgate_in, precision, nullptr);
 }
 
 // y = postgate ⊙ (conv(x) + D·x), x = pregate ⊙ u (each gate optional): fused into the fp32
 // radix kernel's load and store where that kernel runs the call; elsewhere (the tensor-core
-// kernels, four-step) the gates are elementwise ATen ops around the conv.
-at::Tensor conv_forward_gated(const at::Tensor& u_in, const at::Tensor& spectrum_in,
-                              const std::optional<at::Tensor>& skip_in, const std::optional<at::Tensor>& pregate_in,
-                              const std::optional<at::Tensor>& postgate_in, c10::string_view precision) {
+// kernels, four-step) the gates are elementwise ATen ops around the conv. With z_out (the gated
+// training step's forward), z = conv(x) + D·x before the postgate is also returned there: the
+// fused kernel stores it beside y.
+at::Tensor conv_forward_gated_z(const at::Tensor& u_in, const at::Tensor& spectrum_in,
+                                const std::optional<at::Tensor>& skip_in, const std::optional<at::Tensor>& pregate_in,
+                                const std::optional<at::Tensor>& postgate_in, c10::string_view precision,
+                                at::Tensor* z_out) {
   const at::Tensor u = time_contiguous(u_in);
   at::Tensor spectrum = spectrum_in.to(at::kFloat).contiguous();
   const Split split = check_plan(u, spectrum);
@@ -203,16 +214,23 @@ at::Tensor conv_forward_gated(const at::Tensor& u_in, const at::Tensor& spectrum
   const mf::Precision asked = precision_of(precision);
   const mf::Precision kernel_precision =
       mf::covers_split(static_cast<int>(split.n1), static_cast<int>(split.n2)) ? asked : mf::Precision::kFP32;
-  const bool radix = split.fft_size < mf::kFourStepMinSize && kernel_precision == mf::Precision::kFP32;
+  // z (the training step's) is stored by the fp32-io kernel only (kGatedStoresZ)
+  const bool radix = split.fft_size < mf::kFourStepMinSize && kernel_precision == mf::Precision::kFP32 &&
+                     (z_out == nullptr || u.scalar_type() == at::kFloat);
   spectrum = per_channel_rows(spectrum, channels_per_filter(u, spectrum));
-  if ((pregate || postgate) && !radix) {  // the gates around the conv, as ATen ops
+  if ((pregate || postgate || z_out) && !radix) {  // the gates around the conv, as ATen ops
     const at::Tensor x = pregate ? u.mul(*pregate) : u;
-    at::Tensor conv = conv_forward_gated(x, spectrum, skip, std::nullopt, std::nullopt, precision);
+    at::Tensor conv = conv_forward_gated_z(x, spectrum, skip, std::nullopt, std::nullopt, precision, nullptr);
+    if (z_out != nullptr) {
+      *z_out = conv;
+      return postgate ? conv.mul(*postgate) : conv.clone();
+    }
     return postgate ? conv.mul_(*postgate) : conv;
   }
 
   const c10::cuda::CUDAGuard guard(u.device());
   at::Tensor y = at::empty(u.sizes(), u.options());
+  if (z_out != nullptr) *z_out = at::empty(u.sizes(), u.options());
   if (y.numel() == 0) return y;
 
   mf::ConvForwardParams p{};
@@ -232,6 +250,7 @@ at::Tensor conv_forward_gated(const at::Tensor& u_in, const at::Tensor& spectrum
   p.precision = kernel_precision;
   p.pregate = pregate ? pregate->data_ptr() : nullptr;
   p.postgate = postgate ? postgate->data_ptr() : nullptr;
+  p.pre_postgate_out = z_out != nullptr ? z_out->data_ptr() : nullptr;
   if (split.fft_size >= mf::kFourStepMinSize) {  // fp32 for every precision
     at::Tensor intermediate;
     mf::FourStepParams f = fourstep_params(u, split.fft_size, intermediate);
@@ -428,6 +447,23 @@ void refresh_filter_spectrum(const at::Tensor& k_in, const at::Tensor& source, c
   if (k.size(0) > 0) launch_radix_spectrum(k, spectrum, source.data_ptr<float>(), split);
 }
 
+// The fused gated training step's forward (ops.gated_fftconv): (y, z, the spectrum), y =
+// postgate ⊙ z, z = conv(x) + D·x, x = pregate ⊙ u; z (saved by the autograd for dpostgate =
+// dy ⊙ z) only with a postgate, else empty. Two launches where the fp32 kernel runs the call
+// (its GATED instance stores z beside y), ATen gates around the conv elsewhere.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_fftconv(const at::Tensor& u, const at::Tensor& k,
+                                                             const std::optional<at::Tensor>& skip,
+                                                             const std::optional<at::Tensor>& pregate,
+                                                             const std::optional<at::Tensor>& postgate,
+                                                             c10::string_view precision) {
+  TORCH_CHECK_VALUE(u.dim() == 3, message("monarch_fftconv: u must be (B, C, L), got ", u.sizes()));
+  at::Tensor spectrum = filter_spectrum(k, u.size(2), precision);
+  at::Tensor z;
+  at::Tensor y = conv_forward_gated_z(u, spectrum, skip, pregate, postgate, precision, postgate ? &z : nullptr);
+  if (!postgate) z = at::empty({0}, u.options());
+  return {y, z, spectrum};
+}
+
 // (y, the spectrum it used): the whole forward in two launches, no Python on the way.
 std::tuple<at::Tensor, at::Tensor> fftconv(const at::Tensor& u, const at::Tensor& k,
                                            const std::optional<at::Tensor>& skip, c10::string_view precision) {
@@ -501,11 +537,16 @@ bool grad_uniform_pairs_from_env() { return !env_switch("MONARCH_FFTCONV_GRAD_UN
 // (du in u's dtype, dk float32 (C, filter_len) or, two-sided, (C, 2, filter_len) with lag -s in
 // dk[c][1][s], dD float32 (C,) or empty): the fused fp32 backward, for every precision
 // (gradients in fp32 arithmetic are within every budget).
+// With gates (the gated training step: gated_fftconv_backward has checked them, a causal fp32-io
+// call on the radix kernels), the gated grad kernel: du = pregate ⊙ dx and *dpregate = u ⊙ dx.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& grad_in, const at::Tensor& u_in,
                                                              const at::Tensor& spectrum_in,
                                                              const std::optional<at::Tensor>& skip_in,
                                                              int64_t filter_len, c10::string_view precision,
-                                                             bool two_sided) {
+                                                             bool two_sided,
+                                                             const std::optional<at::Tensor>& pregate = std::nullopt,
+                                                             const std::optional<at::Tensor>& postgate = std::nullopt,
+                                                             at::Tensor* dpregate = nullptr) {
   precision_of(precision);  // a known name; the arithmetic is fp32 whatever it is
   const mf::GradAccumulator accumulator = grad_accumulator_from_env();  // checked on every route
   const bool uniform_pairs = grad_uniform_pairs_from_env();
@@ -527,6 +568,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
   at::Tensor du = at::empty(u.sizes(), u.options());
   at::Tensor dk = two_sided ? at::empty({rows, 2, filter_len}, fp32) : at::empty({rows, filter_len}, fp32);
   at::Tensor dskip = at::empty({skip ? channels : 0}, fp32);
+  if (dpregate != nullptr) *dpregate = pregate ? at::empty(u.sizes(), u.options()) : at::empty({0}, u.options());
   if (batch == 0) {  // sums over no sequences
     dk.zero_();
     dskip.zero_();
@@ -571,6 +613,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
   p.accumulator = accumulator;
   p.uniform_pairs = uniform_pairs;
   p.two_sided = two_sided;
+  p.pregate = pregate ? pregate->data_ptr() : nullptr;
+  p.postgate = postgate ? postgate->data_ptr() : nullptr;
+  p.grad_pregate = pregate && dpregate != nullptr ? dpregate->data_ptr() : nullptr;
   const size_t workspace_bytes = mf::conv_backward_fp32_workspace_bytes(p);
   TORCH_CHECK(workspace_bytes > 0, "monarch_fftconv: no backward kernel for this call");
   // from the caching allocator, on this stream: freed when the kernels are done with it
@@ -586,6 +631,38 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fftconv_backward(const at::Tensor
                                                                 const std::optional<at::Tensor>& skip,
                                                                 int64_t filter_len, c10::string_view precision) {
   return backward_impl(grad, u, spectrum, skip, filter_len, precision, false);
+}
+
+// The fused gated training step's backward (ops.gated_fftconv_backward): (du, dk, dD, dpregate),
+// dpregate empty without a pregate; dpostgate = dy ⊙ z is the autograd's. Causal calls of fp32 io
+// on the radix kernels (N <= 32768) run the gated grad kernel (the gates in its loads and store);
+// every other call, or one without gates, the ungated backward with ATen gates around it:
+// x = pregate ⊙ u, dz = postgate ⊙ dy, then du = pregate ⊙ dx, dpregate = u ⊙ dx.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_fftconv_backward(
+    const at::Tensor& grad_in, const at::Tensor& u_in, const at::Tensor& spectrum,
+    const std::optional<at::Tensor>& skip, const std::optional<at::Tensor>& pregate_in,
+    const std::optional<at::Tensor>& postgate_in, int64_t filter_len, c10::string_view precision) {
+  TORCH_CHECK_VALUE(u_in.dim() == 3, message("monarch_fftconv: u must be (B, C, L), got ", u_in.sizes()));
+  const at::Tensor u = time_contiguous(u_in);
+  const std::optional<at::Tensor> pregate = gate_term(pregate_in, u, "pregate");
+  const std::optional<at::Tensor> postgate = gate_term(postgate_in, u, "postgate");
+  TORCH_CHECK_VALUE(grad_in.sizes() == u.sizes() && grad_in.device() == u.device(),
+                    message("monarch_fftconv: the gradient must be ", u.sizes(), " on ", u.device(), ", got ",
+                            grad_in.sizes()));
+  const Split split = check_plan(u, spectrum);
+  const bool fused = (pregate || postgate) && split.fft_size < mf::kFourStepMinSize && u.scalar_type() == at::kFloat;
+  if (fused) {
+    at::Tensor dpregate;
+    auto [du, dk, dskip] = backward_impl(grad_in, u, spectrum, skip, filter_len, precision, false, pregate, postgate,
+                                         &dpregate);
+    return {du, dk, dskip, dpregate};
+  }
+  const at::Tensor grad = grad_in.to(u.scalar_type());
+  const at::Tensor x = pregate ? u.mul(*pregate) : u;
+  const at::Tensor dz = postgate ? grad.mul(*postgate) : grad;
+  auto [dx, dk, dskip] = backward_impl(dz, x, spectrum, skip, filter_len, precision, false);
+  if (!pregate) return {dx, dk, dskip, at::empty({0}, u.options())};
+  return {dx.mul(*pregate), dk, dskip, dx.mul(u)};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fftconv_backward_two_sided(
@@ -715,6 +792,8 @@ TORCH_LIBRARY_IMPL(monarch_fftconv, CUDA, m) {
   m.impl("fftconv", &fftconv);
   m.impl("fftconv_backward", &fftconv_backward);
   m.impl("fftconv_backward_two_sided", &fftconv_backward_two_sided);
+  m.impl("gated_fftconv", &gated_fftconv);
+  m.impl("gated_fftconv_backward", &gated_fftconv_backward);
 }
 
 TORCH_LIBRARY_IMPL(monarch_fftconv, AutogradCUDA, m) {

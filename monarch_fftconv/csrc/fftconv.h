@@ -49,6 +49,11 @@ struct ConvForwardParams {
   // (batch, channels, seq_len), contiguous, io_type, or nullptr. Other kernels refuse them.
   const void* pregate;
   const void* postgate;
+  // The fused gated training step's forward (functional.py, backends.FUSED_GATED_TRAINING):
+  // z = conv(x) + D·x, before the postgate, stored here too (autograd saves it for
+  // dpostgate = dy ⊙ z). (batch, channels, seq_len), contiguous, io_type, or nullptr. The fp32
+  // kernel only, with the gates (its GATED instance).
+  void* pre_postgate_out;
 };
 
 // The gradients of one conv_forward call from dy = dL/dy, in fp32 arithmetic whatever the
@@ -79,6 +84,15 @@ struct ConvBackwardParams {
   GradAccumulator accumulator;    // kAuto unless a benchmark asks
   bool uniform_pairs;             // the grad kernel's pair sweeps without thread 0's own path (on-chip route)
   bool two_sided;                 // grad_filter[c][1][s] = lag -s, Σ_b Σ_t dy[t]·u[t+s], beside lag s
+  // The gated training step (y = postgate ⊙ z, z = conv(x) + D·x, x = pregate ⊙ u), each gate
+  // (batch, channels, seq_len) contiguous in io_type, or nullptr. With either gate the grad kernel
+  // runs its GATED instance (fp32 io, causal only): it transforms x = pregate ⊙ u and
+  // dz = postgate ⊙ dy where it transformed u and dy, so grad_filter and grad_skip are those of
+  // x and dz, and it stores grad_u = pregate ⊙ dx and grad_pregate = u ⊙ dx (dx: the correlation
+  // it stored as grad_u before). dpostgate = dy ⊙ z is the caller's.
+  const void* pregate;
+  const void* postgate;
+  void* grad_pregate;             // (batch, channels, seq_len) contiguous, io_type; required with pregate
 };
 
 // The filter spectrum that ConvForwardParams takes, from the filter k (fp32 arithmetic):

@@ -51,10 +51,11 @@ namespace {
 namespace fp32_detail {
 
 
-// GATED: Hyena's gates fused into p1's load and the last pass's store (a.pregate, a.postgate);
-// a separate instance, so that the ungated kernel's registers and code are untouched.
+// The kernel's body, every sequence of the persistent grid. GATED: Hyena's gates fused into p1's
+// load and the last pass's store (a.pregate, a.postgate), and z = conv + D·x stored before the
+// postgate where a.z is given (the training step's forward).
 template <int LOGM, typename IO, bool GATED>
-__global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) fftconv_fp32_kernel(const KArgs a) {
+__device__ __forceinline__ void forward_sequences(const ForwardArgs<GATED>& a) {
   using P = Plan<LOGM>;
   constexpr int M = P::M, T = P::T, SPB = P::SPB;
   extern __shared__ float4 smem_raw[];
@@ -115,6 +116,27 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) fft
   }
 }
 
+// The ungated kernel (GATED false: the gated one is fftconv_fp32_gated_kernel, a kernel of its
+// own taking GatedKArgs, so that this one keeps its name, registers and code).
+template <int LOGM, typename IO, bool GATED>
+__global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) fftconv_fp32_kernel(const KArgs a) {
+  static_assert(!GATED, "the gated forward is fftconv_fp32_gated_kernel");
+  forward_sequences<LOGM, IO, false>(a);
+}
+
+template <int LOGM, typename IO>
+__global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS)
+    fftconv_fp32_gated_kernel(const GatedKArgs a) {
+  forward_sequences<LOGM, IO, true>(a);
+}
+
+// The forward kernel of an instance.
+template <int LOGM, typename IO, bool GATED>
+constexpr auto forward_kernel() {
+  if constexpr (GATED) return fftconv_fp32_gated_kernel<LOGM, IO>;
+  else return fftconv_fp32_kernel<LOGM, IO, false>;
+}
+
 struct ForwardShape {
   int ctas_per_sm = 0, sms = 0, prefetch = 0;
   size_t smem = 0;
@@ -136,7 +158,7 @@ cudaError_t forward_shape(int n1, int n2, ForwardShape& shape) {
   const size_t smem0 = smem_bytes<LOGM>(n1, n2);
   const size_t smem_pf = smem0 + (size_t)P::SPB * P::M * sizeof(IO);  // + the u prefetch buffers
   const bool try_pf = kPrefetchU<IO> && smem_pf <= kMaxSmem;
-  auto kern = fftconv_fp32_kernel<LOGM, IO, GATED>;
+  auto kern = forward_kernel<LOGM, IO, GATED>();
   err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(try_pf ? smem_pf : smem0));
   if (err != cudaSuccess) return err;
   int sms = 0, occ = 0, occ_pf = 0;
@@ -159,7 +181,10 @@ cudaError_t forward_shape(int n1, int n2, ForwardShape& shape) {
 template <int LOGM, typename IO, bool GATED>
 cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream) {
   using P = Plan<LOGM>;
-  KArgs a = conv_kargs<LOGM>(p);
+  ForwardArgs<GATED> a{};
+  static_cast<KArgs&>(a) = conv_kargs<LOGM>(p);
+  if constexpr (GATED) a.z = p.pre_postgate_out;
+  if (!kGatedStoresZ<IO> && p.pre_postgate_out != nullptr) return cudaErrorInvalidValue;  // no z store built
   // The skip is always folded into the spectrum. The direct form stays compiled, though never
   // used, because the register allocation depends on it: without it fp32 io at N <= 2048
   // spills more and runs slower (2-byte io and larger N run faster).
@@ -175,7 +200,7 @@ cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream) {
   a.prefetch = shape.prefetch;
   const int occ = shape.ctas_per_sm, sms = shape.sms;
   const size_t smem = shape.smem;
-  auto kern = fftconv_fp32_kernel<LOGM, IO, GATED>;
+  auto kern = forward_kernel<LOGM, IO, GATED>();
   const int64_t blocks_needed = (nseq + P::SPB - 1) / P::SPB;
   int64_t grid = (int64_t)occ * sms;
   if (grid > blocks_needed) grid = blocks_needed;
@@ -185,7 +210,7 @@ cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream) {
 
 template <typename IO>
 cudaError_t dispatch_size(const ConvForwardParams& p, cudaStream_t stream) {
-  const bool gated = p.pregate != nullptr || p.postgate != nullptr;
+  const bool gated = p.pregate != nullptr || p.postgate != nullptr || p.pre_postgate_out != nullptr;
   return with_plan(p.fft_size, cudaErrorInvalidValue, [&](auto logm) {
     constexpr int LOGM = decltype(logm)::value;
     return gated ? launch<LOGM, IO, true>(p, stream) : launch<LOGM, IO, false>(p, stream);

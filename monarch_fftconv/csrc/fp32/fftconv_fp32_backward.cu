@@ -29,6 +29,15 @@
 //     the inverse split and inverse passes, the first Lk samples stored as dk[c] (and
 //     dk[c, 0] as dD[c]); two-sided, also bins N - s as lag -s (dk (C, 2, Lk)).
 //
+// Gated (the fused gated training step, issue #39; ConvBackwardParams' gates): the forward was
+// y = postgate ⊙ z, z = x * k', x = pregate ⊙ u. The GATED instance of the grad kernel runs the
+// same passes on x = pregate ⊙ u (the u pass's load) and dz = postgate ⊙ dy (the dy pass's
+// load), so its accumulator is Σ_b conj(X)·DZ: filter_grad_kernel then gives dk = Σ_b dz ⋆ x
+// and dD = dk[c, 0] = Σ dz·x, the gradients of the gated forward, unchanged. Its store takes
+// dx = IFFT(DZ · conj K') to du = pregate ⊙ dx and dpregate = u ⊙ dx (u and pregate read again:
+// L2 holds them since the u pass, one sequence per CTA on the on-chip route). fp32 io only
+// (kGatedGradIO); the ungated kernels are untouched.
+//
 // Deterministic: no atomics; every sum has a fixed order. The chunking (how many work items
 // share a channel) depends only on the shape, the device and the route (GradLayout: the
 // default or MONARCH_FFTCONV_GRAD_ACCUMULATOR=global), so a given call on a given GPU gives
@@ -39,6 +48,7 @@
 #include "fp32/radix.cuh"
 
 #include <cuda/annotated_ptr>
+#include <type_traits>
 
 namespace monarch_fftconv {
 namespace {
@@ -56,7 +66,15 @@ struct GradArgs {
   int64_t chunk;     // batch entries per work item (the last may have fewer)
   int64_t Lk;
   int chunks;
+  // The GATED grad kernel's (k.pregate, k.postgate: the gates, or nullptr): dpregate = u ⊙ dx,
+  // (B, C, L) contiguous, given with k.pregate. Last, so the ungated kernels' fields keep their offsets.
+  void* dpre;
 };
+
+// The io types the gated grad kernel is built for: those of backends.FUSED_GATE_IO_DTYPES (fp32;
+// each more would add its three routes' instances to this unit's build).
+template <typename IO>
+constexpr bool kGatedGradIO = std::is_same_v<IO, float>;
 
 // How the scratch meets L2. The scratch (X_u and the accumulator: ~36 MB at every N, as the
 // slots hold 32768 points per SM) and the channels' spectra outgrow L2 (H200: 50 MB), so the
@@ -109,9 +127,40 @@ struct GradLayout {
   }
 };
 
+// The gated grad kernel's store (GATED): dx, the correlation of dz with K', from the inverse
+// passes into du = pregate ⊙ dx and dpregate = u ⊙ dx where the pregate is given, into du = dx
+// where it is not. u is read through its strides, as the u pass read it.
+template <int LOGM, typename IO>
+__device__ __forceinline__ void inverse_passes_gated(float* re, float* im, int tx, const float2* twM,
+                                                     const float2* twIP2, cf (&A2)[16], cf (&B2)[16],
+                                                     const GradArgs& g, int64_t b, int64_t c, int Lv) {
+  using P = Plan<LOGM>;
+  constexpr int T = P::T, R = P::R1, NB = 32 / R, NS = P::M / R;
+  const KArgs& a = g.k;
+  const int64_t row = (b * a.C + c) * a.L;  // du, dpregate and the gates are contiguous (B, C, L)
+  cf v[NB][R];
+  inverse_to_registers<LOGM>(re, im, tx, twM, twIP2, A2, B2, v);
+  IO* du = static_cast<IO*>(g.du) + row;
+  const bool opair = (reinterpret_cast<uintptr_t>(du) & (2 * sizeof(IO) - 1)) == 0;  // dpregate's too
+  if (a.pregate != nullptr) {
+    cf dpre[NB][R];
+#pragma unroll
+    for (int q = 0; q < NB; ++q) {
+#pragma unroll
+      for (int r = 0; r < R / 2; ++r) dpre[q][r] = v[q][r];
+    }
+    apply_gate<T>(dpre, static_cast<const IO*>(a.u) + b * a.ubs + c * a.ucs, tx, NS, Lv);
+    store_causal_half<T>(static_cast<IO*>(g.dpre) + row, dpre, tx, NS, Lv, opair);
+    apply_gate<T>(v, static_cast<const IO*>(a.pregate) + row, tx, NS, Lv);
+  }
+  store_causal_half<T>(du, v, tx, NS, Lv, opair);
+}
+
 // The grad kernel's body. UNIFORM_PAIRS: the pair sweeps in one code path for every thread
 // (for_each_pair_uniform), thread 0 included; otherwise for_each_pair's separate thread-0 path.
-template <int LOGM, typename IO, bool ON_CHIP, bool UNIFORM_PAIRS>
+// GATED: the gated step's (x = pregate ⊙ u and dz = postgate ⊙ dy transformed, du and dpregate
+// stored by inverse_passes_gated); the ungated instance is the code as it was.
+template <int LOGM, typename IO, bool ON_CHIP, bool UNIFORM_PAIRS, bool GATED = false>
 __device__ __forceinline__ void grad_iterations(const GradArgs& g) {
   using P = Plan<LOGM>;
   using Layout = GradLayout<LOGM, ON_CHIP>;
@@ -177,7 +226,13 @@ __device__ __forceinline__ void grad_iterations(const GradArgs& g) {
 #pragma unroll 1
     for (int pass = 0; pass < 2; ++pass) {
       const IO* x = pass == 0 ? static_cast<const IO*>(a.u) + b * a.ubs + c * a.ucs : static_cast<const IO*>(g.dy) + row;
-      forward_passes<LOGM, IO>(re, im, tx, twFP2, x, Lv);
+      if constexpr (GATED) {
+        // x = pregate ⊙ u, then dz = postgate ⊙ dy (a missing gate: the sequence as it is)
+        const IO* gate = static_cast<const IO*>(pass == 0 ? a.pregate : a.postgate);
+        forward_passes<LOGM, IO, true>(re, im, tx, twFP2, x, Lv, gate == nullptr ? nullptr : gate + row);
+      } else {
+        forward_passes<LOGM, IO>(re, im, tx, twFP2, x, Lv);
+      }
       mid_forward<M>(re, im, tx, twM, A, Bv);
       if (pass == 1) break;
       pairs([&](int pair, int, cf zk, cf zm, cf w, cf&, cf&) {
@@ -238,7 +293,11 @@ __device__ __forceinline__ void grad_iterations(const GradArgs& g) {
         merge_pair(cmul(xk, cconj(kspec(stage, f, a))), cmul(xm, cconj(kspec(stage, M - f, a))), w, vk, vm);
       });
     }
-    inverse_passes<LOGM, IO>(re, im, tx, twM, twIP2, A2, B2, static_cast<IO*>(g.du) + row, Lv);
+    if constexpr (GATED) {
+      inverse_passes_gated<LOGM, IO>(re, im, tx, twM, twIP2, A2, B2, g, b, c, Lv);
+    } else {
+      inverse_passes<LOGM, IO>(re, im, tx, twM, twIP2, A2, B2, static_cast<IO*>(g.du) + row, Lv);
+    }
   }
 
   // The on-chip accumulator leaves once, for filter_grad_kernel: the 16 pair slots of every
@@ -267,6 +326,14 @@ template <int LOGM, typename IO>
 __global__ void __launch_bounds__(Plan<LOGM>::THREADS, (GradLayout<LOGM, true>::kMinCtas))
     fftconv_fp32_grad_uniform_pairs_kernel(const GradArgs g) {
   grad_iterations<LOGM, IO, true, true>(g);
+}
+
+// The gated training step's grad kernel (GATED grad_iterations), on each route and sweep: kernels
+// of their own, so that the ungated kernels keep their names and code.
+template <int LOGM, typename IO, bool ON_CHIP, bool UNIFORM_PAIRS>
+__global__ void __launch_bounds__(Plan<LOGM>::THREADS, (GradLayout<LOGM, ON_CHIP>::kMinCtas))
+    fftconv_fp32_gated_grad_kernel(const GradArgs g) {
+  grad_iterations<LOGM, IO, ON_CHIP, UNIFORM_PAIRS, true>(g);
 }
 
 // TWO_SIDED: dk (C, 2, Lk), lag -s stored from the circle's bin N - s beside lag s.
@@ -336,24 +403,26 @@ struct GradShape {
   size_t smem;  // the grad kernel's dynamic shared memory
 };
 
-// The grad kernel of a route and sweep.
-template <int LOGM, typename IO, bool ON_CHIP, bool UNIFORM_PAIRS>
+// The grad kernel of a route and sweep, gated or not.
+template <int LOGM, typename IO, bool ON_CHIP, bool UNIFORM_PAIRS, bool GATED>
 constexpr auto grad_kernel() {
   static_assert(ON_CHIP || !UNIFORM_PAIRS, "the uniform pair sweeps are built for the on-chip route only");
-  if constexpr (UNIFORM_PAIRS) return fftconv_fp32_grad_uniform_pairs_kernel<LOGM, IO>;
+  static_assert(!GATED || kGatedGradIO<IO>, "the gated grad kernel is built for kGatedGradIO only");
+  if constexpr (GATED) return fftconv_fp32_gated_grad_kernel<LOGM, IO, ON_CHIP, UNIFORM_PAIRS>;
+  else if constexpr (UNIFORM_PAIRS) return fftconv_fp32_grad_uniform_pairs_kernel<LOGM, IO>;
   else return fftconv_fp32_grad_kernel<LOGM, IO, ON_CHIP>;
 }
 
 // How the batch is cut into work items: enough items to fill the GPU once, each as long a
 // run of the batch as that allows (fewer partial accumulators to sum).
-template <int LOGM, typename IO, bool ON_CHIP, bool UNIFORM_PAIRS>
+template <int LOGM, typename IO, bool ON_CHIP, bool UNIFORM_PAIRS, bool GATED>
 cudaError_t grad_shape(const ConvBackwardParams& p, GradShape& shape) {
   using P = Plan<LOGM>;
   using Layout = GradLayout<LOGM, ON_CHIP>;
   int ctas = 0, sms = 0;
   shape.smem = Layout::smem_bytes(p.n1, p.n2);
   if (shape.smem > max_smem_per_cta(Layout::kMinCtas)) return cudaErrorInvalidConfiguration;
-  const cudaError_t err = residency<grad_kernel<LOGM, IO, ON_CHIP, UNIFORM_PAIRS>()>(P::THREADS, shape.smem, ctas, sms);
+  const cudaError_t err = residency<grad_kernel<LOGM, IO, ON_CHIP, UNIFORM_PAIRS, GATED>()>(P::THREADS, shape.smem, ctas, sms);
   if (err != cudaSuccess) return err;
   const int64_t slots = (int64_t)ctas * sms * P::SPB;
   int64_t chunks = slots / p.channels;
@@ -365,19 +434,24 @@ cudaError_t grad_shape(const ConvBackwardParams& p, GradShape& shape) {
   return cudaSuccess;
 }
 
-template <int LOGM, typename IO, bool ON_CHIP, bool UNIFORM_PAIRS>
+template <int LOGM, typename IO, bool ON_CHIP, bool UNIFORM_PAIRS, bool GATED>
 cudaError_t launch_grad(const ConvBackwardParams& p, cudaStream_t stream, size_t* workspace_bytes) {
   using P = Plan<LOGM>;
   using Layout = GradLayout<LOGM, ON_CHIP>;
   GradShape shape;
-  cudaError_t err = grad_shape<LOGM, IO, ON_CHIP, UNIFORM_PAIRS>(p, shape);
+  cudaError_t err = grad_shape<LOGM, IO, ON_CHIP, UNIFORM_PAIRS, GATED>(p, shape);
   if (err != cudaSuccess) return err;
   if (workspace_bytes != nullptr) {
     *workspace_bytes = shape.workspace_bytes;
     return cudaSuccess;
   }
   GradArgs g{};
-  g.k = conv_kargs<LOGM>(p);  // its y and gates unused
+  g.k = conv_kargs<LOGM>(p);  // its y unused; its gates the gated kernel's
+  if constexpr (GATED) {
+    g.k.pregate = p.pregate;
+    g.k.postgate = p.postgate;
+    g.dpre = p.grad_pregate;
+  }
   g.dy = p.grad;
   g.du = p.grad_u;
   g.dk = p.grad_filter;
@@ -395,7 +469,7 @@ cudaError_t launch_grad(const ConvBackwardParams& p, cudaStream_t stream, size_t
                          : residency<filter_grad_kernel<LOGM, false>>(P::THREADS, smem, ctas, sms)) != cudaSuccess)
     return err;
   const dim3 block(P::T, P::SPB);
-  grad_kernel<LOGM, IO, ON_CHIP, UNIFORM_PAIRS>()
+  grad_kernel<LOGM, IO, ON_CHIP, UNIFORM_PAIRS, GATED>()
       <<<(unsigned)((shape.items + P::SPB - 1) / P::SPB), block, shape.smem, stream>>>(g);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
   filter_grad<<<(unsigned)((p.channels + P::SPB - 1) / P::SPB), block, smem, stream>>>(g);
@@ -406,16 +480,28 @@ cudaError_t launch_grad(const ConvBackwardParams& p, cudaStream_t stream, size_t
 // 32768, not even instantiated), unless the caller asks for the scratch route. The uniform
 // pair sweeps on the on-chip route where n1 | M/16 (N >= 1024 with the planner's splits),
 // unless the caller asks for thread 0's own path.
-template <int LOGM, typename IO>
-cudaError_t launch_grad_route(const ConvBackwardParams& p, cudaStream_t stream, size_t* workspace_bytes) {
+// GATED: the gated kernels, on the same routes as the ungated ones.
+template <int LOGM, typename IO, bool GATED>
+cudaError_t launch_grad_route_of(const ConvBackwardParams& p, cudaStream_t stream, size_t* workspace_bytes) {
   if constexpr (Plan<LOGM>::THREADS <= 256) {
     if (p.accumulator == GradAccumulator::kAuto &&
         GradLayout<LOGM, true>::smem_bytes(p.n1, p.n2) <= max_smem_per_cta(1))
       return p.uniform_pairs && p.n1 <= Plan<LOGM>::M / 16  // its filter walks
-                 ? launch_grad<LOGM, IO, true, true>(p, stream, workspace_bytes)
-                 : launch_grad<LOGM, IO, true, false>(p, stream, workspace_bytes);
+                 ? launch_grad<LOGM, IO, true, true, GATED>(p, stream, workspace_bytes)
+                 : launch_grad<LOGM, IO, true, false, GATED>(p, stream, workspace_bytes);
   }
-  return launch_grad<LOGM, IO, false, false>(p, stream, workspace_bytes);
+  return launch_grad<LOGM, IO, false, false, GATED>(p, stream, workspace_bytes);
+}
+
+// A call with a gate takes the gated kernels (built for kGatedGradIO only: the binding sends no
+// other io type), every other call the ungated ones.
+template <int LOGM, typename IO>
+cudaError_t launch_grad_route(const ConvBackwardParams& p, cudaStream_t stream, size_t* workspace_bytes) {
+  if (p.pregate != nullptr || p.postgate != nullptr) {
+    if constexpr (kGatedGradIO<IO>) return launch_grad_route_of<LOGM, IO, true>(p, stream, workspace_bytes);
+    else return cudaErrorInvalidValue;
+  }
+  return launch_grad_route_of<LOGM, IO, false>(p, stream, workspace_bytes);
 }
 
 template <typename IO>
@@ -430,6 +516,9 @@ cudaError_t grad_dispatch(const ConvBackwardParams& p, cudaStream_t stream, size
                      p.filter_len <= p.seq_len && 2 * p.seq_len <= p.fft_size &&
                      smem_bytes_for(p.fft_size, p.n1, p.n2) <= kMaxSmem;
   if (!valid) return cudaErrorInvalidValue;
+  // The gated step: causal only, its dpregate given with its pregate.
+  if ((p.pregate != nullptr || p.postgate != nullptr) && (p.two_sided || (p.pregate && !p.grad_pregate)))
+    return cudaErrorInvalidValue;
   if (workspace_bytes == nullptr &&
       !(p.u && p.grad && p.grad_u && p.grad_filter && p.workspace && p.filter_spectrum &&
         reinterpret_cast<uintptr_t>(p.filter_spectrum) % 8 == 0 && reinterpret_cast<uintptr_t>(p.workspace) % 16 == 0))

@@ -17,10 +17,28 @@
 #include "fp32/radix.cuh"
 
 #include <cstdint>
+#include <type_traits>
 
 namespace monarch_fftconv {
 namespace {  // internal linkage: each kernel translation unit has its own copy
 namespace fp32_detail {
+
+// The gated kernel's arguments: KArgs and, for a training step, where z = conv(x) + D·x goes
+// before the postgate (autograd saves it: dpostgate = dy ⊙ z). A type of its own, so that the
+// ungated kernel's KArgs, and every other kernel's (GradArgs embeds KArgs), keep their layout.
+struct GatedKArgs : KArgs {
+  void* z;  // (B, C, L) contiguous, IO, or nullptr: not stored
+};
+
+// The io types whose gated forward stores z: fp32, the training step's (backends.
+// FUSED_GATE_IO_DTYPES). The 2-byte instances compile without the store: it grew their spills
+// (N = 16384: 88/92 -> 288/284 B); the binding gives them no z.
+template <typename IO>
+constexpr bool kGatedStoresZ = std::is_same_v<IO, float>;
+
+// What the forward kernel takes: KArgs, or GatedKArgs for the GATED instance.
+template <bool GATED>
+using ForwardArgs = std::conditional_t<GATED, GatedKArgs, KArgs>;
 
 // The CTA's twiddle tables, one per pass (built once per CTA: the grid is persistent).
 struct ForwardTables {
@@ -73,32 +91,6 @@ __device__ __forceinline__ bool prefetch_seq(const KArgs& a, IO* ubuf, int64_t s
   const bool staged = (reinterpret_cast<uintptr_t>(p) & 15) == 0;
   if (staged) prefetch_u<IO, Plan<LOGM>::T>(ubuf, p, (int)a.L, tx);
   return staged;
-}
-
-// A gate (pregate or postgate: (B, C, L) contiguous, like y) applied to the values v[q][r] =
-// (x[t0], x[t0 + 1]), t0 = 2(j + r·NS), of this thread's butterflies j = tx + q·T, r < R/2:
-// the pairs the first forward and the last inverse pass read and write. Products in fp32.
-template <int T, int NB, int R, typename IO>
-__device__ __forceinline__ void apply_gate(cf (&v)[NB][R], const IO* gate, int tx, int ns, int Lv) {
-  const bool gpair = (reinterpret_cast<uintptr_t>(gate) & (2 * sizeof(IO) - 1)) == 0;
-  // Every load issued before the first product (load_pair_bits): a product inside the load's
-  // branch waited for that load before the next one issued. Zero past Lv, where v is zero
-  // or not stored.
-  pair_bits_t<IO> bits[NB][R / 2];
-#pragma unroll
-  for (int q = 0; q < NB; ++q) {
-#pragma unroll
-    for (int r = 0; r < R / 2; ++r) bits[q][r] = load_pair_bits<IO>(gate, 2 * (tx + q * T + r * ns), Lv, gpair);
-  }
-#pragma unroll
-  for (int q = 0; q < NB; ++q) {
-#pragma unroll
-    for (int r = 0; r < R / 2; ++r) {
-      const float2 g2 = pair_bits_to_float2<IO>(bits[q][r]);
-      v[q][r].x *= g2.x;
-      v[q][r].y *= g2.y;
-    }
-  }
 }
 
 // Forward p1: global (or, when pf_cur, the slot's prefetch buffer) -> smem, radix R1, NS = 1,
@@ -242,10 +234,10 @@ __device__ __forceinline__ void mid_filter_pairs(const float2* stage, const KArg
 // The last inverse pass: smem -> global, radix R1, NS = M/R1; only the causal half (y[t] for
 // t < Lv) is stored, plus D·u there when the skip is not folded into the filter. GATED: y =
 // postgate ⊙ (conv + D·x) where a.postgate is given (the skip is then always folded: the
-// direct form would need x, not u).
+// direct form would need x, not u), and z = conv + D·x also stored where a.z is given.
 template <int LOGM, typename IO, bool GATED>
 __device__ __forceinline__ void last_inverse_store(const float* re, const float* im, int tx, const float2* twM,
-                                                   const KArgs& a, const ForwardSeq& seq) {
+                                                   const ForwardArgs<GATED>& a, const ForwardSeq& seq) {
   using P = Plan<LOGM>;
   constexpr int M = P::M, T = P::T;
   const bool valid = seq.valid, upair = seq.upair, ypair = seq.ypair;
@@ -257,6 +249,10 @@ __device__ __forceinline__ void last_inverse_store(const float* re, const float*
   cf v[NB][R];
   last_inverse_butterflies<LOGM>(re, im, tx, twM, v, [](int) {});
   if constexpr (GATED) {
+    // z as y's row (contiguous like y: y's pair alignment), before the postgate multiplies v
+    if constexpr (kGatedStoresZ<IO>) {
+      if (a.z != nullptr) store_causal_half<T>(static_cast<IO*>(a.z) + (b * a.C + c) * a.L, v, tx, NS, Lv, seq.ypair);
+    }
     if (a.postgate != nullptr)
       apply_gate<T>(v, static_cast<const IO*>(a.postgate) + (b * a.C + c) * a.L, tx, NS, Lv);
   }

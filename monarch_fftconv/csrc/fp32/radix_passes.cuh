@@ -100,6 +100,52 @@ __device__ __forceinline__ void store_butterflies(float* re, float* im, int tx, 
   }
 }
 
+// A gate (pregate or postgate: (B, C, L) contiguous, like y) applied to the values v[q][r] =
+// (x[t0], x[t0 + 1]), t0 = 2(j + r·NS), of this thread's butterflies j = tx + q·T, r < R/2:
+// the pairs the first forward and the last inverse pass read and write. Products in fp32.
+template <int T, int NB, int R, typename IO>
+__device__ __forceinline__ void apply_gate(cf (&v)[NB][R], const IO* gate, int tx, int ns, int Lv) {
+  const bool gpair = (reinterpret_cast<uintptr_t>(gate) & (2 * sizeof(IO) - 1)) == 0;
+  // Every load issued before the first product (load_pair_bits): a product inside the load's
+  // branch waited for that load before the next one issued. Zero past Lv, where v is zero
+  // or not stored.
+  pair_bits_t<IO> bits[NB][R / 2];
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+#pragma unroll
+    for (int r = 0; r < R / 2; ++r) bits[q][r] = load_pair_bits<IO>(gate, 2 * (tx + q * T + r * ns), Lv, gpair);
+  }
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+#pragma unroll
+    for (int r = 0; r < R / 2; ++r) {
+      const float2 g2 = pair_bits_to_float2<IO>(bits[q][r]);
+      v[q][r].x *= g2.x;
+      v[q][r].y *= g2.y;
+    }
+  }
+}
+
+// The causal half of the last inverse pass's values v[q][r] = (w[t0], w[t0 + 1]), t0 =
+// 2(tx + q·T + r·ns), r < R/2, into out at t < Lv (opair: out aligned for two-element stores):
+// the gated kernels' extra outputs (the forward's z, the backward's dpregate and du).
+template <int T, int NB, int R, typename IO>
+__device__ __forceinline__ void store_causal_half(IO* out, const cf (&v)[NB][R], int tx, int ns, int Lv, bool opair) {
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+#pragma unroll
+    for (int r = 0; r < R / 2; ++r) {
+      const int t0 = 2 * (tx + q * T + r * ns);
+      if (opair && t0 + 1 < Lv) {
+        io_store2<IO>(out + t0, v[q][r].x, v[q][r].y);
+      } else {
+        if (t0 < Lv) io_store<IO>(out + t0, v[q][r].x);
+        if (t0 + 1 < Lv) io_store<IO>(out + t0 + 1, v[q][r].y);
+      }
+    }
+  }
+}
+
 // Forward p1's radix-R1 butterflies on this thread's loaded values v (UPPER_ZERO: inputs R/2..R-1
 // known zero) into smem, then p2. Starts with a barrier before its first smem write.
 template <int LOGM, bool UPPER_ZERO>
@@ -122,9 +168,11 @@ __device__ __forceinline__ void forward_p1_butterflies_and_p2(float* re, float* 
 // Forward passes p1 (global -> smem, radix R1, the upper half of z known zero) and p2: the
 // sequence x[0:Lv), zero beyond, leaves them in smem ready for the mid pass. Starts with a
 // barrier before its first smem write, so smem may still be read when it is called.
-template <int LOGM, typename IO>
+// GATED: the sequence gate ⊙ x where gate (contiguous, like x's row) is given (the gated grad
+// kernel's x = pregate ⊙ u and dz = postgate ⊙ dy); the ungated instance is the code as it was.
+template <int LOGM, typename IO, bool GATED = false>
 __device__ __forceinline__ void forward_passes(float* re, float* im, int tx, const float2* twFP2, const IO* x,
-                                               int Lv) {
+                                               int Lv, const IO* gate = nullptr) {
   using P = Plan<LOGM>;
   constexpr int M = P::M, T = P::T, R = P::R1, NB = 32 / R;
   const bool xpair = (reinterpret_cast<uintptr_t>(x) & (2 * sizeof(IO) - 1)) == 0;
@@ -162,6 +210,9 @@ __device__ __forceinline__ void forward_passes(float* re, float* im, int tx, con
         v[q][r] = {x2.x, x2.y};
       }
     }
+  }
+  if constexpr (GATED) {
+    if (gate != nullptr) apply_gate<T>(v, gate, tx, M / R, Lv);
   }
   forward_p1_butterflies_and_p2<LOGM, true>(re, im, tx, twFP2, v);
 }
