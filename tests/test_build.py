@@ -138,14 +138,23 @@ SPILL_RECORD = Path(__file__).with_name("ptxas_spills.json")
 RECORD_SPILLS_ENV = "MONARCH_FFTCONV_RECORD_SPILLS"  # =1: rewrite the record from this compile
 _PTXAS_PROPERTIES = re.compile(r"Function properties for (\S+)\n\s*\d+ bytes stack frame, (\d+) bytes spill stores, "
                                r"(\d+) bytes spill loads")
-# An anonymous namespace's mangled name carries a hash of the unit's path: left out of the key.
-_ANONYMOUS_NAMESPACE = re.compile(r"_GLOBAL__N__\w+?_cu_[0-9a-f]{8}")
+# An anonymous namespace's mangled name (<length>_GLOBAL__N__...) carries hashes of the unit (and
+# at times a numeric suffix, so its length varies too): the whole component is left out of the key.
+_ANONYMOUS_NAMESPACE = re.compile(r"(\d+)_GLOBAL__N__")
+
+
+def without_anonymous_namespace(name: str) -> str:
+    """A mangled name with its anonymous namespace component, length prefix included, as _ANON_."""
+    while (found := _ANONYMOUS_NAMESPACE.search(name)) is not None:
+        end = found.start() + len(found.group(1)) + int(found.group(1))
+        name = name[:found.start()] + "_ANON_" + name[end:]
+    return name
 
 
 def kernel_spills(ptxas_log: str) -> dict[str, tuple[int, int]]:
     """ptxas -v's spill stores and loads in bytes per thread, per kernel (entry functions only),
-    keyed by the mangled name without the anonymous namespace's hash."""
-    return {_ANONYMOUS_NAMESPACE.sub("_ANON_", name): (int(stores), int(loads))
+    keyed by the mangled name without the anonymous namespace (without_anonymous_namespace)."""
+    return {without_anonymous_namespace(name): (int(stores), int(loads))
             for name, stores, loads in _PTXAS_PROPERTIES.findall(ptxas_log) if "_kernel" in name}
 
 
@@ -164,7 +173,9 @@ def test_kernel_spills_parses_ptxas_output():
            "ptxas info    : Used 128 registers, used 1 barriers, 144 bytes cumulative stack size\n"
            "ptxas info    : Function properties for _Z6helperv\n"
            "    0 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads\n")
-    assert kernel_spills(log) == {f"_ZN15monarch_fftconv57_ANON_{kernel}": (160, 432)}
+    assert kernel_spills(log) == {f"_ZN15monarch_fftconv_ANON_{kernel}": (160, 432)}
+    suffixed = "_ZN15monarch_fftconv59_GLOBAL__N__c1ad403f_21_grad_instances_f32_cu_958806a2_5564"
+    assert without_anonymous_namespace(suffixed + kernel) == f"_ZN15monarch_fftconv_ANON_{kernel}"
 
 
 @needs_nvcc
