@@ -1,0 +1,224 @@
+// monarch_fftconv: the tensor-core engine's producer warpgroup (tc/engine_kernel.cuh): the
+// packed pairs z = u_a + i·u_b into the ring, the L2 prefetch a job ahead, and the channel's
+// filter spectrum, scaled, into the resident buffer.
+//
+// CUDA + CuTe headers only: never include torch here.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+#include <cute/tensor.hpp>
+
+#include "fftconv.h"
+#include "tc/engine_traits.cuh"
+#include "tc/engine_primitives.cuh"
+
+namespace monarch_fftconv {
+namespace engine {
+
+using namespace cute;
+
+// ---------------------------------------------------------------------------
+// The producer's loads.
+// ---------------------------------------------------------------------------
+// One sequence (or zeros, seq < 0) into a ring plane (s, r): sample t = 128 r + s, rounded,
+// 16-byte stores of 8 consecutive s.
+template <class Cfg>
+__device__ __forceinline__ void load_plane(const ConvForwardParams& p, int seq, int c, bool vec_ok,
+                                           uint32_t plane, int pt) {
+  using T = typename Cfg::T;
+  constexpr int kChunksPerRow = Cfg::kN2 / Cfg::kU8PerThread;  // 16
+  constexpr int kChunks = Cfg::kInputRows * kChunksPerRow;      // 1024
+  const int L = int(p.seq_len);
+  const float* u = static_cast<const float*>(p.u) + (seq >= 0 ? seq * p.u_batch_stride + c * p.u_channel_stride : 0);
+#pragma unroll 1
+  for (int chunk = pt; chunk < kChunks; chunk += Cfg::kWarpgroup) {
+    const int r = chunk / kChunksPerRow, s0 = (chunk % kChunksPerRow) * Cfg::kU8PerThread;
+    const int t0 = r * Cfg::kN2 + s0;
+    float v[8];
+    if (seq >= 0 && vec_ok && t0 + 7 < L) {
+      const float4 lo = ld_stream(u + t0), hi = ld_stream(u + t0 + 4);
+      v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w;
+      v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = (seq >= 0 && t0 + i < L) ? __ldg(u + t0 + i) : 0.0f;
+    }
+    st_shared_v4(plane + 2 * Cfg::ring_offset(s0, r),
+                 make_uint4(pack2<T>(v[0], v[1]), pack2<T>(v[2], v[3]), pack2<T>(v[4], v[5]), pack2<T>(v[6], v[7])));
+  }
+}
+
+// The channel's spectrum, (n1/2 + 1) x n2 words (re, im).
+template <class Cfg>
+__device__ __forceinline__ const float2* channel_spectrum(const ConvForwardParams& p, int c) {
+  return reinterpret_cast<const float2*>(p.filter_spectrum) + c * int64_t(Cfg::kFilterRows * Cfg::kN2);
+}
+
+// Asks L2 for the 128-byte lines holding bytes [0, bytes) from first, line i by producer thread
+// i % 128. The first line is asked by `first` itself: every address lies in the span, whatever
+// its alignment.
+template <class Cfg>
+__device__ __forceinline__ void prefetch_span(const void* first, int bytes, int pt) {
+  constexpr int kLine = 128;
+  const char* span = static_cast<const char*>(first);
+  const int head = int(reinterpret_cast<uintptr_t>(first) % kLine);  // bytes of the first line before `first`
+#pragma unroll 1
+  for (int at = kLine * pt - head; at < bytes; at += kLine * Cfg::kWarpgroup) prefetch_l2(span + max(at, 0));
+}
+
+// An item's inputs into L2, a job ahead of their loads: the samples t < min(L, N/2) that
+// load_plane reads of each sequence, and the channel's spectrum unless it is `resident`.
+template <class Cfg>
+__device__ __forceinline__ void prefetch_item(const ConvForwardParams& p, const Item& item, int resident, int pt) {
+  const float* u = static_cast<const float*>(p.u) + item.channel * p.u_channel_stride;
+  const int bytes = int(min(p.seq_len, int64_t(Cfg::kInputRows * Cfg::kN2))) * int(sizeof(float));
+  prefetch_span<Cfg>(u + item.seq_re * p.u_batch_stride, bytes, pt);
+  if (item.seq_im >= 0) prefetch_span<Cfg>(u + item.seq_im * p.u_batch_stride, bytes, pt);
+  if (item.channel != resident) {
+    prefetch_span<Cfg>(channel_spectrum<Cfg>(p, item.channel), Cfg::kFilterRows * Cfg::kN2 * int(sizeof(float2)), pt);
+  }
+}
+
+// fn(k1, k) for the spectrum's words (k1, k2 = pt), k1 = 0 .. n1/2 in order: thread pt takes
+// column pt of every row, with the loads of kBatch rows in flight before the first is used
+// (not one round trip a word).
+template <class Cfg, class Fn>
+__device__ __forceinline__ void for_each_filter_word(const float2* spec, int pt, Fn&& fn) {
+  static_assert(Cfg::kN2 == Cfg::kWarpgroup, "a producer thread per column");
+  constexpr int kBatch = 4, kBatched = Cfg::kFilterRows / kBatch * kBatch;  // rows 0 .. 63; row 64 alone
+  const float2* row = spec + pt;  // the word of row k1
+#pragma unroll 1
+  for (int k1 = 0; k1 < kBatched; k1 += kBatch, row += kBatch * Cfg::kN2) {
+    float2 k[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) k[b] = __ldg(row + b * Cfg::kN2);
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) fn(k1 + b, k[b]);
+  }
+#pragma unroll
+  for (int k1 = kBatched; k1 < Cfg::kFilterRows; ++k1, row += Cfg::kN2) fn(k1, __ldg(row));
+}
+
+// The channel's spectrum into the resident buffer: (K + D/N)·2^e in T, e such that the largest
+// component lies in [1, 2) (0 if it is zero or not finite), and 2^-e split between the hand-off
+// and y (EngineTraits::kHandoffExponent). An fp32 peak gives e in [-127, 149]: 2^e itself
+// overflows from e = 128 (a peak below 2^-127; 0·inf made such a channel NaN), so it is applied
+// as two normal factors, 2^(e/2) then the rest, exact wherever the result is normal; the two
+// unscales are powers of two in [2^-136, 2^127]. Two passes: filter_peak reads only global
+// memory and the producer's own sm.peak, so it runs while the consumers still use the
+// previous channel's filter; filter_store after they release it.
+struct FilterScale {
+  float skip;  // D/N
+  int e;
+};
+template <class Cfg>
+__device__ __forceinline__ FilterScale filter_peak(const ConvForwardParams& p, int c, typename Cfg::Smem& sm, int pt) {
+  const float skip = p.skip != nullptr ? __ldg(p.skip + c) / float(Cfg::kN) : 0.0f;
+  float peak = 0.0f;
+  for_each_filter_word<Cfg>(channel_spectrum<Cfg>(p, c), pt, [&](int, float2 k) {
+    peak = fmaxf(peak, fmaxf(fabsf(k.x + skip), fabsf(k.y)));  // fmaxf drops NaN: checked below
+    if (!isfinite(k.x + skip) || !isfinite(k.y)) peak = INFINITY;
+  });
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) peak = fmaxf(peak, __shfl_xor_sync(0xffffffffu, peak, o));
+  // Every producer thread has read the previous channel's peaks: with this pass ahead of
+  // filter_free, nothing else orders those reads before these writes.
+  named_sync(Cfg::kBarProducer, Cfg::kWarpgroup);
+  if (pt % 32 == 0) st_shared(smem_address(&sm.peak[pt / 32]), __float_as_uint(peak));  // as filter_store's
+  named_sync(Cfg::kBarProducer, Cfg::kWarpgroup);
+  peak = fmaxf(fmaxf(sm.peak[0], sm.peak[1]), fmaxf(sm.peak[2], sm.peak[3]));
+  int e = 0;
+  if (peak > 0.0f && isfinite(peak)) {
+    int x;
+    frexpf(peak, &x);  // peak = m·2^x, m in [0.5, 1)
+    e = 1 - x;
+  }
+  return FilterScale{skip, e};
+}
+template <class Cfg>
+__device__ __forceinline__ void filter_store(const ConvForwardParams& p, int c, FilterScale scale,
+                                             typename Cfg::Smem& sm, int pt) {
+  using T = typename Cfg::T;
+  const float skip = scale.skip;
+  const int e = scale.e;
+  const float scale_lo = ldexpf(1.0f, e / 2), scale_hi = ldexpf(1.0f, e - e / 2);
+  const uint32_t filter = smem_address(sm.filter);  // 32-bit addresses: the producer has 40 registers
+  for_each_filter_word<Cfg>(channel_spectrum<Cfg>(p, c), pt, [&](int k1, float2 k) {
+    const uint32_t word = pack2<T>((k.x + skip) * scale_lo * scale_hi, k.y * scale_lo * scale_hi);
+    st_shared(filter + 4 * filter_word<Cfg::kN2>(k1, pt), word);
+  });
+  if (pt == 0) {  // the previous channel's last job reads them until filter_free
+    const int to_handoff = min(e, Cfg::kHandoffExponent);
+    sm.handoff_unscale = ldexpf(1.0f, -to_handoff);
+    sm.output_unscale = ldexpf(1.0f, to_handoff - e);
+  }
+}
+
+// The producer warpgroup: the CTA's jobs in order, each as a checked item; after the next
+// item is out, the previous checked item's flag decides its unpacked rerun (two items).
+template <class Cfg>
+__device__ void producer(const ConvForwardParams& p, typename Cfg::Smem& sm, int job_begin, int job_end) {
+  const int pt = threadIdx.x % Cfg::kWarpgroup;
+  const int batch = int(p.batch);    // 32-bit: the dispatch holds batch·channels below 2^31
+  const bool vec_ok = (reinterpret_cast<uintptr_t>(p.u) % 16) == 0 && p.u_batch_stride % 4 == 0 &&
+                      p.u_channel_stride % 4 == 0;
+  uint32_t emitted = 0;          // items out: item n in stage n % 2
+  uint32_t done_parity = 0;      // bit s: the parity of done[s]'s next phase (a register, not a local array)
+  uint32_t filter_loads = 0;
+  int resident = -1;
+
+  auto emit = [&](Item item) {
+    const int stage = emitted % Cfg::kStages;
+    mbar_wait(&sm.empty[stage], ((emitted / Cfg::kStages) & 1) ^ 1);
+    if (item.channel >= 0) {
+      load_plane<Cfg>(p, item.seq_re, item.channel, vec_ok, smem_address(sm.ring[stage][0]), pt);
+      load_plane<Cfg>(p, item.seq_im, item.channel, vec_ok, smem_address(sm.ring[stage][1]), pt);
+    }
+    if (pt == 0) sm.item[stage] = item;
+    fence_proxy_async();  // the planes, for stage 1's wgmma
+    mbar_arrive(&sm.full[stage]);
+    ++emitted;
+    if (item.channel >= 0 && item.channel != resident) {
+      const FilterScale scale = filter_peak<Cfg>(p, item.channel, sm, pt);
+      mbar_wait(&sm.filter_free, filter_loads & 1);  // the consumers release the buffer on this item
+      filter_store<Cfg>(p, item.channel, scale, sm, pt);
+      mbar_arrive(&sm.filter_full);
+      ++filter_loads;
+      resident = item.channel;
+    }
+    return stage;
+  };
+  // After the item that follows it is out: the checked item's flag; a non-finite output of a
+  // pair of two sequences is computed again, each sequence alone. The flag is cleared here,
+  // once every producer thread has read it, not when its stage is next emitted: a rerun is
+  // emitted into the stage of the checked item after it, whose flag is still to be read.
+  auto settle = [&](int stage, Item item) {
+    mbar_wait(&sm.done[stage], (done_parity >> stage) & 1);
+    done_parity ^= 1u << stage;
+    const bool flagged = *reinterpret_cast<volatile uint32_t*>(&sm.nonfinite[stage]) != 0;
+    named_sync(Cfg::kBarProducer, Cfg::kWarpgroup);
+    if (pt == 0) sm.nonfinite[stage] = 0;  // published to the consumers by the next full arrive
+    if (flagged && item.seq_im >= 0) {
+      emit(Item{item.channel, item.seq_re, -1, 0});
+      emit(Item{item.channel, item.seq_im, -1, 0});
+    }
+  };
+
+  int pending_stage = -1;  // the previous job's: its item is made again from its index
+  int job = job_begin;
+#pragma unroll 1
+  for (; job < job_end; ++job) {
+    const Item item = job_item(job, batch);
+    // Before this item waits for its stage: the next one's loads then hit L2.
+    if (job + 1 < job_end) prefetch_item<Cfg>(p, job_item(job + 1, batch), item.channel, pt);
+    const int stage = emit(item);
+    if (pending_stage >= 0) settle(pending_stage, job_item(job - 1, batch));
+    pending_stage = stage;
+  }
+  if (pending_stage >= 0) settle(pending_stage, job_item(job - 1, batch));
+  emit(Item{-1, -1, -1, 0});
+}
+
+}  // namespace engine
+}  // namespace monarch_fftconv
