@@ -163,7 +163,6 @@ def _(x, inputs, pending, outputs, first_tap, second_tap, index, fold, block_tap
 
 
 # --------------------------------------------------------------------------- conv_forward
-# --------------------------------------------------------------------------- conv_forward
 
 
 def _channel_spectrum(filter_spectrum: Tensor, channels: int) -> Tensor:
@@ -199,6 +198,14 @@ def _(u: Tensor, filter_spectrum: Tensor, skip: Tensor | None, precision: str) -
     return torch.empty_like(u, memory_format=torch.contiguous_format)
 
 
+def _check_gates(u: Tensor, pregate: Tensor | None, postgate: Tensor | None) -> None:
+    """The gated ops' gates: each absent or of u's shape and dtype (the kernels index them as u)."""
+    for name, gate in (("pregate", pregate), ("postgate", postgate)):
+        if gate is not None and (gate.shape != u.shape or gate.dtype != u.dtype):
+            raise ValueError(f"monarch_fftconv: {name} must have u's shape {tuple(u.shape)} and dtype {u.dtype}, "
+                             f"got {tuple(gate.shape)} {gate.dtype}")
+
+
 @torch.library.custom_op("monarch_fftconv::gated_conv_forward", mutates_args=(), device_types="cpu")
 def gated_conv_forward(u: Tensor, filter_spectrum: Tensor, skip: Tensor | None, pregate: Tensor | None,
                        postgate: Tensor | None, precision: str) -> Tensor:
@@ -207,10 +214,7 @@ def gated_conv_forward(u: Tensor, filter_spectrum: Tensor, skip: Tensor | None, 
     load and store where it runs the call, ATen ops around the conv elsewhere; CPU: the latter.
     With 2-byte I/O the two differ in rounding: the fused kernel multiplies in fp32 and rounds
     y once, the ATen ops round x and y to the I/O dtype."""
-    for name, gate in (("pregate", pregate), ("postgate", postgate)):
-        if gate is not None and (gate.shape != u.shape or gate.dtype != u.dtype):
-            raise ValueError(f"monarch_fftconv: {name} must have u's shape {tuple(u.shape)} and dtype {u.dtype}, "
-                             f"got {tuple(gate.shape)} {gate.dtype}")
+    _check_gates(u, pregate, postgate)
     x = u if pregate is None else u * pregate
     y = conv_forward(x, filter_spectrum, skip, precision)
     return y if postgate is None else y * postgate
@@ -227,13 +231,6 @@ def _(u: Tensor, filter_spectrum: Tensor, skip: Tensor | None, pregate: Tensor |
 # backends.FUSED_GATED_TRAINING): the forward keeps z = conv(x) + D·x, x = pregate ⊙ u, so the
 # backward's dpostgate = dy ⊙ z is one multiply; the backward takes both gates into the grad
 # kernel. The CPU implementations compose the ops above exactly as the CUDA kernels fuse them.
-
-
-def _check_gates(u: Tensor, pregate: Tensor | None, postgate: Tensor | None) -> None:
-    for name, gate in (("pregate", pregate), ("postgate", postgate)):
-        if gate is not None and (gate.shape != u.shape or gate.dtype != u.dtype):
-            raise ValueError(f"monarch_fftconv: {name} must have u's shape {tuple(u.shape)} and dtype {u.dtype}, "
-                             f"got {tuple(gate.shape)} {gate.dtype}")
 
 
 @torch.library.custom_op("monarch_fftconv::gated_fftconv", mutates_args=(), device_types="cpu")

@@ -506,7 +506,6 @@ namespace fp32_grad {
 // once it has checked the call.
 template <typename IO, bool GATED>
 cudaError_t launch_io(const ConvBackwardParams& p, cudaStream_t stream, size_t* workspace_bytes) {
-  static_assert(!GATED || fp32_detail::kGatedGradIO<IO>, "the gated grad kernels are built for fp32 io only");
   return fp32_detail::with_plan(p.fft_size, cudaErrorInvalidValue, [&](auto logm) {
     return fp32_detail::launch_grad_route_of<decltype(logm)::value, IO, GATED>(p, stream, workspace_bytes);
   });

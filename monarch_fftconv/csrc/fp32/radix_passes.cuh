@@ -128,7 +128,7 @@ __device__ __forceinline__ void apply_gate(cf (&v)[NB][R], const IO* gate, int t
 
 // The causal half of the last inverse pass's values v[q][r] = (w[t0], w[t0 + 1]), t0 =
 // 2(tx + q·T + r·ns), r < R/2, into out at t < Lv (opair: out aligned for two-element stores):
-// the gated kernels' extra outputs (the forward's z, the backward's dpregate and du).
+// inverse_passes' y, and the gated kernels' outputs (the forward's z, the backward's dpregate and du).
 template <int T, int NB, int R, typename IO>
 __device__ __forceinline__ void store_causal_half(IO* out, const cf (&v)[NB][R], int tx, int ns, int Lv, bool opair) {
 #pragma unroll
@@ -330,20 +330,7 @@ __device__ __forceinline__ void inverse_passes(float* re, float* im, int tx, con
   cf v[NB][R];
   inverse_to_registers<LOGM>(re, im, tx, twM, twIP2, A2, B2, v);
   const bool ypair = (reinterpret_cast<uintptr_t>(y) & (2 * sizeof(IO) - 1)) == 0;
-#pragma unroll
-  for (int q = 0; q < NB; ++q) {
-    const int j = tx + q * T;
-#pragma unroll
-    for (int r = 0; r < R / 2; ++r) {
-      const int t0 = 2 * (j + r * NS);
-      if (ypair && t0 + 1 < Lv) {
-        io_store2<IO>(y + t0, v[q][r].x, v[q][r].y);
-      } else {
-        if (t0 < Lv) io_store<IO>(y + t0, v[q][r].x);
-        if (t0 + 1 < Lv) io_store<IO>(y + t0 + 1, v[q][r].y);
-      }
-    }
-  }
+  store_causal_half<T>(y, v, tx, NS, Lv, ypair);
 }
 
 }  // namespace fp32_detail
