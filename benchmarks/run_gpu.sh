@@ -111,9 +111,9 @@ if [ -n "${OPERATORS:-}" ]; then
   done
   # The switches' rows beside the defaults: the ATen gates (backends.FUSED_GATES off), the ops
   # on grouped rows (GROUPS_IN_KERNELS on), the backward's scratch route.
-  # FUSED_GATED_TRAINING on: the fused gated training step, fwd+bwd (session 21, unmeasured).
+  # FUSED_GATED_TRAINING off: the training step with the ATen gates, the route the fused step replaced.
   for spec in "gated:reference,monarch[fp32],monarch-aten-gates:" \
-              "gated:monarch[fp32],monarch-fused-gated-train:--backward" \
+              "gated:monarch[fp32],monarch-unfused-gated-train:--backward" \
               "grouped:reference,monarch[fp32],monarch-grouped-ops:--backward" \
               "plain:reference,monarch[fp32],monarch-scratch-grad:--backward"; do
     IFS=: read -r op methods pass <<< "$spec"

@@ -352,22 +352,19 @@ FUSED_GATE_IO_DTYPES = frozenset({torch.float32})
 # the backward) and ops.gated_fftconv_backward (the fp32 grad kernel's gated instance: x =
 # pregate ⊙ u and dz = postgate ⊙ dy at its loads, du = pregate ⊙ dx and dpregate = u ⊙ dx at its
 # store), dpostgate = dy ⊙ z one ATen multiply: 14 full-tensor passes a step against the ATen
-# gates' ~23 (docs/design.md, "The gated training step"). Off: written in session 21 on a machine
-# without a GPU, never run or timed on one (docs/performance.md, "Session 21 (unmeasured)": a
-# prediction of 1.25 ms against the ATen gates' 1.679 at 16x256x8192). Turn it on once the GPU
-# tests (tests/test_cuda_gated_training.py) pass and `bench_cufft.py --operator gated --methods
-# monarch-fused-gated-train` has measured it.
-FUSED_GATED_TRAINING = False
+# gates' ~23 (docs/design.md, "The gated training step"). On since session 22: its GPU tests
+# passed on an H100 and it measured 1.369 ms fwd+bwd against the ATen gates' 1.682 at
+# 16x256x8192 fp32 (bench_cufft.py --operator gated --backward; docs/performance.md, session 22).
+FUSED_GATED_TRAINING = True
 
 # bf16/fp16 calls at N = 16384 with fp32 I/O and at least ENGINE_MIN_SEQUENCES sequences (B·C)
-# routed to the tensor-core engine instead of the fp32 kernel. It measured faster there (H100,
-# session 20, the op side by side with the fp32 kernel: 0.303 against 0.340 ms at 16x256x8192,
-# 0.512 against 0.619 at 32x256, 2.75 against 3.42 at 64x768; a tie at 2048 sequences, slower
-# below), error 4.6e-3 (bf16's budget 1e-2). Off until the routed calls have run through the
-# public API on a GPU (tests/test_cuda_engine.py's route tests; written in session 20 without a
-# GPU). tc/dispatch.cu's kEngineMinSequences is the same number: the binding runs the engine for
-# such calls whatever this switch says, so this decides only whether they reach the tensor cores.
-ENGINE_ROUTE = False
+# routed to the tensor-core engine instead of the fp32 kernel. Through the public call, side by
+# side with the fp32 kernel (H100, session 22): 0.303 against 0.340 ms at 16x256x8192, 0.505
+# against 0.642 at 32x256, 2.71 against 3.59 at 64x768; a tie at 2048 sequences, slower below.
+# Error 3.9e-3 (bf16's budget 1e-2). On since session 22, when the route's GPU tests passed.
+# tc/dispatch.cu's kEngineMinSequences is the same number: the binding runs the engine for such
+# calls whatever this switch says, so this decides only whether they reach the tensor cores.
+ENGINE_ROUTE = True
 ENGINE_MIN_SEQUENCES = 4096
 ENGINE_FACTORS = (128, 128)
 

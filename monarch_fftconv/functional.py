@@ -172,12 +172,11 @@ def fftconv(
     is the sum over its channels. `precision` is "fp32", "tf32", "bf16", "fp16" or None (see
     `monarch_fftconv.policy` for how None is resolved).
 
-    Where autograd records the call, the gates are elementwise ATen ops around the convolution
-    (one autograd graph), on every backend. A float32 call that records no gradient, with gates
-    of u's shape and dtype, takes them into the fp32 kernel where it runs the call
-    (`backends.FUSED_GATES`, on by default; `backends.FUSED_GATE_IO_DTYPES`; docs/design.md).
-    With `backends.FUSED_GATED_TRAINING` (off by default: not yet run on a GPU), such a call that
-    records a gradient takes them into the fp32 forward and backward kernels too.
+    Where the fp32 kernel runs a causal float32 call with gates of u's shape and dtype, it takes them
+    (`backends.FUSED_GATE_IO_DTYPES`; docs/design.md): in its forward when no gradient is recorded
+    (`backends.FUSED_GATES`), and in its forward and backward kernels when one is
+    (`backends.FUSED_GATED_TRAINING`); both on by default. Elsewhere the gates are elementwise ATen
+    ops around the convolution (one autograd graph), on every backend.
     Bidirectional calls run where the causal call would, the
     Monarch kernels on the folded spectrum K_fwd + conj(K_rev) (bidirectional.py; `explain()`).
     """
@@ -259,8 +258,7 @@ def _gates_fusable(backend: Backend, u: Tensor, pregate: Tensor | None, postgate
 def _gated_training_fuses(backend: Backend, u: Tensor, pregate: Tensor | None, postgate: Tensor | None, k: Tensor,
                           D: Tensor | None, bidirectional: bool | str) -> bool:
     """Whether this gated call that records a gradient runs the fused gated training step
-    (`_FusedGatedTraining`): `backends.FUSED_GATED_TRAINING` on (off by default: not yet run on a
-    GPU) and `_kernel_takes_gates`."""
+    (`_FusedGatedTraining`): `backends.FUSED_GATED_TRAINING` on (the default) and `_kernel_takes_gates`."""
     gated = pregate is not None or postgate is not None
     return (gated and backends.FUSED_GATED_TRAINING and _kernel_takes_gates(backend, u, pregate, postgate, bidirectional)
             and _records_grad(u, k, D, pregate, postgate))

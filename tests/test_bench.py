@@ -1066,11 +1066,12 @@ def test_a_wrong_operator_or_gradient_is_caught(bench, tmp_path, monkeypatch):
     assert not row["grad_pregate_allclose"] and not bench.guard.is_accurate(row)
 
 
-def test_fused_gated_training_method_turns_the_switch_on(bench, tmp_path, monkeypatch):
-    """monarch-fused-gated-train (run only when --methods names it) times fftconv with
-    backends.FUSED_GATED_TRAINING on for its calls only: with --backward on the CPU (the portable
-    engine standing in for the fp32 kernel) its step goes through the gated ops, accurate with
-    every gradient, and the switch is off again after."""
+def test_unfused_gated_training_method_turns_the_switch_off(bench, tmp_path, monkeypatch):
+    """monarch-unfused-gated-train (run only when --methods names it) times fftconv with
+    backends.FUSED_GATED_TRAINING off for its calls only: with --backward on the CPU (the portable
+    engine standing in for the fp32 kernel) its step keeps the ATen gates (no gated op runs),
+    accurate with every gradient, while monarch[fp32] goes through the gated ops; the switch is
+    on again after."""
     from monarch_fftconv import backends, ops
 
     monkeypatch.setenv(backends.BACKEND_ENV, "portable")
@@ -1078,13 +1079,16 @@ def test_fused_gated_training_method_turns_the_switch_on(bench, tmp_path, monkey
     calls = []
     real = ops.gated_fftconv_op
     monkeypatch.setattr(ops, "gated_fftconv_op", lambda *args: (calls.append(args), real(*args))[1])
-    assert "monarch-fused-gated-train" not in {
+    assert "monarch-unfused-gated-train" not in {
         m.name for m in bench.methods.make_methods("cpu", operator=bench.runner.OPERATORS["gated"])}
-    res = bench.cli.main(["--quick", "--device", "cpu", "--no-plots", "--backward", "--operator", "gated",
-                          "--methods", "monarch-fused-gated-train", "--shapes", "2x16x128", "--out", str(tmp_path)])
-    (row,) = res["rows"]
-    assert row["status"] == "ok" and bench.guard.is_accurate(row), row.get("error")
-    assert calls and backends.FUSED_GATED_TRAINING is False
+    for method, fused in (("monarch-unfused-gated-train", False), ("monarch[fp32]", True)):
+        calls.clear()
+        res = bench.cli.main(["--quick", "--device", "cpu", "--no-plots", "--backward", "--operator", "gated",
+                              "--methods", method, "--shapes", "2x16x128", "--out", str(tmp_path / method)])
+        (row,) = res["rows"]
+        assert row["status"] == "ok" and bench.guard.is_accurate(row), row.get("error")
+        assert bool(calls) is fused, method
+        assert backends.FUSED_GATED_TRAINING is True
 
 
 def test_plain_operator_keeps_the_plain_methods(bench):

@@ -482,10 +482,13 @@ def test_tf32_takes_the_fp32_kernel_past_n_4096(hopper_kernels, length):
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 @pytest.mark.parametrize("length", [129, 1000, 3000, 8192])
-def test_half_precision_calls_that_fill_the_gpu_take_the_fp32_kernel(hopper_kernels, precision, length):
+def test_half_precision_calls_that_fill_the_gpu_take_the_fp32_kernel(hopper_kernels, monkeypatch, precision,
+                                                                     length):
     """bf16/fp16 calls with enough sequences to fill every SM with the fp32 kernel once take it
     (it measured faster there); one sequence fewer, they take the tensor cores. Asked for as fp32,
-    so the binding runs the fp32 kernel, and the reason says why."""
+    so the binding runs the fp32 kernel, and the reason says why. (The engine route, which takes
+    the largest fp32-I/O calls at N = 16384 from the fp32 kernel, has its own test below.)"""
+    monkeypatch.setattr(hopper_kernels, "ENGINE_ROUTE", False)
     cuda = torch.device("cuda", 0)
     plan = plan_for(length)
     wave = H200_SMS * hopper_kernels.FP32_KERNEL_POINTS_PER_SM // plan.fft_size  # sequences
@@ -504,9 +507,11 @@ def test_the_engine_route_takes_large_float32_io_calls_at_n_16384(hopper_kernels
     """With ENGINE_ROUTE on, a bf16/fp16 call at N = 16384 with fp32 I/O and at least
     ENGINE_MIN_SEQUENCES sequences takes the tensor cores, naming the engine and why; one
     sequence fewer, 2-byte I/O, another N, or a kernel named in MONARCH_FFTCONV_TC_KERNEL other
-    than the engine keep the fp32 kernel. With the switch off (the default) nothing changes."""
+    than the engine keep the fp32 kernel. The switch is on by default; off, nothing is routed."""
     cuda, plan, many = torch.device("cuda", 0), plan_for(8192), hopper_kernels.ENGINE_MIN_SEQUENCES
     monkeypatch.delenv(hopper_kernels.TC_KERNEL_ENV, raising=False)
+    assert hopper_kernels.ENGINE_ROUTE is True
+    monkeypatch.setattr(hopper_kernels, "ENGINE_ROUTE", False)
     assert hopper_kernels.select_backend(cuda, torch.float32, precision, plan, many).name == "cuda-fp32"
     monkeypatch.setattr(hopper_kernels, "ENGINE_ROUTE", True)
     routed = hopper_kernels.select_backend(cuda, torch.float32, precision, plan, many)

@@ -422,10 +422,10 @@ def convolutions(device: str, *, compile: bool = False,
                  operator.name != "grouped"),
                 ("monarch-aten-gates", "fftconv_op with ATen gates around it", "FUSED_GATES", False, "gated",
                  not operator.gated),
-                # the fused gated training step (session 21, unmeasured): differs from monarch[fp32]
+                # the training step the fused one replaced (session 22): differs from monarch[fp32]
                 # only where autograd records the call (--backward)
-                ("monarch-fused-gated-train", "fftconv with the gates in the fp32 kernels, forward and backward",
-                 "FUSED_GATED_TRAINING", True, "gated", not operator.gated))
+                ("monarch-unfused-gated-train", "fftconv with ATen gates around the kernels in a training step",
+                 "FUSED_GATED_TRAINING", False, "gated", not operator.gated))
     for name, entry, switch, value, kind, lacking in switched:
         convs.append(Convolution(name, "monarch", "fp32", entry, bind_function(_fftconv_switched(switch, value)),
                                  _explain("fp32", operator), _monarch_flops,
@@ -568,7 +568,7 @@ TENSOR_CORE_PRECISIONS = ("bf16", "fp16", "tf32")
 # Rows run only when --methods names them: the tensor-core op, and the switches' routes beside
 # the defaults (the fp32 backward's scratch route, the fused gates, the ops on grouped rows).
 ON_REQUEST_PREFIXES = ("monarch-tc[", "monarch-scratch-grad", "monarch-aten-gates", "monarch-grouped-ops",
-                       "monarch-fused-gated-train")
+                       "monarch-unfused-gated-train")
 GRAD_ACCUMULATOR_ENV = "MONARCH_FFTCONV_GRAD_ACCUMULATOR"  # read by the binding at each backward call
 
 
@@ -597,8 +597,8 @@ def _fftconv_switched(switch: str, value: bool) -> Callable[..., Tensor]:
     beside the default: GROUPS_IN_KERNELS on (the ops get the G filter rows; the backward this
     call records sums each group inside), FUSED_GATES off (a forward that records no gradient
     keeps the ATen gates around the kernel, the route the fused gates replaced), or
-    FUSED_GATED_TRAINING on (a call that records a gradient takes the gates into the fp32 forward
-    and grad kernels; its backward follows the forward's route, so the switch is set there only)."""
+    FUSED_GATED_TRAINING off (a call that records a gradient keeps the ATen gates around the fp32
+    forward and grad kernels; its backward follows the forward's route, so the switch is set there only)."""
     def fftconv(u: Tensor, k: Tensor, **terms: Tensor) -> Tensor:
         with _set(mf.backends, switch, value):
             return mf.fftconv(u, k, precision="fp32", **terms)
