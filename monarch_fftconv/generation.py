@@ -45,6 +45,8 @@ DIRECT_MAX_BLOCK = 8  # blocks up to this size: a small Toeplitz product, cheape
 # token 0.142 -> 0.054 ms and L = 8192 tokens 1.12 -> 0.57 s at B=16 C=4096, 0.052 -> 0.038 ms at
 # B=1 C=256; the kernel alone replays in 4.9 us against the ops' 13.9 (B=1 C=256).
 FUSED_STEP = True
+# An FFT level's block runs in chunks of batch rows whose spectrum stays within this (`_batch_chunks`).
+BLOCK_CHUNK_BYTES = 1 << 29
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -244,8 +246,23 @@ def _fold_block(state: ConvState, i: int) -> None:
         state.pending[..., i + 1].addcmul_(state.inputs[..., i], state.second_tap)
         return
     n = 1 << q
-    out = _block_contribution(state, q, state.inputs[..., i + 1 - n: i + 1])
-    state.pending[..., i + 1: i + 1 + n] += out
+    for rows in _batch_chunks(state, q):
+        state.pending[rows, :, i + 1: i + 1 + n] += _block_contribution(state, q, state.inputs[rows, :, i + 1 - n: i + 1])
+
+
+def _batch_chunks(state: ConvState, q: int) -> list[slice]:
+    """The slices of batch rows level q's block runs in. An FFT level's temporaries (the block's
+    spectrum, the product, the inverse) are a few times B·C·2n words at once: at B = 16,
+    C = 1024, n = 32768 about 13 GB, inside the graphs' pool, and an H100 ran out of memory
+    there (session 22). So each chunk's spectrum stays within BLOCK_CHUNK_BYTES (one row at
+    least); the rows are independent, so chunks give each row the same arithmetic."""
+    if q < len(state.toeplitz):
+        return [slice(None)]
+    spectrum_row_bytes = state.channels * ((1 << q) + 1) * 2 * state.inputs.element_size()
+    rows = max(1, BLOCK_CHUNK_BYTES // spectrum_row_bytes)
+    if rows >= state.batch:
+        return [slice(None)]
+    return [slice(b, min(b + rows, state.batch)) for b in range(0, state.batch, rows)]
 
 
 def _block_contribution(state: ConvState, q: int, block: Tensor) -> Tensor:
@@ -333,9 +350,11 @@ class _GraphedSteps:
         y = step_at(self.x, state.inputs, state.pending, self.outputs, state.first_tap, state.second_tap, self.index,
                     q == 0, state.toeplitz[q] if block_in_kernel else None)
         if q is not None and q > 0 and not block_in_kernel:
-            out = _block_contribution(state, q, state.inputs.index_select(2, at + self.behind[q]))
-            targets = at + self.ahead[q]  # i + 1 .. i + n
-            state.pending.index_copy_(2, targets, state.pending.index_select(2, targets) + out)
+            sources, targets = at + self.behind[q], at + self.ahead[q]  # i + 1 - n .. i; i + 1 .. i + n
+            for rows in _batch_chunks(state, q):
+                pending = state.pending[rows]  # a view: index_copy_ writes the state's buffer
+                out = _block_contribution(state, q, state.inputs[rows].index_select(2, sources))
+                pending.index_copy_(2, targets, pending.index_select(2, targets) + out)
         self.index.add_(1)
         return y
 

@@ -288,6 +288,39 @@ def test_the_indexed_step_is_the_eager_step_bit_for_bit(gen, groups, length, pro
         assert torch.equal(getattr(indexed_state, name), getattr(eager, name)), name
 
 
+@pytest.mark.parametrize("batch, budget_rows", [(5, 1), (7, 3)])
+def test_large_levels_run_in_batch_chunks_with_the_same_outputs(gen, monkeypatch, batch, budget_rows):
+    """With BLOCK_CHUNK_BYTES holding budget_rows batch rows of the largest level's spectrum, the
+    FFT levels' blocks run in chunks of rows (the last one shorter: odd batches), eager and
+    indexed steps alike, and generate what one block of every row gives, against the float64
+    whole sequence; the Toeplitz levels stay whole."""
+    channels, length, prompt_len = 6, 600, 9
+    x, k = randn(gen, batch, channels, length, dtype=torch.float64), randn(gen, 2, length, dtype=torch.float64)
+    whole, _ = generate(x, k, prompt_len)
+    largest = (length - prompt_len - 1).bit_length() - 1
+    row_bytes = channels * ((1 << largest) + 1) * 2 * 8
+    monkeypatch.setattr(generation, "BLOCK_CHUNK_BYTES", budget_rows * row_bytes)
+    blocks = []
+    contribution = generation._block_contribution
+    monkeypatch.setattr(generation, "_block_contribution",
+                        lambda state, q, block: (blocks.append((q, block.shape[0])), contribution(state, q, block))[1])
+    chunked, state = generate(x, k, prompt_len)
+    assert rel_l2(chunked, reference_full(x, k)) < FP64_TOLERANCE
+    assert torch.allclose(chunked, whole, rtol=0, atol=1e-12 * whole.abs().max().item())
+    fft_levels = {q for q, _ in blocks if q >= len(state.toeplitz)}
+    assert largest in fft_levels
+    assert {rows for q, rows in blocks if q == largest} == {budget_rows, batch % budget_rows or budget_rows}
+    assert {rows for q, rows in blocks if q < len(state.toeplitz)} == {batch}
+    # the graphs' indexed step, run eagerly, chunks the same way and stays the eager step bit for bit
+    _, eager = generation.prefill(x[..., :prompt_len], k, length)
+    _, indexed_state = generation.prefill(x[..., :prompt_len], k, length)
+    indexed = generation._GraphedSteps.indexed(indexed_state)
+    blocks.clear()
+    for t in range(prompt_len, length):
+        assert torch.equal(step_indexed(x[..., t], indexed_state, indexed), generation.step(x[..., t], eager)[0]), t
+    assert {rows for q, rows in blocks if q == largest} == {budget_rows, batch % budget_rows or budget_rows}
+
+
 def test_graphed_step_replays_the_level_of_each_position(gen, simulated_graphs):
     """`step` on a graphed state (simulated graphs, the fixture): each position replays its own
     level's graph (a wrong choice changes the sums), y_t is cast back to a 2-byte x_t's dtype,
