@@ -244,6 +244,8 @@ def generate_layer(config: dict) -> dict:
             outputs[name] = torch.stack([s for s, _ in runs], -1)
             latencies[name] = [seconds for _, seconds in runs]
         # The same loops back to back, one synchronisation (a fresh state: the first run moved it).
+        # The first state goes first: two at once would double the peak (tens of GB at L = 65536).
+        del steps, state
         _, state = layer.prefill(x[..., :prompt_len], max_len, cuda_graph=config["cuda_graph"])
         streamed_steps, streamed_step_s = timed(
             lambda: torch.stack([layer.step(x[..., t], state)[0] for t in range(prompt_len, max_len)], -1), device)
