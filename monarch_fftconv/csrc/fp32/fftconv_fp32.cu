@@ -53,8 +53,9 @@ namespace fp32_detail {
 
 // The kernel's body, every sequence of the persistent grid. GATED: Hyena's gates fused into p1's
 // load and the last pass's store (a.pregate, a.postgate), and z = conv + D·x stored before the
-// postgate where a.z is given (the training step's forward).
-template <int LOGM, typename IO, bool GATED>
+// postgate where a.z is given (the training step's forward). UNIFORM_PAIRS: the mid pass's
+// frequency pairs without thread 0's own code path (mid_filter_pairs_uniform).
+template <int LOGM, typename IO, bool GATED, bool UNIFORM_PAIRS>
 __device__ __forceinline__ void forward_sequences(const ForwardArgs<GATED>& a) {
   using P = Plan<LOGM>;
   constexpr int M = P::M, T = P::T, SPB = P::SPB;
@@ -96,7 +97,8 @@ __device__ __forceinline__ void forward_sequences(const ForwardArgs<GATED>& a) {
       cf A[16], Bv[16];
       mid_forward<M>(re, im, tx, tables.mid, A, Bv);
       __syncthreads();  // all of Z is in registers: smem becomes the filter stage
-      stage_forward_filter<LOGM>(stage, tx, a, seq);
+      if constexpr (UNIFORM_PAIRS) stage_forward_filter_uniform<LOGM>(stage, tx, a, seq);
+      else stage_forward_filter<LOGM>(stage, tx, a, seq);
       // p1 has consumed ubuf: stage the next sequence's u while this one finishes
       pf_cur = false;
       if (kPrefetchU<IO> && a.prefetch) {
@@ -105,7 +107,8 @@ __device__ __forceinline__ void forward_sequences(const ForwardArgs<GATED>& a) {
       }
 
       cf A2[16], B2[16];
-      mid_filter_pairs<M>(stage, a, j0, j1, tables.post, A, Bv, A2, B2);
+      if constexpr (UNIFORM_PAIRS) mid_filter_pairs_uniform<M>(stage, a, tx, tables.post, A, Bv, A2, B2);
+      else mid_filter_pairs<M>(stage, a, j0, j1, tables.post, A, Bv, A2, B2);
       mid_inverse(re, im, j0, j1, A2, B2);
     }
     // ================= inverse p2
@@ -121,19 +124,36 @@ __device__ __forceinline__ void forward_sequences(const ForwardArgs<GATED>& a) {
 template <int LOGM, typename IO, bool GATED>
 __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) fftconv_fp32_kernel(const KArgs a) {
   static_assert(!GATED, "the gated forward is fftconv_fp32_gated_kernel");
-  forward_sequences<LOGM, IO, false>(a);
+  forward_sequences<LOGM, IO, false, false>(a);
 }
 
 template <int LOGM, typename IO>
 __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS)
     fftconv_fp32_gated_kernel(const GatedKArgs a) {
-  forward_sequences<LOGM, IO, true>(a);
+  forward_sequences<LOGM, IO, true, false>(a);
+}
+
+// The uniform pair sweep's kernels (MONARCH_FFTCONV_FWD_UNIFORM_PAIRS=1; not the default until
+// measured), gated and ungated (the gated one is the training step's forward), built where a
+// covered split has n1 | M/16 (uniform_pairs_built).
+template <int LOGM, typename IO>
+__global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS)
+    fftconv_fp32_uniform_pairs_kernel(const KArgs a) {
+  forward_sequences<LOGM, IO, false, true>(a);
+}
+
+template <int LOGM, typename IO>
+__global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS)
+    fftconv_fp32_gated_uniform_pairs_kernel(const GatedKArgs a) {
+  forward_sequences<LOGM, IO, true, true>(a);
 }
 
 // The forward kernel of an instance.
-template <int LOGM, typename IO, bool GATED>
+template <int LOGM, typename IO, bool GATED, bool UNIFORM_PAIRS>
 constexpr auto forward_kernel() {
-  if constexpr (GATED) return fftconv_fp32_gated_kernel<LOGM, IO>;
+  if constexpr (GATED && UNIFORM_PAIRS) return fftconv_fp32_gated_uniform_pairs_kernel<LOGM, IO>;
+  else if constexpr (GATED) return fftconv_fp32_gated_kernel<LOGM, IO>;
+  else if constexpr (UNIFORM_PAIRS) return fftconv_fp32_uniform_pairs_kernel<LOGM, IO>;
   else return fftconv_fp32_kernel<LOGM, IO, false>;
 }
 
@@ -144,7 +164,7 @@ struct ForwardShape {
 
 // Resident CTAs, SM count, the u prefetch decision and the smem size for one kernel instance
 // on the current device. The occupancy queries cost host time: asked once per device.
-template <int LOGM, typename IO, bool GATED>
+template <int LOGM, typename IO, bool GATED, bool UNIFORM_PAIRS>
 cudaError_t forward_shape(int n1, int n2, ForwardShape& shape) {
   using P = Plan<LOGM>;
   static ForwardShape cached[kMaxDevices];  // ctas_per_sm == 0: not asked yet
@@ -158,7 +178,7 @@ cudaError_t forward_shape(int n1, int n2, ForwardShape& shape) {
   const size_t smem0 = smem_bytes<LOGM>(n1, n2);
   const size_t smem_pf = smem0 + (size_t)P::SPB * P::M * sizeof(IO);  // + the u prefetch buffers
   const bool try_pf = kPrefetchU<IO> && smem_pf <= kMaxSmem;
-  auto kern = forward_kernel<LOGM, IO, GATED>();
+  auto kern = forward_kernel<LOGM, IO, GATED, UNIFORM_PAIRS>();
   err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(try_pf ? smem_pf : smem0));
   if (err != cudaSuccess) return err;
   int sms = 0, occ = 0, occ_pf = 0;
@@ -178,7 +198,7 @@ cudaError_t forward_shape(int n1, int n2, ForwardShape& shape) {
   return cudaSuccess;
 }
 
-template <int LOGM, typename IO, bool GATED>
+template <int LOGM, typename IO, bool GATED, bool UNIFORM_PAIRS>
 cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream) {
   using P = Plan<LOGM>;
   ForwardArgs<GATED> a{};
@@ -195,12 +215,12 @@ cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream) {
   const int64_t nseq = p.batch * p.channels;
   if (nseq == 0) return cudaSuccess;
   ForwardShape shape;
-  const cudaError_t err = forward_shape<LOGM, IO, GATED>(p.n1, p.n2, shape);
+  const cudaError_t err = forward_shape<LOGM, IO, GATED, UNIFORM_PAIRS>(p.n1, p.n2, shape);
   if (err != cudaSuccess) return err;
   a.prefetch = shape.prefetch;
   const int occ = shape.ctas_per_sm, sms = shape.sms;
   const size_t smem = shape.smem;
-  auto kern = forward_kernel<LOGM, IO, GATED>();
+  auto kern = forward_kernel<LOGM, IO, GATED, UNIFORM_PAIRS>();
   const int64_t blocks_needed = (nseq + P::SPB - 1) / P::SPB;
   int64_t grid = (int64_t)occ * sms;
   if (grid > blocks_needed) grid = blocks_needed;
@@ -208,12 +228,33 @@ cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// Whether the uniform pair sweep is built for M: where a covered split of N = 2M has n1 | M/16,
+// as its filter walks need (N >= 1024 with the planner's splits); elsewhere it would never run.
+constexpr bool uniform_pairs_built(int M) {
+#define MONARCH_FFTCONV_WALKABLE(N1_, N2_) \
+  if (N1_ * N2_ == 2 * M && N1_ <= M / 16) return true;
+  MONARCH_FFTCONV_SPLITS(MONARCH_FFTCONV_WALKABLE)
+  MONARCH_FFTCONV_RADIX_ONLY_SPLITS(MONARCH_FFTCONV_WALKABLE)
+#undef MONARCH_FFTCONV_WALKABLE
+  return false;
+}
+
+template <int LOGM, typename IO, bool UNIFORM_PAIRS>
+cudaError_t launch_gating(const ConvForwardParams& p, cudaStream_t stream) {
+  const bool gated = p.pregate != nullptr || p.postgate != nullptr || p.pre_postgate_out != nullptr;
+  return gated ? launch<LOGM, IO, true, UNIFORM_PAIRS>(p, stream) : launch<LOGM, IO, false, UNIFORM_PAIRS>(p, stream);
+}
+
+// The uniform pair sweep where the caller asks for it (p.uniform_pairs) and its filter walks hold
+// (n1 | M/16), else thread 0's own path. Both give the same bits.
 template <typename IO>
 cudaError_t dispatch_size(const ConvForwardParams& p, cudaStream_t stream) {
-  const bool gated = p.pregate != nullptr || p.postgate != nullptr || p.pre_postgate_out != nullptr;
   return with_plan(p.fft_size, cudaErrorInvalidValue, [&](auto logm) {
     constexpr int LOGM = decltype(logm)::value;
-    return gated ? launch<LOGM, IO, true>(p, stream) : launch<LOGM, IO, false>(p, stream);
+    if constexpr (uniform_pairs_built(Plan<LOGM>::M)) {
+      if (p.uniform_pairs && p.n1 <= Plan<LOGM>::M / 16) return launch_gating<LOGM, IO, true>(p, stream);
+    }
+    return launch_gating<LOGM, IO, false>(p, stream);
   });
 }
 
