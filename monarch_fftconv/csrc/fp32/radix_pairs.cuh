@@ -227,7 +227,8 @@ struct UniformFilterWalks {
 };
 
 // Thread 0's outputs to its butterflies' registers (lane0_output_source): selects, read before
-// any is written.
+// any is written. (for_each_pair_uniform keeps its own copy inline: as a call it changed the grad
+// kernels' register allocation, which was measured as it is.)
 __device__ __forceinline__ void lane0_move_outputs(bool lane0, cf (&A2)[16], cf (&B2)[16]) {
   cf moved[32];
   static_for<32>([&](auto d) {
@@ -259,7 +260,19 @@ __device__ __forceinline__ void for_each_pair_uniform(int tx, const cf (&A)[16],
     op(lane0 ? s0.slot : s.slot, uniform_pair_freq<M>(u, tx), zk, zm, w[u], A2[u], B2[15 - u], step);
     if (u % kPairsPerFence == kPairsPerFence - 1) { fence(A2[u]); fence(B2[15 - u]); }
   });
-  lane0_move_outputs(lane0, A2, B2);
+  // Thread 0's outputs to its butterflies' registers: selects, read before any is written.
+  cf moved[32];
+  static_for<32>([&](auto d) {
+    constexpr int src = lane0_output_source(d);
+    if constexpr (src >= 0 && src != d) moved[d] = pair_register<src>(A2, B2);
+  });
+  static_for<32>([&](auto d) {
+    constexpr int src = lane0_output_source(d);
+    if constexpr (src >= 0 && src != d) {
+      cf& out = pair_register<d>(A2, B2);
+      out = lane0 ? moved[d] : out;
+    }
+  });
   if (lane0) {
     cf unused;
     // k = M/2 with itself; ω_N^(N/4) = -i
