@@ -1,8 +1,8 @@
-// monarch_fftconv: the stages of the fp32 forward kernel (fp32/fftconv_fp32.cu), one function
+// monarch_fftconv: the stages of the fp32 forward kernel (fp32/forward_kernels.cuh), one function
 // each, in the order the kernel runs them: the twiddle tables, the u prefetch, per sequence the
 // forward p1 (global or prefetched u -> smem), the mid pass's filter stage, frequency pairs and
 // inverse radix-16 butterflies, and the last inverse pass with the store of y. The algorithm and
-// the shared-memory layout are described at the top of fp32/fftconv_fp32.cu; the passes the
+// the shared-memory layout are described at the top of fp32/forward_kernels.cuh; the passes the
 // kernel shares with the backward kernel (pass_smem, mid_forward, ...) are in fp32/radix.cuh.
 // The kernel's PTX is the one it had as one body (every instantiation, instruction for
 // instruction). That depends on what a stage is given: a forced-inline function is optimised
