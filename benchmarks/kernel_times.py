@@ -6,20 +6,28 @@ multi-launch path (four-step, backward) dominates. Medians over --reps calls, af
     python benchmarks/kernel_times.py --shape 8x256x65536 --backward
     python benchmarks/kernel_times.py --shape 3x5x1000 --flush-l2   # as bench_cufft.py times tiny shapes
     python benchmarks/kernel_times.py --shape 16x256x8192 --backward --io-dtype bfloat16   # bf16 u, k, dy
+    python benchmarks/kernel_times.py --shape 16x256x4096 --fwd-uniform-pairs-ab   # the forward's pair sweep, =0 vs =1
 
 --flush-l2 writes a buffer of twice the L2 before every call (outside the timed kernels), as the
 benchmark does where its inputs are too small to rotate through: each call then also fetches its
 kernels' instructions from DRAM, as it does in a model whose other layers evict L2 between calls.
+
+--fwd-uniform-pairs-ab times the fp32 forward kernel with MONARCH_FFTCONV_FWD_UNIFORM_PAIRS=0
+(thread 0's own path) and =1 (the uniform pair sweep) in one process, the calls alternating (the
+binding reads the variable at each call), and prints both kernels' medians and their ratio.
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import os
 import statistics
 
 import torch
 
 import monarch_fftconv as mf
+
+FWD_UNIFORM_PAIRS_ENV = "MONARCH_FFTCONV_FWD_UNIFORM_PAIRS"
 
 
 def main() -> None:
@@ -31,6 +39,8 @@ def main() -> None:
     p.add_argument("--flush-l2", action="store_true", help="evict L2 before every call")
     p.add_argument("--io-dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                    help="dtype of u, k and dy (the kernels' I/O)")
+    p.add_argument("--fwd-uniform-pairs-ab", action="store_true",
+                   help=f"alternate {FWD_UNIFORM_PAIRS_ENV}=0 and =1 call by call; compare the forward kernels")
     args = p.parse_args()
     b, c, length = (int(x) for x in args.shape.split("x"))
     io_dtype = getattr(torch, args.io_dtype)
@@ -48,27 +58,65 @@ def main() -> None:
         if args.backward:
             torch.autograd.grad(y, (u, k), g)
 
+    # the settings each rep runs, in turn: the environment's, or both sides of the A/B
+    settings = ("0", "1") if args.fwd_uniform_pairs_ab else (os.environ.get(FWD_UNIFORM_PAIRS_ENV),)
+    if args.fwd_uniform_pairs_ab and FWD_UNIFORM_PAIRS_ENV in os.environ:
+        p.error(f"--fwd-uniform-pairs-ab sets {FWD_UNIFORM_PAIRS_ENV} itself: unset it")
+    calls_per_rep = len(settings)
+
+    def set_uniform_pairs(value: str | None) -> None:
+        if value is None:
+            os.environ.pop(FWD_UNIFORM_PAIRS_ENV, None)
+        else:
+            os.environ[FWD_UNIFORM_PAIRS_ENV] = value
+
     for _ in range(3):
-        call()
+        for value in settings:
+            set_uniform_pairs(value)
+            call()
     torch.cuda.synchronize()
     times = collections.defaultdict(list)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(args.reps):
-            call()
+            for value in settings:
+                set_uniform_pairs(value)
+                call()
         torch.cuda.synchronize()
+    set_uniform_pairs(settings[0] if not args.fwd_uniform_pairs_ab else None)  # as it was
     for event in prof.events():
         # the flush's fill kernel is not the call's
         if event.device_type == torch.autograd.DeviceType.CUDA and not (flush is not None and "fill" in event.name.lower()):
             times[event.name].append(event.device_time)
     print(f"{args.shape} {args.io_dtype} I/O, {args.precision} {'fwd+bwd' if args.backward else 'fwd'}: "
           f"{mf.explain(u, k, precision=args.precision)['kernel']}{', L2 flushed before each call' if args.flush_l2 else ''}")
+    if args.fwd_uniform_pairs_ab:
+        print(f"  (each rep: a call with {FWD_UNIFORM_PAIRS_ENV}=0, then one with =1; per call: half of each)")
     total = 0.0
     for name, t in sorted(times.items(), key=lambda kv: -sum(kv[1])):
-        per_call = sum(t) / args.reps
+        per_call = sum(t) / (args.reps * calls_per_rep)
         total += per_call
-        print(f"  {per_call / 1e3:8.3f} ms/call  {len(t) // args.reps:2d} launches  median {statistics.median(t):9.1f} µs  "
-              f"{name[:110]}")
+        print(f"  {per_call / 1e3:8.3f} ms/call  {len(t) / (args.reps * calls_per_rep):4.1f} launches  "
+              f"median {statistics.median(t):9.1f} µs  {name[:110]}")
     print(f"  {total / 1e3:8.3f} ms/call in kernels")
+    if args.fwd_uniform_pairs_ab:
+        forward_ab(times)
+
+
+def forward_ab(times: dict[str, list[float]]) -> None:
+    """The fp32 forward kernels' medians: thread 0's own path (fftconv_fp32[_gated]_kernel) and
+    the uniform pair sweep (fftconv_fp32[_gated]_uniform_pairs_kernel), and their ratio."""
+    def median_of(uniform: bool) -> float | None:
+        picked = [t for name, ts in times.items() for t in ts
+                  if "fftconv_fp32" in name and ("uniform_pairs_kernel" in name) == uniform
+                  and ("fftconv_fp32_kernel" in name or "fftconv_fp32_gated_kernel" in name
+                       or "uniform_pairs_kernel" in name)]
+        return statistics.median(picked) if picked else None
+    own, uniform = median_of(False), median_of(True)
+    if own is None or uniform is None:
+        print("  forward A/B: the fp32 forward kernel did not run both ways (not the fp32 radix kernel, or N < 1024)")
+        return
+    print(f"  forward A/B: thread 0's own path {own:9.1f} µs, uniform pairs {uniform:9.1f} µs, "
+          f"uniform/own {uniform / own:.3f}")
 
 
 if __name__ == "__main__":

@@ -8,10 +8,17 @@
 // The filter sweep's walks (UniformFilterWalks, the kernel's KWalk) must read the entries of the
 // staged spectrum that kspec reads, for every split the uniform sweep is launched with, and its
 // stepped filter copy must fill the slots stage_index gives.
+// The forward kernel's variant (for_each_pair_uniform_moved) reads every step's operands from
+// A[u], Bv[15-u] after moving thread 0's there (lane0_input_source): the same pairs again. Its
+// twiddles (uniform_pair_twiddles_rotated) take the others' tw_const(wp0, u), u >= 8, as
+// -i·tw_const(wp0, u - 8): bit for bit the same, for every thread's wp0 = ω_N^tx of every size,
+// checked with tw_const and cmul written out here in host fmaf (correctly rounded, as the GPU's).
 // Each check also runs on a deliberately wrong map and must reject it.
 //
 // Built by tests/test_pair_sweep.py: nvcc -x cu (host code only runs), then run.
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <functional>
 #include <tuple>
@@ -79,6 +86,9 @@ struct UniformMaps {
     }
   };
   std::function<int(int d)> source = [](int d) { return lane0_output_source(d); };
+  // for_each_pair_uniform_moved: thread 0's operand registers moved first (-1: kept)
+  bool moved_inputs = false;
+  std::function<int(int d)> input_source = [](int d) { return lane0_input_source(d); };
 };
 
 // for_each_pair_uniform, from the index functions: step u writes A2[u], B2[15-u] in every
@@ -89,7 +99,13 @@ Sweep uniform_sweep(const UniformMaps& maps, int M, int tx) {
   for (int u = 0; u < 16; ++u) {
     const UniformPairStep s = maps.step(u, tx == 0);
     const int base = s.tw_base < 0 ? kOne : s.tw_base;
-    sw.op({s.slot, maps.freq(M, u, tx), s.zk, s.zm, base, base == kOne ? 0 : s.tw_step}, u, 16 + 15 - u);
+    int zk = s.zk, zm = s.zm;
+    if (maps.moved_inputs) {  // every thread reads registers u and 31 - u, thread 0's moved there
+      const auto held = [&](int d) { return tx == 0 && maps.input_source(d) >= 0 ? maps.input_source(d) : d; };
+      zk = held(u);
+      zm = held(31 - u);
+    }
+    sw.op({s.slot, maps.freq(M, u, tx), zk, zm, base, base == kOne ? 0 : s.tw_step}, u, 16 + 15 - u);
   }
   if (tx == 0) {
     const Registers natural = sw.outputs;
@@ -219,11 +235,59 @@ bool check_fixed_column_copies(int step_error) {
          check_fixed_column_copy<256>(step_error);
 }
 
+// tw_const<false> and cmul (fp32/radix_dft.cuh) written out in host arithmetic: fmaf and float
+// products are correctly rounded here as on the GPU. The table is the kernel's (make_tw32).
+struct HostCf {
+  float x, y;
+  bool operator==(const HostCf& o) const { return std::memcmp(this, &o, sizeof o) == 0; }  // bits, signed zeros too
+};
+HostCf host_cmul(HostCf a, HostCf b) { return {std::fmaf(a.x, b.x, -a.y * b.y), std::fmaf(a.x, b.y, a.y * b.x)}; }
+HostCf host_tw_const(HostCf d, int k) {
+  static constexpr Tw32Table t = make_tw32();
+  const int m = k & 31;
+  if (m == 0) return d;
+  if (m == 16) return {-d.x, -d.y};
+  if (m == 8) return {d.y, -d.x};
+  if (m == 24) return {-d.y, d.x};
+  const float wr = t.c[m], wi = t.s[m];
+  if ((m & 3) == 0) {
+    const float h = 0.70710678118654752440f;
+    const float sr = wr > 0.f ? 1.f : -1.f, si = wi > 0.f ? 1.f : -1.f;
+    return {h * (sr * d.x - si * d.y), h * (si * d.x + sr * d.y)};
+  }
+  return host_cmul(d, {wr, wi});
+}
+
+// uniform_pair_twiddles_rotated's other threads: w[u] for u >= 8 from tw_const(wp0, u - 8) turned
+// by -i (turn(t) = (t.y, -t.x); a wrong turn for the rejection), against tw_const(wp0, u), for
+// wp0 = ω_N^tx as build_twiddles rounds it, every 0 < tx < M/32 of every plan size.
+bool check_rotated_twiddles(HostCf (*turn)(HostCf)) {
+  for (int logm = 7; logm <= 14; ++logm) {
+    const int M = 1 << logm;
+    for (int tx = 1; tx < M / 32; ++tx) {
+      const double angle = 2.0 * tx / (2.0 * M);  // in units of π, as sincospi takes it
+      const HostCf wp0 = {(float)std::cos(kPi * angle), (float)(-std::sin(kPi * angle))};
+      for (int u = 8; u < 16; ++u) {
+        const HostCf want = host_tw_const(wp0, u), got = turn(host_tw_const(wp0, u - 8));
+        EXPECT(got == want, "M %d tx %d u %d: (%a, %a) by the turn, tw_const gives (%a, %a)", M, tx, u, got.x, got.y,
+               want.x, want.y);
+      }
+    }
+  }
+  return true;
+}
+
 int main() {
   host_check::Tally tally;
   tally.must_pass("uniform sweep = for_each_pair, every thread, M 2^7..2^14", check_sweeps(UniformMaps{}));
   tally.must_pass("filter walks = kspec, every step, split n1 | M/16", check_walks(8, 1));
   tally.must_pass("filter copy by columns = stage_index, n2 | T", check_fixed_column_copies(0));
+  UniformMaps moved;
+  moved.moved_inputs = true;
+  tally.must_pass("moved-input sweep = for_each_pair, every thread", check_sweeps(moved));
+  tally.must_pass("rotated twiddles = tw_const, every thread", check_rotated_twiddles([](HostCf t) {
+    return HostCf{t.y, -t.x};
+  }));
 
   // The same checks on deliberately wrong maps.
   UniformMaps m;
@@ -259,6 +323,20 @@ int main() {
   tally.must_reject("wrong: thread 0's u >= 8 walks rebased by 7", [] { return check_walks(7, 1); });
   tally.must_reject("wrong: walks where n1 = 2·M/16", [] { return check_walks(8, 2); });
   tally.must_reject("wrong: filter copy rows n2 apart, not n2 + 1", [] { return check_fixed_column_copies(-1); });
+  m = UniformMaps{};
+  m.moved_inputs = true;
+  m.input_source = [](int d) { return d == 24 ? 10 : lane0_input_source(d); };
+  tally.must_reject("wrong: thread 0's Z[M-k] of step 7 from A[10]", [&] { return check_sweeps(m); });
+  m = UniformMaps{};
+  m.moved_inputs = true;
+  m.input_source = [](int d) { return d >= 16 ? -1 : lane0_input_source(d); };
+  tally.must_reject("wrong: thread 0's Bv left in place", [&] { return check_sweeps(m); });
+  tally.must_reject("wrong: twiddles turned by +i", [] {
+    return check_rotated_twiddles([](HostCf t) { return HostCf{-t.y, t.x}; });
+  });
+  tally.must_reject("wrong: twiddles swapped, not turned", [] {
+    return check_rotated_twiddles([](HostCf t) { return HostCf{t.y, t.x}; });
+  });
 
   return tally.finish("pair sweep checks");
 }

@@ -738,6 +738,26 @@ def test_gpu_timing_scripts_parse_their_options_on_the_cpu(script):
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "--shape" in proc.stdout and ("--flush-l2" in proc.stdout or "--profile" in proc.stdout)
+    if script == "kernel_times.py":
+        assert "--fwd-uniform-pairs-ab" in proc.stdout
+
+
+def test_kernel_times_forward_ab_picks_the_two_forward_kernels(capsys):
+    """kernel_times.py --fwd-uniform-pairs-ab: the forward kernels' medians by name, thread 0's own
+    path (gated or not) against the uniform pair sweep, the spectrum kernel left out."""
+    spec = importlib.util.spec_from_file_location("kernel_times", os.path.join(_BENCHMARKS, "kernel_times.py"))
+    kernel_times = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kernel_times)
+    ns = "void monarch_fftconv::(anonymous namespace)::fp32_detail::"
+    kernel_times.forward_ab({
+        ns + "fftconv_fp32_gated_kernel<12, float>(monarch_fftconv::GatedKArgs)": [200.0, 210.0, 190.0],
+        ns + "fftconv_fp32_gated_uniform_pairs_kernel<12, float>(monarch_fftconv::GatedKArgs)": [180.0, 190.0, 170.0],
+        ns + "filter_spectrum_kernel<12>(monarch_fftconv::SpectrumArgs)": [5.0, 5.0, 5.0],
+    })
+    out = capsys.readouterr().out
+    assert "own path     200.0 µs, uniform pairs     180.0 µs, uniform/own 0.900" in out
+    kernel_times.forward_ab({ns + "fftconv_fp32_kernel<12, float, false>(monarch_fftconv::KArgs)": [1.0]})
+    assert "did not run both ways" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------- half-precision I/O (--io-dtype)

@@ -349,6 +349,45 @@ def test_an_unknown_backward_choice_is_refused(env, value, message, monkeypatch,
         ops.fftconv_backward_op(u, u, spectrum, None, 1000, "fp32")
 
 
+FWD_UNIFORM_PAIRS_ENV = "MONARCH_FFTCONV_FWD_UNIFORM_PAIRS"  # read by the binding at each fp32 forward call
+
+
+@pytest.mark.watchdog(GPU_WATCHDOG_S)  # six forward calls per case: a hang fails, not stalls
+@pytest.mark.parametrize("batch, channels, length, filter_len", [
+    (16, 8, 4096, 4096), (16, 8, 8192, 8192), (7, 100, 5000, 4999), (3, 5, 1001, 333), (4, 3, 513, 513),
+    (2, 3, 16384, 16384), (3, 5, 100, 100)])  # N = 8192, 16384, 16384, 2048, 2048, 32768, 256 (not built: thread 0's path)
+@pytest.mark.parametrize("io_dtype", [torch.float32, torch.bfloat16])
+def test_forward_uniform_pairs_give_the_same_bits(batch, channels, length, filter_len, io_dtype, monkeypatch, gen):
+    """MONARCH_FFTCONV_FWD_UNIFORM_PAIRS=1 (thread 0 in the other threads' code path of the fp32
+    forward kernel's mid pass) against the default, thread 0's own path: the same operations on the
+    same values, so y bitwise equal: plain, gated (both gates) and the training step's gated forward
+    (y and z). Odd lengths, Lk < L and D included."""
+    u = randn(gen, batch, channels, length, device=DEVICE).to(io_dtype)
+    pregate = randn(gen, batch, channels, length, device=DEVICE).to(io_dtype)
+    postgate = randn(gen, batch, channels, length, device=DEVICE).to(io_dtype)
+    k, D = randn(gen, channels, filter_len, device=DEVICE) / filter_len**0.5, randn(gen, channels, device=DEVICE)
+    spectrum = ops.filter_spectrum(k, length, "fp32")
+    runs = {}
+    for choice in ("0", "1"):
+        monkeypatch.setenv(FWD_UNIFORM_PAIRS_ENV, choice)
+        runs[choice] = [ops.conv_forward_op(u, spectrum, D, "fp32"),
+                        ops.gated_conv_forward_op(u, spectrum, D, pregate, postgate, "fp32")]
+        if io_dtype == torch.float32:  # the fused training step's forward: fp32 io (it stores z)
+            runs[choice] += ops.gated_fftconv_op(u, k, D, pregate, postgate, "fp32")[:2]
+    for own_path, uniform in zip(runs["0"], runs["1"]):
+        assert torch.isfinite(uniform).all()
+        assert torch.equal(own_path, uniform)
+
+
+@pytest.mark.watchdog(GPU_WATCHDOG_S)  # a refused choice must not launch; if it did, a hang fails, not stalls
+def test_an_unknown_forward_choice_is_refused(monkeypatch, gen):
+    u, k = randn(gen, 2, 3, 1000, device=DEVICE), randn(gen, 3, 1000, device=DEVICE)
+    spectrum = ops.filter_spectrum(k, 1000, "fp32")
+    monkeypatch.setenv(FWD_UNIFORM_PAIRS_ENV, "yes")
+    with pytest.raises(ValueError, match="MONARCH_FFTCONV_FWD_UNIFORM_PAIRS must be '0' or '1'"):
+        ops.conv_forward_op(u, spectrum, None, "fp32")
+
+
 @pytest.mark.parametrize("io_dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("batch, channels, length", [(16, 8, 8192), (7, 5, 4999), (3, 3, 301), (2, 3, 4096)])
 def test_half_io_backward_reads_what_fp32_io_reads(io_dtype, batch, channels, length, gen):

@@ -3,8 +3,10 @@ in the other threads' code path) on the host (tests/pair_sweep_check.cu, built w
 without a GPU): for every thread of every plan size, the same (slot, k, operands, twiddle) pairs
 as for_each_pair and the same output registers, from the kernel's own index functions, and the
 filter sweep's walks reading the staged spectrum's entries that kspec reads, and the stepped
-filter copy filling the slots stage_index gives; the program also
-feeds the checks deliberately wrong maps and fails unless every one is rejected."""
+filter copy filling the slots stage_index gives; the forward kernel's variant (thread 0's
+operands moved first, the others' twiddles of steps u >= 8 turned by -i) giving the same pairs
+and the same twiddle bits; the program also feeds the checks deliberately wrong maps and fails
+unless every one is rejected."""
 
 import shutil
 import subprocess

@@ -180,6 +180,7 @@ at::Tensor conv_forward_gated_z(const at::Tensor& u_in, const at::Tensor& spectr
                                 const std::optional<at::Tensor>& skip_in, const std::optional<at::Tensor>& pregate_in,
                                 const std::optional<at::Tensor>& postgate_in, c10::string_view precision,
                                 at::Tensor* z_out);
+bool forward_uniform_pairs_from_env();  // beside the other switches, below
 
 at::Tensor conv_forward(const at::Tensor& u_in, const at::Tensor& spectrum_in,
                         const std::optional<at::Tensor>& skip_in, c10::string_view precision) {
@@ -260,8 +261,12 @@ at::Tensor conv_forward_gated_z(const at::Tensor& u_in, const at::Tensor& spectr
     check_launch(mf::fourstep_conv(f, current_stream(u)));
     return y;
   }
-  check_launch(p.precision == mf::Precision::kFP32 ? mf::conv_forward_fp32(p, current_stream(u))
-                                                  : mf::conv_forward_tensor_core(p, current_stream(u)));
+  if (p.precision == mf::Precision::kFP32) {
+    p.uniform_pairs = forward_uniform_pairs_from_env();
+    check_launch(mf::conv_forward_fp32(p, current_stream(u)));
+  } else {
+    check_launch(mf::conv_forward_tensor_core(p, current_stream(u)));
+  }
   return y;
 }
 
@@ -533,6 +538,12 @@ mf::GradAccumulator grad_accumulator_from_env() {
 // call: unset or "1" (the default since session 20: the grad kernel measured 1.22-1.28x faster,
 // same bits), "0" (thread 0's own path, for side-by-side benchmarks).
 bool grad_uniform_pairs_from_env() { return !env_switch("MONARCH_FFTCONV_GRAD_UNIFORM_PAIRS", "1", "0"); }
+
+// Whether the fp32 forward kernel's mid pass runs thread 0 in the other threads' code path
+// (ConvForwardParams::uniform_pairs: the same bits), from MONARCH_FFTCONV_FWD_UNIFORM_PAIRS, read
+// at each call that runs that kernel: unset or "0" (thread 0's own path: the default until the
+// uniform sweep is measured on a GPU), "1" (the uniform sweep).
+bool forward_uniform_pairs_from_env() { return env_switch("MONARCH_FFTCONV_FWD_UNIFORM_PAIRS", "0", "1"); }
 
 // (du in u's dtype, dk float32 (C, filter_len) or, two-sided, (C, 2, filter_len) with lag -s in
 // dk[c][1][s], dD float32 (C,) or empty): the fused fp32 backward, for every precision

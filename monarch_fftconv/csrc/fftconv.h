@@ -54,6 +54,9 @@ struct ConvForwardParams {
   // dpostgate = dy ⊙ z). (batch, channels, seq_len), contiguous, io_type, or nullptr. The fp32
   // kernel only, with the gates (its GATED instance).
   void* pre_postgate_out;
+  // The fp32 kernel's mid-pass frequency pairs without thread 0's own code path (the same bits;
+  // MONARCH_FFTCONV_FWD_UNIFORM_PAIRS=1, off until measured). Other kernels ignore it.
+  bool uniform_pairs;
 };
 
 // The gradients of one conv_forward call from dy = dL/dy, in fp32 arithmetic whatever the

@@ -1,8 +1,8 @@
-// monarch_fftconv: the stages of the fp32 forward kernel (fp32/fftconv_fp32.cu), one function
+// monarch_fftconv: the stages of the fp32 forward kernel (fp32/forward_kernels.cuh), one function
 // each, in the order the kernel runs them: the twiddle tables, the u prefetch, per sequence the
 // forward p1 (global or prefetched u -> smem), the mid pass's filter stage, frequency pairs and
 // inverse radix-16 butterflies, and the last inverse pass with the store of y. The algorithm and
-// the shared-memory layout are described at the top of fp32/fftconv_fp32.cu; the passes the
+// the shared-memory layout are described at the top of fp32/forward_kernels.cuh; the passes the
 // kernel shares with the backward kernel (pass_smem, mid_forward, ...) are in fp32/radix.cuh.
 // The kernel's PTX is the one it had as one body (every instantiation, instruction for
 // instruction). That depends on what a stage is given: a forced-inline function is optimised
@@ -193,6 +193,34 @@ __device__ __forceinline__ void stage_forward_filter(float2* stage, int tx, cons
   __syncthreads();
 }
 
+// stage_forward_filter for the uniform instance: where n2 | T the copy goes by stepped pointers
+// (stage_filter_begin_fixed_column, as in the uniform grad kernel), not by each entry's index
+// arithmetic; the same entries to the same slots, the same skip fold, the same barrier.
+template <int LOGM>
+__device__ __forceinline__ void stage_forward_filter_uniform(float2* stage, int tx, const KArgs& a,
+                                                             const ForwardSeq& seq) {
+  constexpr int T = Plan<LOGM>::T;
+  if (T % a.n2 == 0) stage_filter_begin_fixed_column<T>(stage, a, seq.c, seq.valid, tx);
+  else stage_filter_begin<T>(stage, a, seq.c, seq.valid, tx);
+  stage_filter_end<T>(stage, a, seq.c, a.skip_fold && seq.valid, tx);
+}
+
+// The frequency pairs of a thread j0 = tx != 0 where n1 | M/16: pairs (A[i], B[15-i]), k = j0 +
+// i·NS, M-k = (M - j0) - i·NS. n1 | NS, so along i the filter row k1 (and so the conjugation) is
+// fixed and k2 moves by ±NS/n1. wp0 = ω_N^j0.
+template <int M>
+__device__ __forceinline__ void mid_filter_pairs_walked(const float2* stage, const KArgs& a, int j0, cf wp0,
+                                                        const cf (&A)[16], const cf (&Bv)[16], cf (&A2)[16],
+                                                        cf (&B2)[16]) {
+  constexpr int NS = M / 16;
+  const KWalk kp(j0, +1, NS, a), kq(M - j0, -1, NS, a);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    pair_fn(A[i], Bv[15 - i], kp.at(stage, i), kq.at(stage, i), tw_const<false>(wp0, i, 32), A2[i], B2[15 - i]);
+    if (i % kPairsPerFence == kPairsPerFence - 1) { fence(A2[i]); fence(B2[15 - i]); }
+  }
+}
+
 // The mid pass's frequency pairs: from the forward radix-16 outputs A (butterfly j0 = tx) and
 // Bv (j1), the split, the product with the staged filter and the merge, into the inputs A2, B2
 // of the inverse radix-16 butterflies.
@@ -204,15 +232,7 @@ __device__ __forceinline__ void mid_filter_pairs(const float2* stage, const KArg
   const float2 p0 = twPost[j0], p1 = twPost[j1];
   const cf wp0 = {p0.x, p0.y}, wp1 = {p1.x, p1.y};
   if (!z && a.n1 <= NS) {
-    // pairs (A[i], B[15-i]): k = j0 + i·NS, M-k = (M - j0) - i·NS. n1 | NS, so along i
-    // the filter row k1 (and so the conjugation) is fixed and k2 moves by ±NS/n1.
-    const KWalk kp(j0, +1, NS, a), kq(M - j0, -1, NS, a);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      pair_fn(A[i], Bv[15 - i], kp.at(stage, i), kq.at(stage, i), tw_const<false>(wp0, i, 32), A2[i],
-              B2[15 - i]);
-      if (i % kPairsPerFence == kPairsPerFence - 1) { fence(A2[i]); fence(B2[15 - i]); }
-    }
+    mid_filter_pairs_walked<M>(stage, a, j0, wp0, A, Bv, A2, B2);
   } else if (!z) {
     // pairs (A[i], B[15-i]): k = j0 + i·NS, M-k = j1 + (15-i)·NS
 #pragma unroll
@@ -229,6 +249,48 @@ __device__ __forceinline__ void mid_filter_pairs(const float2* stage, const KArg
 #pragma unroll
     for (int i = 0; i < 8; ++i) pair_at<M>(stage, a, i, j1 + i * NS, Bv[i], Bv[15 - i], wp1, B2[i], B2[15 - i]);
   }
+}
+
+// Where the uniform instance leaves the warps without thread 0 on the plain sweep (its selects,
+// ~140 instructions a thread, cost 7 and more such warps more than thread 0's own path costs its
+// one; with 4 or fewer warps a sequence, the second path spilled more instead): N >= 16384.
+template <int M>
+constexpr bool kPlainPairWarps = M / 32 >= 256;
+
+// mid_filter_pairs in one code path for every thread, thread 0 included
+// (for_each_pair_uniform_moved): the warp that holds thread 0 no longer runs a second sweep (its
+// self-paired k = 0 and M/2, its butterfly j1 = M/32) before mid_inverse's barrier. Every output
+// is pair_fn of the same operands, twiddle and filter entries as in mid_filter_pairs, only picked
+// by selects: the same bits. The twiddles are computed per sequence, one product a step
+// (uniform_pair_twiddles_rotated: held across the loop, their 32 registers would spill under the
+// 128-register cap); the filter is read by walks, which need n1 | M/16 (the launcher takes this
+// instance only there).
+template <int M>
+__device__ __forceinline__ void mid_filter_pairs_uniform(const float2* stage, const KArgs& a, int tx,
+                                                         const float2* twPost, const cf (&A)[16], const cf (&Bv)[16],
+                                                         cf (&A2)[16], cf (&B2)[16]) {
+  if (kPlainPairWarps<M> && tx >= 32) {
+    // a warp without thread 0 (T = M/32 >= 256 threads a sequence: warp-aligned): no selects
+    const float2 p0 = twPost[tx];
+    mid_filter_pairs_walked<M>(stage, a, tx, cf{p0.x, p0.y}, A, Bv, A2, B2);
+    return;
+  }
+  const float2 p0 = twPost[tx], p1 = twPost[tx == 0 ? M / 32 : M / 16 - tx];
+  cf w[16];
+  uniform_pair_twiddles_rotated(tx, cf{p0.x, p0.y}, cf{p1.x, p1.y}, w);
+  int t = tx;
+  fence(t);  // the walks computed per sequence: hoisted out of the loop, they held registers through it
+  const UniformFilterWalks<M> walks(t, a);
+  for_each_pair_uniform_moved<M>(tx, A, Bv, A2, B2, w, [&](int, int f, cf zk, cf zm, cf wk, cf& vk, cf& vm, auto step) {
+    cf kk, km;
+    if constexpr (step == kHalfPairStep) {
+      kk = km = kspec(stage, f, a);  // thread 0's k = M/2, its own conjugate
+    } else {
+      kk = (step < 8 ? walks.k_lo : walks.k_hi).at(stage, step);
+      km = (step < 8 ? walks.m_lo : walks.m_hi).at(stage, step);
+    }
+    pair_fn(zk, zm, kk, km, wk, vk, vm);
+  });
 }
 
 // The last inverse pass: smem -> global, radix R1, NS = M/R1; only the causal half (y[t] for

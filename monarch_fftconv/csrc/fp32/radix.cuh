@@ -1,7 +1,7 @@
 // monarch_fftconv: the fp32 radix library, the building blocks of the fp32-accurate radix kernels,
-// shared by the forward (fp32/fftconv_fp32.cu), the backward (fp32/grad_kernels.cuh), the
+// shared by the forward (fp32/forward_kernels.cuh), the backward (fp32/grad_kernels.cuh), the
 // filter spectrum (fp32/filter_spectrum.cu) and the four-step kernels (fourstep/). The
-// algorithm is described at the top of fp32/fftconv_fp32.cu. Its parts, each building on the
+// algorithm is described at the top of fp32/forward_kernels.cuh. Its parts, each building on the
 // ones before it:
 //   radix_dft.cuh      complex helpers, fences, compile-time twiddles, in-register radix-R DFTs
 //   radix_memory.cuh   shared-memory indexing, io conversions, cp.async and prefetches

@@ -170,6 +170,44 @@ __device__ __forceinline__ void uniform_pair_twiddles(int tx, cf wp0, cf wp1, cf
   });
 }
 
+// W_32^(m+8) = -i·W_32^m in the table, exactly, for m % 8 != 0 (tw_const's special cases, m % 8
+// == 0, are exact in any case): W_32^(m+8)'s entries are W_32^m's swapped, one negated.
+constexpr bool tw32_quarter_turn_exact() {
+  constexpr Tw32Table t = make_tw32();
+  for (int m = 0; m < 24; ++m)
+    if (m % 8 != 0 && (t.c[m + 8] != t.s[m] || t.s[m + 8] != -t.c[m])) return false;
+  return true;
+}
+static_assert(tw32_quarter_turn_exact(), "uniform_pair_twiddles_rotated needs W_32^(m+8) = -i·W_32^m in the table");
+
+// uniform_pair_twiddles with one product a step (the forward kernel's: under its 128 registers,
+// two products and a select for each step u >= 8 spilled ~100 more bytes at N = 8192). Thread
+// 0's twiddle of u >= 8 is tw_const(wp1, u - 8), as before; the others' tw_const(wp0, u) comes as
+// -i·tw_const(wp0, u - 8), the same bits: the table turns exactly (above), cmul(d, -i·w) =
+// -i·cmul(d, w) exactly (fma and products are odd in each factor), and so does tw_const's
+// h-form at m = 4 -> 12, but for the sign of an exact zero (-(x + y) against (-x) - y, RN), which
+// needs Re(wp0·W_32^m) = 0 or wp0.x = -wp0.y: wp0 = ω_N^tx, 0 < tx < M/32, is within π/32 of 1.
+__device__ __forceinline__ void uniform_pair_twiddles_rotated(int tx, cf wp0, cf wp1, cf (&w)[16]) {
+  const bool lane0 = tx == 0;
+  const cf hi = lane0 ? wp1 : wp0;  // the product's base at steps u >= 8
+  static_for<16>([&](auto step) {
+    constexpr int u = step;
+    constexpr UniformPairStep s(u, false), s0(u, true);
+    static_assert(s.tw_base == 0 && s.tw_step == u, "the other threads' twiddle is tw_const(wp0, u)");
+    static_assert(u == 0 ? s0.tw_base < 0 : u < 8 ? s0.tw_base == 0 && s0.tw_step == u
+                                                  : s0.tw_base == 1 && s0.tw_step == u - 8,
+                  "thread 0's twiddles: 1, tw_const(wp0, u), tw_const(wp1, u - 8)");
+    if constexpr (u == 0) {
+      w[u] = lane0 ? cf{1.f, 0.f} : wp0;  // tw_const(wp0, 0) = wp0
+    } else if constexpr (u < 8) {
+      w[u] = tw_const<false>(wp0, u, 32);
+    } else {
+      const cf t = tw_const<false>(hi, u - 8, 32);
+      w[u] = lane0 ? t : cf{t.y, -t.x};  // ·W_32^8 = ·(-i)
+    }
+  });
+}
+
 // The filter spectrum at a thread's uniform steps, by walks (KWalk), where n1 | M/16 (the
 // launcher takes the uniform sweep only there): K[k] of step u is k_lo.at(u) for u < 8 and
 // k_hi.at(u) for u >= 8, K[M-k] alike from m_lo, m_hi. The walks from k = tx serve every step
@@ -187,6 +225,24 @@ struct UniformFilterWalks {
     return w;
   }
 };
+
+// Thread 0's outputs to its butterflies' registers (lane0_output_source): selects, read before
+// any is written. (for_each_pair_uniform keeps its own copy inline: as a call it changed the grad
+// kernels' register allocation, which was measured as it is.)
+__device__ __forceinline__ void lane0_move_outputs(bool lane0, cf (&A2)[16], cf (&B2)[16]) {
+  cf moved[32];
+  static_for<32>([&](auto d) {
+    constexpr int src = lane0_output_source(d);
+    if constexpr (src >= 0 && src != d) moved[d] = pair_register<src>(A2, B2);
+  });
+  static_for<32>([&](auto d) {
+    constexpr int src = lane0_output_source(d);
+    if constexpr (src >= 0 && src != d) {
+      cf& out = pair_register<d>(A2, B2);
+      out = lane0 ? moved[d] : out;
+    }
+  });
+}
 
 // op as for_each_pair calls it, on the same (slot, k, operands, twiddle, outputs) of every
 // thread, and the same values: only the control flow differs; and the step, a compile-time
@@ -217,6 +273,45 @@ __device__ __forceinline__ void for_each_pair_uniform(int tx, const cf (&A)[16],
       out = lane0 ? moved[d] : out;
     }
   });
+  if (lane0) {
+    cf unused;
+    // k = M/2 with itself; ω_N^(N/4) = -i
+    op(kHalfPairSlot, M / 2, A[8], A[8], cf{0.f, -1.f}, A2[8], unused, std::integral_constant<int, kHalfPairStep>{});
+  }
+}
+
+// The same sweep with thread 0's operands moved first (for the forward kernel's 128 registers):
+// register d, which every thread reads at step u as Z[k] (d = u, A[u]) or Z[M-k] (d = 31 - u,
+// Bv[15-u]), takes thread 0's operand of that step from register lane0_input_source(d) (-1: its
+// own). Then every step reads the same registers in every thread, as for_each_pair's other
+// threads do, and no operand outlives its step (in for_each_pair_uniform thread 0's Bv[8..15]
+// live on to steps 8..15: ~16 more registers). A path, not a cycle: only A[8] is overwritten
+// without being moved, and the pair k = M/2 reads it from A itself.
+__host__ __device__ constexpr int lane0_input_source(int d) {
+  const int u = d < 16 ? d : 31 - d;
+  const UniformPairStep s(u, true);
+  const int src = d < 16 ? s.zk : s.zm;
+  return src == d ? -1 : src;
+}
+
+template <int M, class Op>
+__device__ __forceinline__ void for_each_pair_uniform_moved(int tx, const cf (&A)[16], const cf (&Bv)[16],
+                                                            cf (&A2)[16], cf (&B2)[16], const cf (&w)[16], Op&& op) {
+  const bool lane0 = tx == 0;
+  cf Z[32];  // the operands, A then Bv, thread 0's moved
+  static_for<32>([&](auto d) {
+    constexpr int src = lane0_input_source(d);
+    const cf own = pair_register<d>(A, Bv);
+    if constexpr (src >= 0) Z[d] = lane0 ? pair_register<src>(A, Bv) : own;
+    else Z[d] = own;
+  });
+  static_for<16>([&](auto step) {
+    constexpr int u = step;
+    constexpr UniformPairStep s(u, false), s0(u, true);
+    op(lane0 ? s0.slot : s.slot, uniform_pair_freq<M>(u, tx), Z[u], Z[31 - u], w[u], A2[u], B2[15 - u], step);
+    if (u % kPairsPerFence == kPairsPerFence - 1) { fence(A2[u]); fence(B2[15 - u]); }
+  });
+  lane0_move_outputs(lane0, A2, B2);
   if (lane0) {
     cf unused;
     // k = M/2 with itself; ω_N^(N/4) = -i
