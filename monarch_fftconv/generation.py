@@ -260,8 +260,6 @@ def _batch_chunks(state: ConvState, q: int) -> list[slice]:
         return [slice(None)]
     spectrum_row_bytes = state.channels * ((1 << q) + 1) * 2 * state.inputs.element_size()
     rows = max(1, BLOCK_CHUNK_BYTES // spectrum_row_bytes)
-    if rows >= state.batch:
-        return [slice(None)]
     return [slice(b, min(b + rows, state.batch)) for b in range(0, state.batch, rows)]
 
 
