@@ -18,9 +18,7 @@ template <typename IO>
 cudaError_t dispatch_size(const ConvForwardParams& p, cudaStream_t stream) {
   return with_plan(p.fft_size, cudaErrorInvalidValue, [&](auto logm) {
     constexpr int LOGM = decltype(logm)::value;
-    if constexpr (uniform_pairs_built(Plan<LOGM>::M)) {
-      if (p.uniform_pairs && p.n1 <= Plan<LOGM>::M / 16) return fp32_forward::launch_uniform_pairs<IO>(p, stream);
-    }
+    if (takes_uniform_pairs<LOGM>(p)) return fp32_forward::launch_uniform_pairs<IO>(p, stream);
     return launch_gating<LOGM, IO, false>(p, stream);
   });
 }

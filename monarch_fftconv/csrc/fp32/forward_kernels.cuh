@@ -245,6 +245,14 @@ constexpr bool uniform_pairs_built(int M) {
   return false;
 }
 
+// Whether a call of plan LOGM runs the uniform sweep's kernels: asked for (p.uniform_pairs), built
+// for its size, and its filter walks hold (n1 | M/16). The dispatcher and the launcher both ask.
+template <int LOGM>
+bool takes_uniform_pairs(const ConvForwardParams& p) {
+  if constexpr (uniform_pairs_built(Plan<LOGM>::M)) return p.uniform_pairs && p.n1 <= Plan<LOGM>::M / 16;
+  return false;
+}
+
 template <int LOGM, typename IO, bool UNIFORM_PAIRS>
 cudaError_t launch_gating(const ConvForwardParams& p, cudaStream_t stream) {
   const bool gated = p.pregate != nullptr || p.postgate != nullptr || p.pre_postgate_out != nullptr;

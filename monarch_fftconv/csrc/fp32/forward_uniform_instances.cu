@@ -12,8 +12,8 @@ cudaError_t launch_uniform_pairs(const ConvForwardParams& p, cudaStream_t stream
   using namespace fp32_detail;
   return with_plan(p.fft_size, cudaErrorInvalidValue, [&](auto logm) {
     constexpr int LOGM = decltype(logm)::value;
-    if constexpr (uniform_pairs_built(Plan<LOGM>::M)) {
-      if (p.n1 <= Plan<LOGM>::M / 16) return launch_gating<LOGM, IO, true>(p, stream);
+    if constexpr (uniform_pairs_built(Plan<LOGM>::M)) {  // instantiated only where built
+      if (takes_uniform_pairs<LOGM>(p)) return launch_gating<LOGM, IO, true>(p, stream);
     }
     return cudaErrorInvalidValue;
   });
