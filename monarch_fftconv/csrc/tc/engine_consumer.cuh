@@ -120,18 +120,19 @@ __device__ __forceinline__ void half_column_products(const uint32_t (&r)[32], co
   fence_regs(pc); fence_regs(qs); fence_regs(qc); fence_regs(ps);
 }
 
-// The resident filter's row k1, any k1 (filter_read_mask: the mirrored rows above n1/2).
+// The resident filter's row k1, any k1 (filter_read_mask: the mirrored rows above n1/2), read
+// by shared-window address (LDS; through a generic pointer the reads were generic LDs).
 template <class Cfg>
 struct FilterRow {
-  const uint32_t* row;
+  uint32_t row;  // shared address of the stored row's word 0
   int mask;
   float im_sign;
-  __device__ __forceinline__ FilterRow(const uint32_t* filter, int k1)
-      : row(filter + filter_stored_row<Cfg::kN1>(k1) * Cfg::kN2),
+  __device__ __forceinline__ FilterRow(uint32_t filter, int k1)
+      : row(filter + uint32_t(filter_stored_row<Cfg::kN1>(k1) * Cfg::kN2) * uint32_t(sizeof(uint32_t))),
         mask(filter_read_mask<Cfg::kN1, Cfg::kN2>(k1)),
         im_sign(filter_mirrored<Cfg::kN1>(k1) ? -1.0f : 1.0f) {}
   __device__ __forceinline__ float2 at(int k2) const {
-    const float2 k = unpack2<typename Cfg::T>(row[k2 ^ mask]);
+    const float2 k = unpack2<typename Cfg::T>(ld_shared_u32(row + uint32_t(k2 ^ mask) * uint32_t(sizeof(uint32_t))));
     return make_float2(k.x, im_sign * k.y);
   }
 };
@@ -141,7 +142,7 @@ struct FilterRow {
 // column's value is in another lane of the quad, one shfl of a packed (re, im) word each.
 template <class Cfg>
 __device__ __forceinline__ void filter_to_operand(const float (&pc)[32], const float (&qs)[32], const float (&qc)[32],
-                                                  const float (&ps)[32], const uint32_t* filter, const Lane& lane_in,
+                                                  const float (&ps)[32], uint32_t filter, const Lane& lane_in,
                                                   uint32_t (&pr)[32], uint32_t (&pi)[32]) {
   const Lane ln = lane_in.opaque();
   using T = typename Cfg::T;
@@ -351,6 +352,7 @@ __device__ void consumer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
   Tensor sHrHalf = local_tile(sHr, TileHalf{}, make_coord(wg, 0));  // (64 s of this warpgroup, 128 k1)
   Tensor sHiHalf = local_tile(sHi, TileHalf{}, make_coord(wg, 0));
   const uint32_t handoff_re = smem_address(sm.handoff[0]), handoff_im = smem_address(sm.handoff[1]);
+  const uint32_t filter = smem_address(sm.filter);
 
   uint32_t taken = 0, filter_epochs = 0;
   int resident = -1;
@@ -379,7 +381,7 @@ __device__ void consumer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
       float pc[32], qs[32], qc[32], ps[32];
       half_column_products<Cfg>(ar, ai, sF2c, sF2s, pc, qs, qc, ps);
       if (new_channel) mbar_wait(&sm.filter_full, filter_epochs++ & 1);
-      filter_to_operand<Cfg>(pc, qs, qc, ps, sm.filter, ln, pr, pi);
+      filter_to_operand<Cfg>(pc, qs, qc, ps, filter, ln, pr, pi);
     }
     {
       float pc[32], qs[32], qc[32], ps[32];
