@@ -192,13 +192,13 @@ __device__ __forceinline__ void filter_to_operand(const float (&pc)[32], const f
 // 2^-e, rounded, stored as inverse 1's B: (s, k1) MN-major, this warpgroup's rows k1.
 template <class Cfg>
 __device__ __forceinline__ void handoff_store(const float (&pc)[32], const float (&qs)[32], const float (&qc)[32],
-                                              const float (&ps)[32], float unscale, const Lane& lane_in, uint32_t handoff_re,
-                                              uint32_t handoff_im) {
+                                              const float (&ps)[32], float unscale, const Lane& lane_in, uint32_t handoff_re) {
   const Lane ln = lane_in.opaque();
   using T = typename Cfg::T;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int k1 = Cfg::kTileRows * ln.wg + ln.row0 + 8 * h;
+    const typename Cfg::HandoffAddresses to(handoff_re, ln.q, k1);  // the im plane: + kHandoffPlaneBytes
     // Twiddle recurrences: up from s = 2q by 8, down from s = n2 - 2q by 8 (e = 1: one lower).
     float2 up = omega<Cfg::kN>(-k1 * 2 * ln.q), down = omega<Cfg::kN>(-k1 * (Cfg::kN2 - 2 * ln.q));
     const float2 up1 = omega<Cfg::kN>(-k1), up8 = omega<Cfg::kN>(-8 * k1);
@@ -225,16 +225,15 @@ __device__ __forceinline__ void handoff_store(const float (&pc)[32], const float
         wm[0] = make_float2(w64.x * unscale, w64.y * unscale);
       }
       const float2 y0 = cmul(a[0], w[0]), y1 = cmul(a[1], w[1]);
-      const uint32_t at = 2 * Cfg::handoff_offset(c, k1);  // s = c, c + 1: adjacent
-      st_shared(handoff_re + at, pack2<T>(y0.x, y1.x));
-      st_shared(handoff_im + at, pack2<T>(y0.y, y1.y));
+      const uint32_t at = to.column_pair(j);  // s = c, c + 1: adjacent
+      st_shared(at, pack2<T>(y0.x, y1.x));
+      st_shared(at + Cfg::kHandoffPlaneBytes, pack2<T>(y0.y, y1.y));
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const float2 ym = cmul(am[e], wm[e]);
-        const int cm = (c == 0 && e == 0) ? Cfg::kN2 / 2 : Cfg::kN2 - c - e;
-        const uint32_t atm = 2 * Cfg::handoff_offset(cm, k1);
-        st_shared_u16(handoff_re + atm, round1<T>(ym.x));
-        st_shared_u16(handoff_im + atm, round1<T>(ym.y));
+        const uint32_t atm = to.mirror(j, e);  // s = n2 - c - e; c = 0, e = 0: n2/2
+        st_shared_u16(atm, round1<T>(ym.x));
+        st_shared_u16(atm + Cfg::kHandoffPlaneBytes, round1<T>(ym.y));
       }
       up = cmul(up, up8);
       down = cmul_conj(down, up8);
@@ -351,7 +350,7 @@ __device__ void consumer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
   Tensor sHi = make_tensor(make_smem_ptr(sm.handoff[1]), typename Cfg::LayoutHandoff{});
   Tensor sHrHalf = local_tile(sHr, TileHalf{}, make_coord(wg, 0));  // (64 s of this warpgroup, 128 k1)
   Tensor sHiHalf = local_tile(sHi, TileHalf{}, make_coord(wg, 0));
-  const uint32_t handoff_re = smem_address(sm.handoff[0]), handoff_im = smem_address(sm.handoff[1]);
+  const uint32_t handoff_re = smem_address(sm.handoff[0]);  // handoff[1], im: + kHandoffPlaneBytes
   const uint32_t filter = smem_address(sm.filter);
 
   uint32_t taken = 0, filter_epochs = 0;
@@ -387,7 +386,7 @@ __device__ void consumer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
       float pc[32], qs[32], qc[32], ps[32];
       half_column_products<Cfg>(pr, pi, sF2c, sF2s, pc, qs, qc, ps);
       named_sync(Cfg::barrier_handoff_free(wg), 2 * Cfg::kWarpgroup);
-      handoff_store<Cfg>(pc, qs, qc, ps, sm.handoff_unscale, ln, handoff_re, handoff_im);
+      handoff_store<Cfg>(pc, qs, qc, ps, sm.handoff_unscale, ln, handoff_re);
     }
     fence_proxy_async();
     named_arrive(Cfg::barrier_rows_ready(wg), 2 * Cfg::kWarpgroup);
