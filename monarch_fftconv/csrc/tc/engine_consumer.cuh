@@ -282,7 +282,10 @@ __device__ __forceinline__ void inverse1(TF1T const& sF1cT, TF1T const& sF1sT, T
 }
 
 // y_a = Re, y_b = Im (times y's share of 2^-e, exact) for t = 128 r + s < L; returns whether
-// any stored value is not finite.
+// any stored value is not finite. A thread's t are even, so a row's 8-byte alignment is its
+// base's, and they grow with h and j: where both bases are aligned and the thread's last pair
+// is below L (every thread at L = N/2), every pair is stored whole with no check, one branch a
+// job; otherwise each pair as before, whole if aligned and below L, else element by element.
 template <class Cfg>
 __device__ __forceinline__ bool store_y(float (&yr)[32], float (&yi)[32], float unscale, const ConvForwardParams& p,
                                         const Item& item, const Lane& lane_in) {
@@ -297,20 +300,45 @@ __device__ __forceinline__ bool store_y(float (&yr)[32], float (&yi)[32], float 
     yr[v] *= unscale;
     yi[v] *= unscale;
   }
+  const bool aligned = (reinterpret_cast<uintptr_t>(ya) & 7) == 0 && (yb == nullptr || (reinterpret_cast<uintptr_t>(yb) & 7) == 0);
+  const auto time = [&](int h, int j) {
+    return int64_t(ln.row0 + 8 * h) * Cfg::kN2 + Cfg::kHalfCols * ln.wg + acc_col(ln.q, j, 0);
+  };
+  // The pair (h, j) from its row's start: (t of (h, j)) - (t of (0, 0)), a constant, so the
+  // whole-tile stores take immediate offsets from one address each.
+  const auto step = [](int h, int j) { return 8 * h * Cfg::kN2 + acc_col(0, j, 0); };
+  const auto store_pair = [&](int v, float* a, float* b) {
+    __stcs(reinterpret_cast<float2*>(a), make_float2(yr[v], yr[v + 1]));
+    if (b != nullptr) __stcs(reinterpret_cast<float2*>(b), make_float2(yi[v], yi[v + 1]));
+  };
+  // Not short-circuit: no branch a pair (the y_b half is added once, below, where it is stored).
+  const auto nonfinite = [](float x0, float x1) { return !isfinite(x0) | !isfinite(x1); };
+  const int64_t t0 = time(0, 0);
+  if (aligned && t0 + step(1, Cfg::kN2 / 16 - 1) + 1 < L) {
+    float* const a = ya + t0;
+    float* const b = yb != nullptr ? yb + t0 : nullptr;
+    bool bad_b = false;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int j = 0; j < Cfg::kN2 / 16; ++j) {
+        const int v = acc_value(j, h, 0);
+        store_pair(v, a + step(h, j), b != nullptr ? b + step(h, j) : nullptr);
+        bad |= nonfinite(yr[v], yr[v + 1]);
+        bad_b |= nonfinite(yi[v], yi[v + 1]);
+      }
+    return bad | (b != nullptr && bad_b);
+  }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int r = ln.row0 + 8 * h;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < Cfg::kN2 / 16; ++j) {
       const int v = acc_value(j, h, 0);
-      const int64_t t = int64_t(r) * Cfg::kN2 + Cfg::kHalfCols * ln.wg + acc_col(ln.q, j, 0);
-      const bool pair = t + 1 < L && (reinterpret_cast<uintptr_t>(ya + t) & 7) == 0 &&
-                        (yb == nullptr || (reinterpret_cast<uintptr_t>(yb + t) & 7) == 0);
-      if (pair) {
-        __stcs(reinterpret_cast<float2*>(ya + t), make_float2(yr[v], yr[v + 1]));
-        if (yb != nullptr) __stcs(reinterpret_cast<float2*>(yb + t), make_float2(yi[v], yi[v + 1]));
-        bad |= !isfinite(yr[v]) || !isfinite(yr[v + 1]);
-        if (yb != nullptr) bad |= !isfinite(yi[v]) || !isfinite(yi[v + 1]);
+      const int64_t t = time(h, j);
+      if (aligned && t + 1 < L) {
+        store_pair(v, ya + t, yb != nullptr ? yb + t : nullptr);
+        bad |= nonfinite(yr[v], yr[v + 1]);
+        if (yb != nullptr) bad |= nonfinite(yi[v], yi[v + 1]);
       } else {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
