@@ -22,14 +22,6 @@ __device__ __forceinline__ void st_shared(uint32_t address, uint32_t v) {
 __device__ __forceinline__ void st_shared(uint32_t address, uint2 v) {
   asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(address), "r"(v.x), "r"(v.y) : "memory");
 }
-// A load from shared memory by shared-window address: LDS, where a generic pointer into shared
-// memory the compiler cannot prove shared gives a generic LD. Volatile, with a memory clobber:
-// it stays after the barrier wait that publishes what it reads.
-__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t address) {
-  uint32_t v;
-  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(address) : "memory");
-  return v;
-}
 
 // Ask L2 for the 128-byte line holding p; holds no register and never faults the kernel.
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
