@@ -6,6 +6,7 @@
 // on a deliberately wrong map and must reject it, so that the checks are known to be able to fail.
 //
 // Built by tests/test_engine_layout.py: nvcc -x cu (host code only runs), then run.
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -233,6 +234,49 @@ bool check_handoff_and_y(const Maps& mp) {
   return true;
 }
 
+// handoff_store's addresses (Cfg::HandoffAddresses: a per-thread base XOR a per-column constant)
+// are the plane's base plus 2·handoff_offset, for every column each thread of either warpgroup
+// stores (the pair c, c + 1 as one word; the mirrors n2 - c - e, column 0's at n2/2), on any
+// plane base that is a multiple of 1024 bytes (128 would do: the XORs stay in bits 1-6; 64
+// does not). at(plane, q, k1, j, e): e < 0 is the pair.
+using StoreAddress = std::function<uint32_t(uint32_t, int, int, int, int)>;
+
+bool check_handoff_addresses(const StoreAddress& at, const std::vector<uint32_t>& planes) {
+  for (uint32_t plane : planes)
+    for (int wg = 0; wg < Cfg::kConsumers; ++wg)
+      for (int t = 0; t < 128; ++t)
+        for (int h = 0; h < 2; ++h) {
+          const int q = t % 4, k1 = Cfg::kTileRows * wg + acc_row(t, h);
+          for (int j = 0; j < kN2 / 16; ++j) {
+            const int c = acc_col(q, j, 0);
+            const uint32_t pair = plane + 2 * Cfg::handoff_offset(c, k1);
+            EXPECT(at(plane, q, k1, j, -1) == pair, "plane %#x k1 %d q %d j %d: pair at %#x, handoff_offset says %#x", plane,
+                   k1, q, j, at(plane, q, k1, j, -1), pair);
+            for (int e = 0; e < 2; ++e) {
+              const int s = e == 0 ? mirror_column<kN2>(c) : kN2 - c - e;
+              const uint32_t want = plane + 2 * Cfg::handoff_offset(s, k1);
+              EXPECT(at(plane, q, k1, j, e) == want, "plane %#x k1 %d q %d j %d e %d: column %d at %#x, handoff_offset says %#x",
+                     plane, k1, q, j, e, s, at(plane, q, k1, j, e), want);
+            }
+          }
+        }
+  return true;
+}
+
+const StoreAddress handoff_addresses = [](uint32_t plane, int q, int k1, int j, int e) {
+  const Cfg::HandoffAddresses to(plane, q, k1);
+  return e < 0 ? to.column_pair(j) : to.mirror(j, e);
+};
+// Every 1024-byte aligned base of a hand-off plane the shared window can hold, and the two the kernel uses.
+std::vector<uint32_t> handoff_planes() {
+  std::vector<uint32_t> planes;
+  for (uint32_t base = 0; base + Cfg::kHandoffPlaneBytes <= 256u * 1024u; base += 1024) planes.push_back(base);
+  const uint32_t handoff = uint32_t(offsetof(Cfg::Smem, handoff));
+  planes.push_back(handoff);
+  planes.push_back(handoff + Cfg::kHandoffPlaneBytes);
+  return planes;
+}
+
 // ---------------------------------------------------------------------------
 // The resident filter
 // ---------------------------------------------------------------------------
@@ -338,6 +382,7 @@ int main() {
   tally.must_pass("chaining n64 -> register A", check_chaining(maps, 64));
   tally.must_pass("mirrored columns: quad exchange", check_mirror_exchange(maps));
   tally.must_pass("hand-off and y coverage", check_handoff_and_y(maps));
+  tally.must_pass("hand-off store addresses = handoff_offset", check_handoff_addresses(handoff_addresses, handoff_planes()));
   const Word filter_read = [](int k1, int k2) {
     return filter_stored_row<kN1>(k1) * kN2 + (k2 ^ filter_read_mask<kN1, kN2>(k1));
   };
@@ -362,6 +407,16 @@ int main() {
   m = maps;
   m.mirror = [](int c) { return kN2 - c; };
   tally.must_reject("wrong: hand-off mirror of column 0", [&] { return check_handoff_and_y(m); });
+  tally.must_reject("wrong: hand-off plane base 64 bytes off", [] { return check_handoff_addresses(handoff_addresses, {64}); });
+  tally.must_reject("wrong: hand-off mirror n2 - c as an XOR for lane 0 too", [] {
+    return check_handoff_addresses(
+        [](uint32_t plane, int q, int k1, int j, int e) {
+          const Cfg::HandoffAddresses to(plane, q, k1);
+          if (e != 0) return e < 0 ? to.column_pair(j) : to.mirror(j, e);
+          return (plane + 2 * Cfg::handoff_offset(kN2 - 2 * q, k1 % kN1)) ^ (j * Cfg::kChunkBytes);
+        },
+        {0, 1024});
+  });
   tally.must_reject("wrong: mirrored rows at n2 - k2", [] {
     return check_filter([](int k1, int k2) {
       return filter_mirrored<kN1>(k1) ? filter_word<kN2>(kN1 - k1, (kN2 - k2) % kN2) : filter_word<kN2>(k1, k2);

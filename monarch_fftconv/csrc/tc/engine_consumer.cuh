@@ -120,18 +120,19 @@ __device__ __forceinline__ void half_column_products(const uint32_t (&r)[32], co
   fence_regs(pc); fence_regs(qs); fence_regs(qc); fence_regs(ps);
 }
 
-// The resident filter's row k1, any k1 (filter_read_mask: the mirrored rows above n1/2).
+// The resident filter's row k1, any k1 (filter_read_mask: the mirrored rows above n1/2), read
+// by shared-window address (LDS; through a generic pointer the reads were generic LDs).
 template <class Cfg>
 struct FilterRow {
-  const uint32_t* row;
+  uint32_t row;  // shared address of the stored row's word 0
   int mask;
   float im_sign;
-  __device__ __forceinline__ FilterRow(const uint32_t* filter, int k1)
-      : row(filter + filter_stored_row<Cfg::kN1>(k1) * Cfg::kN2),
+  __device__ __forceinline__ FilterRow(uint32_t filter, int k1)
+      : row(filter + uint32_t(filter_stored_row<Cfg::kN1>(k1) * Cfg::kN2) * uint32_t(sizeof(uint32_t))),
         mask(filter_read_mask<Cfg::kN1, Cfg::kN2>(k1)),
         im_sign(filter_mirrored<Cfg::kN1>(k1) ? -1.0f : 1.0f) {}
   __device__ __forceinline__ float2 at(int k2) const {
-    const float2 k = unpack2<typename Cfg::T>(row[k2 ^ mask]);
+    const float2 k = unpack2<typename Cfg::T>(ld_shared_u32(row + uint32_t(k2 ^ mask) * uint32_t(sizeof(uint32_t))));
     return make_float2(k.x, im_sign * k.y);
   }
 };
@@ -141,7 +142,7 @@ struct FilterRow {
 // column's value is in another lane of the quad, one shfl of a packed (re, im) word each.
 template <class Cfg>
 __device__ __forceinline__ void filter_to_operand(const float (&pc)[32], const float (&qs)[32], const float (&qc)[32],
-                                                  const float (&ps)[32], const uint32_t* filter, const Lane& lane_in,
+                                                  const float (&ps)[32], uint32_t filter, const Lane& lane_in,
                                                   uint32_t (&pr)[32], uint32_t (&pi)[32]) {
   const Lane ln = lane_in.opaque();
   using T = typename Cfg::T;
@@ -191,13 +192,13 @@ __device__ __forceinline__ void filter_to_operand(const float (&pc)[32], const f
 // 2^-e, rounded, stored as inverse 1's B: (s, k1) MN-major, this warpgroup's rows k1.
 template <class Cfg>
 __device__ __forceinline__ void handoff_store(const float (&pc)[32], const float (&qs)[32], const float (&qc)[32],
-                                              const float (&ps)[32], float unscale, const Lane& lane_in, uint32_t handoff_re,
-                                              uint32_t handoff_im) {
+                                              const float (&ps)[32], float unscale, const Lane& lane_in, uint32_t handoff_re) {
   const Lane ln = lane_in.opaque();
   using T = typename Cfg::T;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int k1 = Cfg::kTileRows * ln.wg + ln.row0 + 8 * h;
+    const typename Cfg::HandoffAddresses to(handoff_re, ln.q, k1);  // the im plane: + kHandoffPlaneBytes
     // Twiddle recurrences: up from s = 2q by 8, down from s = n2 - 2q by 8 (e = 1: one lower).
     float2 up = omega<Cfg::kN>(-k1 * 2 * ln.q), down = omega<Cfg::kN>(-k1 * (Cfg::kN2 - 2 * ln.q));
     const float2 up1 = omega<Cfg::kN>(-k1), up8 = omega<Cfg::kN>(-8 * k1);
@@ -224,16 +225,15 @@ __device__ __forceinline__ void handoff_store(const float (&pc)[32], const float
         wm[0] = make_float2(w64.x * unscale, w64.y * unscale);
       }
       const float2 y0 = cmul(a[0], w[0]), y1 = cmul(a[1], w[1]);
-      const uint32_t at = 2 * Cfg::handoff_offset(c, k1);  // s = c, c + 1: adjacent
-      st_shared(handoff_re + at, pack2<T>(y0.x, y1.x));
-      st_shared(handoff_im + at, pack2<T>(y0.y, y1.y));
+      const uint32_t at = to.column_pair(j);  // s = c, c + 1: adjacent
+      st_shared(at, pack2<T>(y0.x, y1.x));
+      st_shared(at + Cfg::kHandoffPlaneBytes, pack2<T>(y0.y, y1.y));
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const float2 ym = cmul(am[e], wm[e]);
-        const int cm = (c == 0 && e == 0) ? Cfg::kN2 / 2 : Cfg::kN2 - c - e;
-        const uint32_t atm = 2 * Cfg::handoff_offset(cm, k1);
-        st_shared_u16(handoff_re + atm, round1<T>(ym.x));
-        st_shared_u16(handoff_im + atm, round1<T>(ym.y));
+        const uint32_t atm = to.mirror(j, e);  // s = n2 - c - e; c = 0, e = 0: n2/2
+        st_shared_u16(atm, round1<T>(ym.x));
+        st_shared_u16(atm + Cfg::kHandoffPlaneBytes, round1<T>(ym.y));
       }
       up = cmul(up, up8);
       down = cmul_conj(down, up8);
@@ -282,7 +282,10 @@ __device__ __forceinline__ void inverse1(TF1T const& sF1cT, TF1T const& sF1sT, T
 }
 
 // y_a = Re, y_b = Im (times y's share of 2^-e, exact) for t = 128 r + s < L; returns whether
-// any stored value is not finite.
+// any stored value is not finite. A thread's t are even, so a row's 8-byte alignment is its
+// base's, and they grow with h and j: where both bases are aligned and the thread's last pair
+// is below L (every thread at L = N/2), every pair is stored whole with no check, one branch a
+// job; otherwise each pair as before, whole if aligned and below L, else element by element.
 template <class Cfg>
 __device__ __forceinline__ bool store_y(float (&yr)[32], float (&yi)[32], float unscale, const ConvForwardParams& p,
                                         const Item& item, const Lane& lane_in) {
@@ -297,20 +300,45 @@ __device__ __forceinline__ bool store_y(float (&yr)[32], float (&yi)[32], float 
     yr[v] *= unscale;
     yi[v] *= unscale;
   }
+  const bool aligned = (reinterpret_cast<uintptr_t>(ya) & 7) == 0 && (yb == nullptr || (reinterpret_cast<uintptr_t>(yb) & 7) == 0);
+  const auto time = [&](int h, int j) {
+    return int64_t(ln.row0 + 8 * h) * Cfg::kN2 + Cfg::kHalfCols * ln.wg + acc_col(ln.q, j, 0);
+  };
+  // The pair (h, j) from its row's start: (t of (h, j)) - (t of (0, 0)), a constant, so the
+  // whole-tile stores take immediate offsets from one address each.
+  const auto step = [](int h, int j) { return 8 * h * Cfg::kN2 + acc_col(0, j, 0); };
+  const auto store_pair = [&](int v, float* a, float* b) {
+    __stcs(reinterpret_cast<float2*>(a), make_float2(yr[v], yr[v + 1]));
+    if (b != nullptr) __stcs(reinterpret_cast<float2*>(b), make_float2(yi[v], yi[v + 1]));
+  };
+  // Not short-circuit: no branch a pair (the y_b half is added once, below, where it is stored).
+  const auto nonfinite = [](float x0, float x1) { return !isfinite(x0) | !isfinite(x1); };
+  const int64_t t0 = time(0, 0);
+  if (aligned && t0 + step(1, Cfg::kN2 / 16 - 1) + 1 < L) {
+    float* const a = ya + t0;
+    float* const b = yb != nullptr ? yb + t0 : nullptr;
+    bool bad_b = false;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int j = 0; j < Cfg::kN2 / 16; ++j) {
+        const int v = acc_value(j, h, 0);
+        store_pair(v, a + step(h, j), b != nullptr ? b + step(h, j) : nullptr);
+        bad |= nonfinite(yr[v], yr[v + 1]);
+        bad_b |= nonfinite(yi[v], yi[v + 1]);
+      }
+    return bad | (b != nullptr && bad_b);
+  }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int r = ln.row0 + 8 * h;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < Cfg::kN2 / 16; ++j) {
       const int v = acc_value(j, h, 0);
-      const int64_t t = int64_t(r) * Cfg::kN2 + Cfg::kHalfCols * ln.wg + acc_col(ln.q, j, 0);
-      const bool pair = t + 1 < L && (reinterpret_cast<uintptr_t>(ya + t) & 7) == 0 &&
-                        (yb == nullptr || (reinterpret_cast<uintptr_t>(yb + t) & 7) == 0);
-      if (pair) {
-        __stcs(reinterpret_cast<float2*>(ya + t), make_float2(yr[v], yr[v + 1]));
-        if (yb != nullptr) __stcs(reinterpret_cast<float2*>(yb + t), make_float2(yi[v], yi[v + 1]));
-        bad |= !isfinite(yr[v]) || !isfinite(yr[v + 1]);
-        if (yb != nullptr) bad |= !isfinite(yi[v]) || !isfinite(yi[v + 1]);
+      const int64_t t = time(h, j);
+      if (aligned && t + 1 < L) {
+        store_pair(v, ya + t, yb != nullptr ? yb + t : nullptr);
+        bad |= nonfinite(yr[v], yr[v + 1]);
+        if (yb != nullptr) bad |= nonfinite(yi[v], yi[v + 1]);
       } else {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
@@ -350,7 +378,8 @@ __device__ void consumer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
   Tensor sHi = make_tensor(make_smem_ptr(sm.handoff[1]), typename Cfg::LayoutHandoff{});
   Tensor sHrHalf = local_tile(sHr, TileHalf{}, make_coord(wg, 0));  // (64 s of this warpgroup, 128 k1)
   Tensor sHiHalf = local_tile(sHi, TileHalf{}, make_coord(wg, 0));
-  const uint32_t handoff_re = smem_address(sm.handoff[0]), handoff_im = smem_address(sm.handoff[1]);
+  const uint32_t handoff_re = smem_address(sm.handoff[0]);  // handoff[1], im: + kHandoffPlaneBytes
+  const uint32_t filter = smem_address(sm.filter);
 
   uint32_t taken = 0, filter_epochs = 0;
   int resident = -1;
@@ -379,13 +408,13 @@ __device__ void consumer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
       float pc[32], qs[32], qc[32], ps[32];
       half_column_products<Cfg>(ar, ai, sF2c, sF2s, pc, qs, qc, ps);
       if (new_channel) mbar_wait(&sm.filter_full, filter_epochs++ & 1);
-      filter_to_operand<Cfg>(pc, qs, qc, ps, sm.filter, ln, pr, pi);
+      filter_to_operand<Cfg>(pc, qs, qc, ps, filter, ln, pr, pi);
     }
     {
       float pc[32], qs[32], qc[32], ps[32];
       half_column_products<Cfg>(pr, pi, sF2c, sF2s, pc, qs, qc, ps);
       named_sync(Cfg::barrier_handoff_free(wg), 2 * Cfg::kWarpgroup);
-      handoff_store<Cfg>(pc, qs, qc, ps, sm.handoff_unscale, ln, handoff_re, handoff_im);
+      handoff_store<Cfg>(pc, qs, qc, ps, sm.handoff_unscale, ln, handoff_re);
     }
     fence_proxy_async();
     named_arrive(Cfg::barrier_rows_ready(wg), 2 * Cfg::kWarpgroup);

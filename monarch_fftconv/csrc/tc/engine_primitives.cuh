@@ -149,6 +149,14 @@ __device__ __forceinline__ uint16_t round1(float v) {
 __device__ __forceinline__ void st_shared_u16(uint32_t address, uint16_t v) {
   asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(address), "h"(v) : "memory");
 }
+// A load from shared memory by shared-window address: LDS, where a generic pointer into shared
+// memory the compiler cannot prove shared gives a generic LD. Volatile, with a memory clobber:
+// it stays after the barrier wait that publishes what it reads.
+__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t address) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(address) : "memory");
+  return v;
+}
 __device__ __forceinline__ void st_shared_v4(uint32_t address, uint4 v) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(address), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");

@@ -5,6 +5,7 @@
 // CUDA + CuTe headers only: never include torch here.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cuda_runtime.h>
 #include <cute/tensor.hpp>
@@ -196,6 +197,36 @@ struct EngineTraits {
   static constexpr int kRingElems = kN2 * kInputRows;
   static constexpr int kHandoffElems = kN2 * kN1;
 
+  // A consumer thread's hand-off store addresses (handoff_store), as a per-thread base XOR a
+  // per-column constant, so that each of its 48 stores a row costs one or two integer
+  // instructions instead of the general map. The thread of row k1 and lane q stores the pair of
+  // columns c = 8j + 2q (and c + 1), and the mirrors 128 - c - e (c = 0, e = 0: column 64).
+  // Why it holds: the swizzle XORs k1 % 8 into the 16-byte chunk, so for s < 64
+  // handoff_offset(s, k1) = handoff_offset(0, k1) ^ s, and s >= 64 adds 512 (its own atom), so
+  // the map is a row part XOR a column part; and on a plane base that is a multiple of 1024
+  // bytes, adding the base commutes with an XOR of the bits below 128 (j's chunk). The mirror
+  // 128 - c (e = 0) is XOR-shaped only for q > 0 (lane q = 0 wraps to column 64 at j = 0): it
+  // takes a subtraction and a mask. tests/engine_layout_check.cu checks every address against
+  // handoff_offset.
+  static constexpr uint32_t kHandoffPlaneBytes = kHandoffElems * sizeof(T);  // im = re + this
+  static constexpr uint32_t kChunkBytes = 8 * sizeof(T);                     // one j: 8 columns
+  struct HandoffAddresses {
+    uint32_t pair;         // columns 2q, 2q + 1; column group j: pair ^ j's chunk
+    uint32_t mirror_odd;   // column 127 - 2q; group j: ^ j's chunk
+    uint32_t mirror_even;  // column 64; group j: ^ ((even_low - j's chunk) & the in-atom bits)
+    uint32_t even_low;     // (n2 - 2q) columns' bytes: less j's chunk, masked, column 128 - c's in its atom
+    __host__ __device__ HandoffAddresses(uint32_t plane, int q, int k1)
+        : pair(plane + 2 * handoff_offset(2 * q, k1)),
+          mirror_odd(plane + 2 * handoff_offset(kN2 - 1 - 2 * q, k1)),
+          mirror_even(plane + 2 * handoff_offset(kN2 / 2, k1)),
+          even_low(uint32_t(kN2 - 2 * q) * sizeof(T)) {}
+    __host__ __device__ uint32_t column_pair(int j) const { return pair ^ (j * kChunkBytes); }
+    __host__ __device__ uint32_t mirror(int j, int e) const {
+      constexpr uint32_t kInAtom = (kN2 / 2 - 1) * sizeof(T);  // 64 columns' bytes, less one
+      return e == 1 ? mirror_odd ^ (j * kChunkBytes) : mirror_even ^ ((even_low - j * kChunkBytes) & kInAtom);
+    }
+  };
+
   struct alignas(1024) Smem {
     T f1c[kF1Elems];
     T f1s[kF1Elems];
@@ -215,6 +246,8 @@ struct EngineTraits {
   static constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // + the base's alignment slack
 
   static_assert(sizeof(T) == 2, "GMMA operands here are 16-bit");
+  static_assert(offsetof(Smem, handoff) % 1024 == 0 && kHandoffPlaneBytes % 1024 == 0,
+                "HandoffAddresses folds the plane base into XORs of its low bits");
   static_assert(kSmemBytes <= max_smem_per_cta(1), "one CTA per SM, within 227 KB");
   static_assert(kN1 == 128 && kN2 == 128, "split 128 x 128: one pair a job");
   static_assert(kTileRows * kConsumers == kN1, "a tile per consumer warpgroup covers a pair's rows");
