@@ -358,8 +358,8 @@ FWD_UNIFORM_PAIRS_ENV = "MONARCH_FFTCONV_FWD_UNIFORM_PAIRS"  # read by the bindi
     (2, 3, 16384, 16384), (3, 5, 100, 100)])  # N = 8192, 16384, 16384, 2048, 2048, 32768, 256 (not built: thread 0's path)
 @pytest.mark.parametrize("io_dtype", [torch.float32, torch.bfloat16])
 def test_forward_uniform_pairs_give_the_same_bits(batch, channels, length, filter_len, io_dtype, monkeypatch, gen):
-    """MONARCH_FFTCONV_FWD_UNIFORM_PAIRS=1 (thread 0 in the other threads' code path of the fp32
-    forward kernel's mid pass) against the default, thread 0's own path: the same operations on the
+    """The default (=1, thread 0 in the other threads' code path of the fp32 forward kernel's mid
+    pass) against =0, thread 0's own path: the same operations on the
     same values, so y bitwise equal: plain, gated (both gates) and the training step's gated forward
     (y and z). Odd lengths, Lk < L and D included."""
     u = randn(gen, batch, channels, length, device=DEVICE).to(io_dtype)
@@ -384,7 +384,7 @@ def test_an_unknown_forward_choice_is_refused(monkeypatch, gen):
     u, k = randn(gen, 2, 3, 1000, device=DEVICE), randn(gen, 3, 1000, device=DEVICE)
     spectrum = ops.filter_spectrum(k, 1000, "fp32")
     monkeypatch.setenv(FWD_UNIFORM_PAIRS_ENV, "yes")
-    with pytest.raises(ValueError, match="MONARCH_FFTCONV_FWD_UNIFORM_PAIRS must be '0' or '1'"):
+    with pytest.raises(ValueError, match="MONARCH_FFTCONV_FWD_UNIFORM_PAIRS must be '1' or '0'"):
         ops.conv_forward_op(u, spectrum, None, "fp32")
 
 

@@ -108,9 +108,12 @@ def test_training_step_at_n_65536(through_the_ops, precision, gen):
     assert rel_l2(y, reference(u, k, D)) < 2e-6  # fp32 arithmetic whatever the precision
     ours = torch.autograd.grad(y, (u, k, D), dy)
     want = torch.autograd.grad(reference(u, k, D), (u, k, D), dy.double())
-    for a, b in zip(ours, want):
+    for a in ours:
         assert a.dtype == torch.float32
-        assert rel_l2(a, b) < 3e-6
+    assert rel_l2(ours[0], want[0]) < 3e-6 and rel_l2(ours[1], want[1]) < 3e-6
+    # dD is a sum of 40,002 products in fp32 and of ~200 against terms of ~0.6: its error is bound
+    # by the terms' absolute sum (rel_l2 against the small sum failed at 4.9e-6 for one seed)
+    assert ((ours[2].double() - want[2]).abs() <= 1e-6 * (dy.double() * u.double()).abs().sum((0, 2))).all()
 
 
 def test_opcheck_at_n_65536(through_the_ops, gen):

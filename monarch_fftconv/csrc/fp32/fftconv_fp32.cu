@@ -1,5 +1,5 @@
 // monarch_fftconv: the fused fp32-accurate causal FFT convolution's forward: the checks of a
-// call, its entry point and the default instances (the algorithm, the kernels and their
+// call, its entry point and thread 0's own-path instances (the algorithm, the kernels and their
 // launchers: fp32/forward_kernels.cuh; the uniform pair sweep's instances:
 // fp32/forward_uniform_instances.cu, a unit of its own, which builds in parallel with this one).
 //
@@ -13,7 +13,7 @@ namespace fp32_detail {
 
 // The uniform pair sweep where the caller asks for it (p.uniform_pairs) and its filter walks hold
 // (n1 | M/16), else thread 0's own path. Both give the same bits. The uniform sweep's instances
-// are fp32/forward_uniform_instances.cu's; the default ones are this unit's.
+// are fp32/forward_uniform_instances.cu's; thread 0's own-path ones are this unit's.
 template <typename IO>
 cudaError_t dispatch_size(const ConvForwardParams& p, cudaStream_t stream) {
   return with_plan(p.fft_size, cudaErrorInvalidValue, [&](auto logm) {

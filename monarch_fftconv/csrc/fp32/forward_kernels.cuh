@@ -139,8 +139,8 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS)
   forward_sequences<LOGM, IO, true, false>(a);
 }
 
-// The uniform pair sweep's kernels (MONARCH_FFTCONV_FWD_UNIFORM_PAIRS=1; not the default until
-// measured), gated and ungated (the gated one is the training step's forward), built where a
+// The uniform pair sweep's kernels (the default; MONARCH_FFTCONV_FWD_UNIFORM_PAIRS=0 runs thread
+// 0's own path), gated and ungated (the gated one is the training step's forward), built where a
 // covered split has n1 | M/16 (uniform_pairs_built).
 template <int LOGM, typename IO>
 __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS)
@@ -263,7 +263,7 @@ cudaError_t launch_gating(const ConvForwardParams& p, cudaStream_t stream) {
 }  // namespace
 
 namespace fp32_forward {
-// One io type's uniform pair sweep kernels (MONARCH_FFTCONV_FWD_UNIFORM_PAIRS=1), gated and
+// One io type's uniform pair sweep kernels (the default route where built), gated and
 // ungated, every size where they are built (fp32_detail::uniform_pairs_built) and the call's
 // split has n1 | M/16; cudaErrorInvalidValue elsewhere. Defined and instantiated in
 // fp32/forward_uniform_instances.cu, which builds in parallel with fp32/fftconv_fp32.cu; called

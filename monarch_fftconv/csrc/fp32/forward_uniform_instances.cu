@@ -1,6 +1,7 @@
-// monarch_fftconv: the uniform pair sweep's forward kernels (MONARCH_FFTCONV_FWD_UNIFORM_PAIRS=1;
-// fp32/forward_kernels.cuh), every io type, gating and size where they are built. A unit of its
-// own, so that it builds in parallel with fp32/fftconv_fp32.cu (the default kernels).
+// monarch_fftconv: the uniform pair sweep's forward kernels (fp32/forward_kernels.cuh; the default
+// route where built, MONARCH_FFTCONV_FWD_UNIFORM_PAIRS=0 takes thread 0's own path), every io type,
+// gating and size where they are built. A unit of its own, so that it builds in parallel with
+// fp32/fftconv_fp32.cu (thread 0's own-path kernels: sizes the sweep does not cover, and =0).
 // CUDA headers only: never include torch here.
 
 #include "fp32/forward_kernels.cuh"
