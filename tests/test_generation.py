@@ -443,6 +443,31 @@ def test_prefill_with_graphs_captures_then_fills(gen, simulated_graphs, prompt_l
             assert torch.equal(op.step(u[:, t], hyena_graphed)[0], op.step(u[:, t], hyena_eager)[0]), t
 
 
+@pytest.mark.parametrize("change", ["cleared", "full"])
+def test_graphed_step_refuses_once_the_plans_may_be_freed(gen, simulated_graphs, change):
+    """The graphs replay cuFFT plans the cache owns: a step after the cache was cleared (its size
+    below the capture's) or filled up (where it evicts) raises, for a functional state and a
+    HyenaOperator's; with the cache as it was, the step runs. Each read asks the cache again."""
+    length = 100  # levels up to 2^5: FFT levels beside the Toeplitz ones
+    x, k = randn(gen, 1, 4, length), randn(gen, 2, length)
+    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    op = HyenaOperator(8, length, order=2, filter_order=16)
+    plans = torch.backends.cuda.cufft_plan_cache[None]
+    with torch.no_grad():
+        _, state = generation.prefill(x[..., :3], k, length, cuda_graph=True)
+        _, hyena = op.prefill(randn(gen, 1, 3, 8), max_len=length, cuda_graph=True)
+        generation.step(x[..., 3], state)
+        op.step(randn(gen, 1, 8), hyena)
+        at_capture = plans.size
+        plans.size = at_capture - 1 if change == "cleared" else plans.max_size
+        with pytest.raises(RuntimeError, match="cuFFT plan cache was cleared or filled up"):
+            generation.step(x[..., 4], state)
+        with pytest.raises(RuntimeError, match="cuFFT plan cache was cleared or filled up"):
+            op.step(randn(gen, 1, 8), hyena)
+        plans.size = at_capture
+        generation.step(x[..., 4], state)
+
+
 def test_cuda_graph_needs_a_cuda_prompt(gen):
     x, k = randn(gen, 1, 2, 10), randn(gen, 2, 10)
     with pytest.raises(ValueError, match="cuda_graph=True captures CUDA graphs: the prompt is on cpu"):
