@@ -60,9 +60,17 @@ def source_digest(repo: Path = REPO_ROOT) -> str:
 
 
 def _git_commit() -> Any:
+    """HEAD's short hash, with "+changes" where tracked files differ from it: a copied tree (the
+    GPU machine's) can carry an older .git than its files (session 23's tables read "git 3a7bc7e"
+    for 0bc4308's sources); the sources digest says which files ran."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True,
+                              timeout=5).stdout.strip()
     try:
-        return subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=5).stdout.strip() or None
+        head = git("rev-parse", "--short", "HEAD")
+        if not head:
+            return None
+        return f"{head}+changes" if git("status", "--porcelain", "--untracked-files=no") else head
     except Exception:  # noqa: BLE001
         return None
 
