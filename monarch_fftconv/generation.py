@@ -47,6 +47,13 @@ DIRECT_MAX_BLOCK = 8  # blocks up to this size: a small Toeplitz product, cheape
 FUSED_STEP = True
 # An FFT level's block runs in chunks of batch rows whose spectrum stays within this (`_batch_chunks`).
 BLOCK_CHUNK_BYTES = 1 << 29
+# The graphed steps' middle levels (DIRECT_MAX_BLOCK < n <= KERNEL_MAX_BLOCK) as one direct
+# Toeplitz-product kernel (ops.conv_block) instead of two FFTs on 2n points and six more launches
+# (where FUSED_STEP's kernel runs; elsewhere the op's PyTorch form); read at prefill(cuda_graph=True).
+# These levels set the p99 token (level 6 at T = 8192: 236 us at B=16 C=4096 on an H100, session 23,
+# against a 34 us median); predicted ~45 us with the kernel. Off until measured on a GPU.
+MID_LEVELS_IN_KERNEL = False
+KERNEL_MAX_BLOCK = 256  # kConvBlockMaxBlock (fftconv.h)
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -102,6 +109,7 @@ class ConvState:
     second_tap: Tensor         # (C,): k[c // (C // G), 1] (0 for a one-tap filter): level 0's block
     toeplitz: list[Tensor]     # level q with n = 2^q <= DIRECT_MAX_BLOCK: (G, n, n), [j, m] = k[n + m - j]
     spectra: list[Tensor]      # the larger levels: rfft(k[:, :2n], 2n) / 2n, (G, n + 1) complex
+    middle_taps: Tensor | None  # (G, 2n): k[:, :2n], n the largest middle level's (ops.conv_block), or None
     inputs: Tensor             # (B, C, T): the generated inputs, T = max_len - prompt_len
     pending: Tensor            # (B, C, T + tail): each generated position's sum over the inputs folded in so far
     watch: _Watch | None = field(default=None, repr=False)
@@ -112,6 +120,7 @@ class ConvState:
         """The state's memory: buffers, filter blocks and spectra (and a graphed state's own
         buffers and the memory its graphs' pool reserved)."""
         tensors = [self.first_tap, self.second_tap, self.inputs, self.pending, *self.toeplitz, *self.spectra]
+        tensors += [] if self.middle_taps is None else [self.middle_taps]
         return _bytes(tensors) + _graphed_bytes(self.graphed)
 
 
@@ -161,7 +170,8 @@ def _allocate(x: Tensor, k: Tensor, max_len: int) -> tuple[ConvState, Tensor]:
         max_len=max_len, prompt_len=prompt_len, position=prompt_len, batch=batch, channels=channels,
         groups=k.shape[0], dtype=x.dtype, device=x.device,
         first_tap=first_taps[0], second_tap=first_taps[1],
-        toeplitz=toeplitz, spectra=spectra, inputs=inputs, pending=pending)
+        toeplitz=toeplitz, spectra=spectra, middle_taps=_middle_taps(filt, to_generate), inputs=inputs,
+        pending=pending)
     return state, filt
 
 
@@ -225,6 +235,21 @@ def _filter_blocks(k: Tensor, to_generate: int) -> tuple[list[Tensor], list[Tens
         else:
             spectra.append(torch.fft.rfft(taps, n=2 * n, norm="forward"))
     return toeplitz, spectra
+
+
+def _middle_levels(to_generate: int) -> list[int]:
+    """The fold levels whose block ops.conv_block can take: DIRECT_MAX_BLOCK < n <= KERNEL_MAX_BLOCK."""
+    return [q for q in _levels(to_generate) if DIRECT_MAX_BLOCK < (1 << q) <= KERNEL_MAX_BLOCK]
+
+
+def _middle_taps(k: Tensor, to_generate: int) -> Tensor | None:
+    """k[:, :2n] (zero past the filter), n the largest middle level's block: every middle level's
+    taps (a level of n' reads the first 2n'), or None without a middle level."""
+    middle = _middle_levels(to_generate)
+    if not middle:
+        return None
+    width = 2 << middle[-1]
+    return F.pad(k[:, :width], (0, max(0, width - k.shape[-1]))).contiguous()
 
 
 def _fold_level(i: int, to_generate: int) -> int | None:
@@ -347,7 +372,10 @@ class _GraphedSteps:
         step_at = ops.conv_step_op if fused else ops.conv_step_reference
         y = step_at(self.x, state.inputs, state.pending, self.outputs, state.first_tap, state.second_tap, self.index,
                     q == 0, state.toeplitz[q] if block_in_kernel else None)
-        if q is not None and q > 0 and not block_in_kernel:
+        if MID_LEVELS_IN_KERNEL and q in _middle_levels(state.inputs.shape[-1]):
+            block_at = ops.conv_block_op if fused else ops.conv_block_reference
+            block_at(state.inputs, state.pending, state.middle_taps, self.index, 1 << q)
+        elif q is not None and q > 0 and not block_in_kernel:
             sources, targets = at + self.behind[q], at + self.ahead[q]  # i + 1 - n .. i; i + 1 .. i + n
             for rows in _batch_chunks(state, q):
                 pending = state.pending[rows]  # a view: index_copy_ writes the state's buffer

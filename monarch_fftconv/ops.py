@@ -24,6 +24,8 @@ op                                                          CPU              CUD
                                                                              (four-step: two backwards)
 ``conv_step(x, inputs!, pending!, outputs!, ...) -> y``     PyTorch ops      one kernel (a generation step,
                                                                              a small level's block too)
+``conv_block(inputs, pending!, taps, index, n)``             PyTorch ops      one kernel (a middle level's
+                                                                             block, a direct product)
 ``gated_fftconv(u, k, skip, pre, post, prec.) -> (y, z, S)``  the ops above    the spectrum kernel, the fp32
                                                                              kernel with gates and z (else
                                                                              ATen gates around)
@@ -160,6 +162,37 @@ def conv_step(x: Tensor, inputs: Tensor, pending: Tensor, outputs: Tensor | None
 @conv_step.register_fake
 def _(x, inputs, pending, outputs, first_tap, second_tap, index, fold, block_taps=None):
     return x.new_empty(x.shape)
+
+
+# --------------------------------------------------------------------------- conv_block
+
+
+def conv_block_reference(inputs: Tensor, pending: Tensor, taps: Tensor, index: Tensor, n: int) -> None:
+    """A middle fold level's block of a generation step (generation.py) as a direct Toeplitz
+    product, at the generated index i held in `index` (a device scalar):
+    pending[:, c, i+1+m] += Σ_j inputs[:, c, i+1-n+j]·taps[g, n+m-j] for m, j < n, g = c // (C/G),
+    taps (G, >= 2n) holding the filter's k[0 ..] (k[0] unused). The same sums as the level's two
+    FFTs on 2n points (generation._block_contribution), in another rounding. In PyTorch ops:
+    a gather, a Toeplitz built from the taps, a batched product and a scatter-add; the op's CUDA
+    kernel does it in one launch."""
+    offsets = torch.arange(n, device=index.device)
+    at = index.view(1)
+    block = inputs.index_select(2, at + 1 - n + offsets)  # (B, C, n): the last n inputs
+    lags = n + offsets - offsets[:, None]  # [j, m] = n + m - j
+    toeplitz = taps[:, lags]  # (G, n, n)
+    out = (block.unflatten(1, (taps.shape[0], -1)) @ toeplitz.unsqueeze(0)).flatten(1, 2)
+    targets = at + 1 + offsets
+    pending.index_copy_(2, targets, pending.index_select(2, targets) + out)
+
+
+@torch.library.custom_op("monarch_fftconv::conv_block", mutates_args=("pending",), device_types="cpu")
+def conv_block(inputs: Tensor, pending: Tensor, taps: Tensor, index: Tensor, n: int) -> None:
+    conv_block_reference(inputs, pending, taps, index, n)
+
+
+@conv_block.register_fake
+def _(inputs, pending, taps, index, n):
+    return None
 
 
 # --------------------------------------------------------------------------- conv_forward
@@ -394,6 +427,7 @@ torch.library.register_autograd("monarch_fftconv::fftconv", _backward, setup_con
 filter_spectrum_op = torch.ops.monarch_fftconv.filter_spectrum.default
 filter_spectrum_two_sided_op = torch.ops.monarch_fftconv.filter_spectrum_two_sided.default
 conv_step_op = torch.ops.monarch_fftconv.conv_step.default
+conv_block_op = torch.ops.monarch_fftconv.conv_block.default
 refresh_filter_spectrum_op = torch.ops.monarch_fftconv.refresh_filter_spectrum.default
 conv_forward_op = torch.ops.monarch_fftconv.conv_forward.default
 gated_conv_forward_op = torch.ops.monarch_fftconv.gated_conv_forward.default

@@ -614,6 +614,137 @@ def test_the_kernels_largest_block_is_generations():
     assert re.findall(r"constexpr int kConvStepMaxBlock = (\d+);", header) == [str(generation.DIRECT_MAX_BLOCK)]
 
 
+def conv_block_case(gen, device, dtype, n, groups, batch=3, channels=6, to_generate=600):
+    """Random buffers for ops.conv_block: inputs, pending (with a tail past T), the taps (G, 2n + 3:
+    wider than the block needs, as generation's taps are for its smaller levels)."""
+    inputs = randn(gen, batch, channels, to_generate, dtype=dtype)
+    pending = randn(gen, batch, channels, to_generate + n, dtype=dtype)
+    taps = randn(gen, groups, 2 * n + 3, dtype=dtype)
+    return {name: t.to(device) for name, t in (("inputs", inputs), ("pending", pending), ("taps", taps))}
+
+
+@pytest.mark.parametrize("n, groups", [(16, 1), (32, 3), (64, 6), (256, 2)])
+def test_conv_block_op_adds_a_middle_levels_block(gen, n, groups):
+    """ops.conv_block (a middle level's block as a direct product): pending[:, c, i+1+m] +=
+    Σ_j inputs[:, c, i+1-n+j]·taps[g, n+m-j] for m < n, summed here by its own loop over lags
+    in float64; inputs, taps and every other pending entry untouched."""
+    from monarch_fftconv import ops
+    case = conv_block_case(gen, "cpu", torch.float64, n, groups)
+    before = {name: t.clone() for name, t in case.items()}
+    i = 511  # i + 1 = 512: a fold of every n here
+    ops.conv_block_op(**case, index=torch.tensor(i), n=n)
+    want = before["pending"].clone()
+    channels = want.shape[1]
+    for c in range(channels):
+        g = c // (channels // groups)
+        for m in range(n):
+            lags = torch.arange(m + 1, m + n + 1)  # t - s for s = i+1-n+j, t = i+1+m: n+m-j
+            sources = i + 1 + m - lags
+            want[:, c, i + 1 + m] += (before["inputs"][:, c, sources] * before["taps"][g, lags]).sum(-1)
+    assert torch.allclose(case["pending"], want, rtol=0, atol=1e-12)
+    assert torch.equal(case["inputs"], before["inputs"]) and torch.equal(case["taps"], before["taps"])
+    untouched = torch.ones(want.shape[-1], dtype=torch.bool)
+    untouched[i + 1: i + 1 + n] = False
+    assert torch.equal(case["pending"][..., untouched], before["pending"][..., untouched])
+
+
+def test_the_block_kernels_range_is_generations():
+    """generation's middle levels (DIRECT_MAX_BLOCK < n <= KERNEL_MAX_BLOCK) are what the
+    conv_block kernel takes (kConvBlockMinBlock .. kConvBlockMaxBlock, fftconv.h)."""
+    import re
+    from monarch_fftconv import _extension
+    header = (_extension.CSRC / "fftconv.h").read_text()
+    assert re.findall(r"constexpr int kConvBlockMinBlock = (\d+);", header) == [str(2 * generation.DIRECT_MAX_BLOCK)]
+    assert re.findall(r"constexpr int kConvBlockMaxBlock = (\d+);", header) == [str(generation.KERNEL_MAX_BLOCK)]
+    assert generation._middle_levels(2000) == [4, 5, 6, 7, 8] and generation._middle_levels(16) == []
+
+
+@pytest.mark.parametrize("groups, length, prompt_len", [(3, 700, 0), (1, 300, 45), (3, 40, 3)])
+def test_graphed_steps_with_middle_levels_as_blocks(gen, simulated_graphs, monkeypatch, groups, length, prompt_len):
+    """MID_LEVELS_IN_KERNEL: the graphed steps fold their middle levels (n = 16 .. 256) by
+    ops.conv_block (here its PyTorch form, the stand-in graphs running eagerly on the CPU), the
+    other levels as before: every output within float64 round-off of the whole-sequence
+    convolution and of the eager steps (two FFTs there: not bitwise)."""
+    monkeypatch.setattr(generation, "MID_LEVELS_IN_KERNEL", True)
+    blocks = []
+    reference_block = generation.ops.conv_block_reference
+    monkeypatch.setattr(generation.ops, "conv_block_reference", lambda *a: blocks.append(a[-1]) or reference_block(*a))
+    x = randn(gen, 2, 6, length, dtype=torch.float64)
+    k = randn(gen, groups, length, dtype=torch.float64) / length**0.5
+    with torch.no_grad():
+        y, graphed = generation.prefill(x[..., :prompt_len], k, length, cuda_graph=True)
+        _, eager = generation.prefill(x[..., :prompt_len], k, length)
+        blocks.clear()  # the capture's warm-up and capture runs
+        outs = []
+        for t in range(prompt_len, length):
+            got, want = generation.step(x[..., t], graphed)[0], generation.step(x[..., t], eager)[0]
+            assert torch.allclose(got, want, rtol=0, atol=1e-11), t
+            outs.append(got)
+    middle = generation._middle_levels(length - prompt_len)
+    assert sorted(set(blocks)) == [1 << q for q in middle]  # each middle level, by the op
+    assert len(blocks) == sum((length - prompt_len - 1) // (1 << q) - (length - prompt_len - 1) // (2 << q)
+                              for q in middle)  # once a fold of its level, no more
+    full = torch.cat([y, torch.stack(outs, -1)], -1) if prompt_len else torch.stack(outs, -1)
+    assert rel_l2(full, reference_full(x, k)) < 1e-12
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the conv_block kernel needs a CUDA device")
+@pytest.mark.watchdog(120)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n, groups", [(16, 1), (32, 7), (64, 1), (128, 7), (256, 1)])
+def test_conv_block_kernel_is_the_reference_block(gen, dtype, n, groups):
+    """The CUDA conv_block kernel against ops.conv_block_reference (PyTorch ops) on the same
+    buffers at an index read from device memory (odd B·C, more streams than one launch's grid
+    holds at once): the same sums (fma chains against the GEMM's order: within n ulps of the
+    terms' scale) in the same entries; an index past the room writes nothing; clear errors."""
+    from monarch_fftconv import _extension, ops
+    assert not isinstance(_extension.coverage(True), str)
+    case = conv_block_case(gen, "cuda", dtype, n, groups, batch=7, channels=301 if groups == 7 else 300,
+                           to_generate=1024)
+    theirs = {name: t.clone() for name, t in case.items()}
+    index = torch.tensor(767, device="cuda")  # 768 = 3·256: a fold of every n
+    ops.conv_block_op(**case, index=index, n=n)
+    ops.conv_block_reference(**theirs, index=index.clone(), n=n)
+    atol = 8 * n * torch.finfo(dtype).eps * 4  # terms O(1), n of them: the sums' rounding, two orders
+    assert torch.allclose(case["pending"], theirs["pending"], rtol=0, atol=atol)
+    assert torch.equal(case["inputs"], theirs["inputs"])
+    unchanged = case["pending"].clone()
+    ops.conv_block_op(**case, index=torch.tensor(1024 + n, device="cuda"), n=n)  # no room: nothing written
+    torch.cuda.synchronize()
+    assert torch.equal(case["pending"], unchanged)
+    with pytest.raises(ValueError, match="conv_block's n"):
+        ops.conv_block_op(**case, index=index, n=24)
+    with pytest.raises(ValueError, match="conv_block takes"):
+        ops.conv_block_op(**{**case, "taps": case["taps"][:, : 2 * n - 1].contiguous()}, index=index, n=n)
+    with pytest.raises(ValueError, match="conv_block's tensors"):
+        ops.conv_block_op(**{**case, "taps": case["taps"].to(torch.float64 if dtype == torch.float32 else torch.float32)},
+                          index=index, n=n)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+@pytest.mark.watchdog(300)
+def test_cuda_graph_steps_with_middle_levels_in_the_kernel(gen, monkeypatch):
+    """MID_LEVELS_IN_KERNEL on a GPU: the graphs capture conv_block for n = 16 .. 256 and the
+    generated outputs stay within fp32's budget of the whole-sequence convolution and within
+    round-off of the eager steps (FFT levels there)."""
+    from monarch_fftconv import _extension
+    assert not isinstance(_extension.coverage(True), str)
+    monkeypatch.setattr(generation, "MID_LEVELS_IN_KERNEL", True)
+    length, prompt_len = 2000, 13
+    x = randn(gen, 3, 8, length, device="cuda")
+    k = randn(gen, 2, length, device="cuda") / length**0.5
+    with torch.inference_mode():
+        _, eager = generation.prefill(x[..., :prompt_len], k, length)
+        _, graphed = generation.prefill(x[..., :prompt_len], k, length, cuda_graph=True)
+        outs = []
+        for t in range(prompt_len, length):
+            want = generation.step(x[..., t], eager)[0]
+            got = generation.step(x[..., t], graphed)[0]
+            assert rel_l2(got, want) <= 1e-5, t
+            outs.append(got)
+        assert rel_l2(torch.stack(outs, -1), reference_full(x, k)[..., prompt_len:]) < ERROR_BUDGETS["fp32"]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the conv_step kernel needs a CUDA device")
 @pytest.mark.watchdog(120)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

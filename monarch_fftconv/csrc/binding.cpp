@@ -427,6 +427,57 @@ at::Tensor conv_step(const at::Tensor& x, const at::Tensor& inputs, const at::Te
   return y;
 }
 
+// A middle fold level's block: pending[:, :, i+1 .. i+n] += the direct Toeplitz product of the
+// last n inputs (inputs[:, :, i+1-n .. i]) with the group's taps k[1 .. 2n-1] (taps (G, >= 2n)),
+// i the generated index in `index` (device memory), n a power of two in [kConvBlockMinBlock,
+// kConvBlockMaxBlock].
+template <typename T>
+void launch_conv_block(const at::Tensor& inputs, const at::Tensor& pending, const at::Tensor& taps,
+                       const at::Tensor& index, int64_t n) {
+  mf::ConvBlockParams<T> p{};
+  p.inputs = inputs.data_ptr<T>();
+  p.pending = pending.data_ptr<T>();
+  p.taps = taps.data_ptr<T>();
+  p.index = index.data_ptr<int64_t>();
+  p.batch = inputs.size(0);
+  p.channels = inputs.size(1);
+  p.to_generate = inputs.size(2);
+  p.pending_len = pending.size(2);
+  p.groups = taps.size(0);
+  p.taps_len = taps.size(1);
+  p.block_n = static_cast<int>(n);
+  check_launch(mf::conv_block(p, current_stream(inputs)));
+}
+
+void conv_block(const at::Tensor& inputs, const at::Tensor& pending, const at::Tensor& taps, const at::Tensor& index,
+                int64_t n) {
+  const auto dtype = inputs.scalar_type();
+  TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kDouble,
+                    message("monarch_fftconv: conv_block computes in float32 or float64, got ", dtype));
+  TORCH_CHECK_VALUE(n >= mf::kConvBlockMinBlock && n <= mf::kConvBlockMaxBlock && (n & (n - 1)) == 0,
+                    message("monarch_fftconv: conv_block's n must be a power of two in [", mf::kConvBlockMinBlock,
+                            ", ", mf::kConvBlockMaxBlock, "], got ", n));
+  TORCH_CHECK_VALUE(inputs.dim() == 3 && pending.dim() == 3 && taps.dim() == 2 &&
+                        pending.size(0) == inputs.size(0) && pending.size(1) == inputs.size(1) &&
+                        pending.size(2) >= inputs.size(2) && taps.size(0) >= 1 &&
+                        inputs.size(1) % taps.size(0) == 0 && taps.size(1) >= 2 * n && index.numel() == 1 &&
+                        index.scalar_type() == at::kLong,
+                    message("monarch_fftconv: conv_block takes inputs (B, C, T), pending (B, C, >= T), taps "
+                            "(G, >= 2n) with G dividing C, and an int64 index; got ", inputs.sizes(), ", ",
+                            pending.sizes(), ", ", taps.sizes(), ", ", index.sizes(), " ", index.scalar_type(),
+                            ", n = ", n));
+  for (const at::Tensor& t : {inputs, pending, taps}) {
+    TORCH_CHECK_VALUE(t.is_contiguous() && t.device() == inputs.device() && t.scalar_type() == dtype,
+                      "monarch_fftconv: conv_block's tensors must be contiguous, on one device, in one dtype");
+  }
+  TORCH_CHECK_VALUE(index.device() == inputs.device(), "monarch_fftconv: conv_block's index must be on inputs' device");
+  const c10::cuda::CUDAGuard guard(inputs.device());
+  if (dtype == at::kFloat)
+    launch_conv_block<float>(inputs, pending, taps, index, n);
+  else
+    launch_conv_block<double>(inputs, pending, taps, index, n);
+}
+
 // A cached spectrum brought up to date with k, in place and in one launch, with no host
 // sync: the rows whose filter differs from `source` (the fp32 filter they were computed from)
 // are recomputed and source takes their values. The radix layout only (N <= 32768): the
@@ -798,6 +849,7 @@ TORCH_LIBRARY_IMPL(monarch_fftconv, CUDA, m) {
   m.impl("filter_spectrum", &filter_spectrum);
   m.impl("filter_spectrum_two_sided", &filter_spectrum_two_sided);
   m.impl("conv_step", &conv_step);
+  m.impl("conv_block", &conv_block);
   m.impl("refresh_filter_spectrum", &refresh_filter_spectrum);
   m.impl("conv_forward", &conv_forward);
   m.impl("gated_conv_forward", &conv_forward_gated);

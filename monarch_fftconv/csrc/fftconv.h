@@ -227,6 +227,31 @@ struct ConvStepParams {
 cudaError_t conv_step(const ConvStepParams<float>& params, cudaStream_t stream);
 cudaError_t conv_step(const ConvStepParams<double>& params, cudaStream_t stream);
 
+// A middle fold level's block of a streaming generation (generation/conv_step.cu), as a direct
+// Toeplitz product instead of two FFTs: with the generated index i = *index, for every stream
+// e = b·C + c and m < n, pending[e][i+1+m] += Σ_j inputs[e][i+1-n+j]·taps[g][n+m-j] (j ascending,
+// one fused multiply-add a term), g = c / (C / groups); taps (groups, taps_len) holds the filter's
+// k[0 .. taps_len) (k[0] unused), taps_len >= 2n. n is a power of two in [kConvBlockMinBlock,
+// kConvBlockMaxBlock]. Every tensor contiguous, in T (fp32 or fp64).
+constexpr int kConvBlockMinBlock = 16;   // one above kConvStepMaxBlock: the smaller levels are conv_step's
+constexpr int kConvBlockMaxBlock = 256;  // generation.KERNEL_MAX_BLOCK
+template <typename T>
+struct ConvBlockParams {
+  const T* inputs;        // (B, C, to_generate)
+  T* pending;             // (B, C, pending_len)
+  const T* taps;          // (groups, taps_len)
+  const int64_t* index;   // the generated index i, in device memory
+  int64_t batch;
+  int64_t channels;
+  int64_t to_generate;
+  int64_t pending_len;
+  int64_t groups;         // divides channels (1 <= groups)
+  int64_t taps_len;       // >= 2 * block_n
+  int block_n;
+};
+cudaError_t conv_block(const ConvBlockParams<float>& params, cudaStream_t stream);
+cudaError_t conv_block(const ConvBlockParams<double>& params, cudaStream_t stream);
+
 // Fused tensor-core Monarch kernel: precisions kTF32, kBF16, kFP16.
 cudaError_t conv_forward_tensor_core(const ConvForwardParams& params, cudaStream_t stream);
 

@@ -1,4 +1,5 @@
-// monarch_fftconv: one token of a long convolution's streaming generation, in one launch.
+// monarch_fftconv: one token of a long convolution's streaming generation, in one launch, and a
+// middle fold level's block (conv_block, below).
 //
 // generation.py keeps, per stream e = b·C + c, the generated inputs (inputs[e][i]) and each
 // future position's partial sum (pending[e][i]). A step at generated index i (the graphed
@@ -72,9 +73,93 @@ cudaError_t launch(const ConvStepParams<T>& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// ---------------------------------------------------------------------------------------------
+// A middle level's block (n = 16 .. 256) as a direct Toeplitz product. Through PyTorch ops such
+// a level is two FFTs on 2n points and six more launches (gather, product, scatter-add), ~20x
+// its memory floor at B·C = 65,536 (session 23: 236 µs at n = 64, where its 16 MB of inputs and
+// 32 MB of pending sums take ~16 µs); and these levels are the top percent of token latencies.
+// Directly it is n² multiply-adds a stream (4,096 at n = 64): cheap beside the memory.
+//
+// A warp per stream: the block's n inputs and the group's 2n taps into the warp's shared
+// memory, then each lane sums the outputs m = lane, lane + 32, ... over j ascending (one fma a
+// term, the inputs broadcast, the taps read at consecutive addresses across the lanes).
+template <int N>
+struct ConvBlockTraits {
+  static_assert(N >= kConvBlockMinBlock && N <= kConvBlockMaxBlock && (N & (N - 1)) == 0, "n: a power of two");
+  static constexpr int kWarps = 4;                                  // warps (streams) a CTA
+  static constexpr int kOutputsPerLane = N < 32 ? 1 : N / 32;
+  static constexpr int kValuesPerWarp = 3 * N;                      // shared: n inputs, 2n taps
+};
+
+template <typename T, int N>
+__global__ void __launch_bounds__(ConvBlockTraits<N>::kWarps * 32) conv_block_kernel(const ConvBlockParams<T> p) {
+  using Traits = ConvBlockTraits<N>;
+  constexpr int kPerWarp = Traits::kValuesPerWarp;
+  __shared__ T smem[Traits::kWarps * kPerWarp];
+  const int64_t i = *p.index;
+  // The host checks the room before every step; a block with no room writes nothing.
+  if (i + 1 < N || i >= p.to_generate || i + N >= p.pending_len) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  T* block = smem + warp * kPerWarp;  // block[j] = inputs[e][i+1-N+j]
+  T* taps = block + N;                // taps[t] = k[t], t < 2N
+  const int64_t streams = p.batch * p.channels, group_size = p.channels / p.groups;
+  for (int64_t e = (int64_t)blockIdx.x * Traits::kWarps + warp; e < streams;
+       e += (int64_t)gridDim.x * Traits::kWarps) {
+    const T* in = p.inputs + e * p.to_generate + (i + 1 - N);
+    const T* k = p.taps + (e % p.channels) / group_size * p.taps_len;
+    for (int j = lane; j < N; j += 32) block[j] = in[j];
+    for (int t = lane; t < 2 * N; t += 32) taps[t] = k[t];
+    __syncwarp();
+    T sum[Traits::kOutputsPerLane];
+#pragma unroll
+    for (int r = 0; r < Traits::kOutputsPerLane; ++r) sum[r] = T(0);
+#pragma unroll 4
+    for (int j = 0; j < N; ++j) {
+      const T x = block[j];
+#pragma unroll
+      for (int r = 0; r < Traits::kOutputsPerLane; ++r) {
+        const int m = lane + 32 * r;
+        if (m < N) sum[r] = fma(x, taps[N + m - j], sum[r]);
+      }
+    }
+    T* out = p.pending + e * p.pending_len + (i + 1);
+#pragma unroll
+    for (int r = 0; r < Traits::kOutputsPerLane; ++r) {
+      const int m = lane + 32 * r;
+      if (m < N) out[m] += sum[r];
+    }
+    __syncwarp();  // the next stream's loads overwrite this one's block and taps
+  }
+}
+
+template <typename T, int N>
+cudaError_t launch_block(const ConvBlockParams<T>& p, cudaStream_t stream) {
+  constexpr int kWarps = ConvBlockTraits<N>::kWarps;
+  const int64_t blocks = (p.batch * p.channels + kWarps - 1) / kWarps;
+  conv_block_kernel<T, N><<<(unsigned)(blocks < 65535 ? blocks : 65535), kWarps * 32, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_block(const ConvBlockParams<T>& p, cudaStream_t stream) {
+  if (p.batch * p.channels <= 0) return cudaSuccess;
+  if (p.groups < 1 || p.channels % p.groups != 0 || p.taps_len < 2 * (int64_t)p.block_n) return cudaErrorInvalidValue;
+  switch (p.block_n) {
+    case 16: return launch_block<T, 16>(p, stream);
+    case 32: return launch_block<T, 32>(p, stream);
+    case 64: return launch_block<T, 64>(p, stream);
+    case 128: return launch_block<T, 128>(p, stream);
+    case 256: return launch_block<T, 256>(p, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+static_assert(kConvBlockMinBlock == 16 && kConvBlockMaxBlock == 256, "launch_block's cases");
+
 }  // namespace
 
 cudaError_t conv_step(const ConvStepParams<float>& p, cudaStream_t stream) { return launch(p, stream); }
 cudaError_t conv_step(const ConvStepParams<double>& p, cudaStream_t stream) { return launch(p, stream); }
+cudaError_t conv_block(const ConvBlockParams<float>& p, cudaStream_t stream) { return launch_block(p, stream); }
+cudaError_t conv_block(const ConvBlockParams<double>& p, cudaStream_t stream) { return launch_block(p, stream); }
 
 }  // namespace monarch_fftconv
