@@ -308,6 +308,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--fused-step", action=argparse.BooleanOptionalAction, default=None,
                    help="with --cuda-graph: each graph's per-token part as one kernel, or (--no-fused-step) as "
                         "PyTorch ops (default: generation.FUSED_STEP, on)")
+    p.add_argument("--mid-levels-in-kernel", action=argparse.BooleanOptionalAction, default=None,
+                   help="with --cuda-graph: the middle fold levels (n = 16 .. 256) as one direct-product kernel, "
+                        "or as two FFTs and PyTorch ops (default: generation.MID_LEVELS_IN_KERNEL, off)")
     args = p.parse_args(argv)
     if args.prompt is None:
         args.prompt = 0 if args.layer else 16
@@ -317,24 +320,29 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--cuda-graph needs --device cuda")
     if args.fused_step is not None and not args.cuda_graph:
         p.error("--fused-step needs --cuda-graph")
+    if args.mid_levels_in_kernel is not None and not args.cuda_graph:
+        p.error("--mid-levels-in-kernel needs --cuda-graph")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
     config = vars(args)
-    threads, fused = torch.get_num_threads(), generation.FUSED_STEP
+    threads, fused, middle = torch.get_num_threads(), generation.FUSED_STEP, generation.MID_LEVELS_IN_KERNEL
     fused_step = fused if args.fused_step is None else args.fused_step
+    middle_in_kernel = middle if args.mid_levels_in_kernel is None else args.mid_levels_in_kernel
     torch.set_num_threads(args.threads)
-    generation.FUSED_STEP = fused_step
+    generation.FUSED_STEP, generation.MID_LEVELS_IN_KERNEL = fused_step, middle_in_kernel
     try:
         results = generate_layer(config) if args.layer else generate_lm(config)
     finally:
         torch.set_num_threads(threads)
-        generation.FUSED_STEP = fused
+        generation.FUSED_STEP, generation.MID_LEVELS_IN_KERNEL = fused, middle
     what = (f"FFTConv B={args.batch} C={args.channels}" if args.layer
             else f"Hyena LM width={args.width} layers={args.layers} B={args.batch}")
-    graphs = (", steps as CUDA graphs" + (" (per-token part fused)" if fused_step else "")) if args.cuda_graph else ""
+    parts = [what for what, on in (("per-token part fused", fused_step), ("middle levels in a kernel", middle_in_kernel))
+             if on]
+    graphs = (", steps as CUDA graphs" + (f" ({', '.join(parts)})" if parts else "")) if args.cuda_graph else ""
     print(f"{what}, L={args.seq_len}, prompt {args.prompt}, {args.device}{graphs}, {args.threads} CPU thread(s)")
     print(table(results))
     return results
