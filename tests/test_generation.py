@@ -686,6 +686,18 @@ def test_graphed_steps_with_middle_levels_as_blocks(gen, simulated_graphs, monke
                               for q in middle)  # once a fold of its level, no more
     full = torch.cat([y, torch.stack(outs, -1)], -1) if prompt_len else torch.stack(outs, -1)
     assert rel_l2(full, reference_full(x, k)) < 1e-12
+    # a HyenaOperator's graphed step: its long convolutions' middle levels by the op too
+    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    op = HyenaOperator(8, length, order=3, filter_groups=2, filter_order=16)
+    u = randn(gen, 2, length, 8)
+    with torch.no_grad():
+        _, hyena_eager = op.prefill(u[:, :prompt_len], max_len=length)
+        _, hyena_graphed = op.prefill(u[:, :prompt_len], max_len=length, cuda_graph=True)
+        blocks.clear()
+        for t in range(prompt_len, length):
+            got, want = op.step(u[:, t], hyena_graphed)[0], op.step(u[:, t], hyena_eager)[0]
+            assert rel_l2(got, want) < 1e-5, t
+    assert sorted(set(blocks)) == [1 << q for q in middle]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the conv_block kernel needs a CUDA device")
