@@ -410,10 +410,21 @@ _decisions: dict[tuple, Backend] = {}
 # Which tensor-core kernel runs the 128x128 split (N = 16384) in bf16/fp16 (tc/dispatch.cu,
 # pick_hopper): unset, the tensor-core engine for calls of ENGINE_MIN_SEQUENCES or more with fp32
 # I/O and the mma.sync kernel otherwise; "engine" the engine at any size (fp32 I/O only: docs/
-# design.md, "The next tensor-core engine"); "mma", or any other value, the mma.sync kernel at any
-# size. The binding reads the same variable per call; here it names the kernel in explain() and
-# keeps a named kernel off the engine route.
+# design.md, "The next tensor-core engine"); "mma" the mma.sync kernel at any size; any other value
+# is refused (here and by the binding: a misspelt name must not run another kernel). The binding
+# reads the same variable per call; here it names the kernel in explain() and keeps a named kernel
+# off the engine route.
 TC_KERNEL_ENV = "MONARCH_FFTCONV_TC_KERNEL"
+TC_KERNEL_CHOICES = ("engine", "mma")
+
+
+def requested_tc_kernel() -> str:
+    """The tensor-core kernel the environment names: "" (unset: the route), "engine" or "mma"."""
+    choice = os.environ.get(TC_KERNEL_ENV, "")
+    if choice and choice not in TC_KERNEL_CHOICES:
+        raise ValueError(f"{TC_KERNEL_ENV} must be one of {', '.join(map(repr, TC_KERNEL_CHOICES))} or unset, "
+                         f"got {choice!r}")
+    return choice
 
 
 def engine_applies(plan: MonarchPlan, precision: str, dtype: torch.dtype) -> bool:
@@ -423,7 +434,7 @@ def engine_applies(plan: MonarchPlan, precision: str, dtype: torch.dtype) -> boo
 
 def _tensor_core_kernel(plan: MonarchPlan, precision: str, dtype: torch.dtype, sequences: int = 1) -> str:
     """The tensor-core kernel tc/dispatch.cu runs for the call (pick_hopper)."""
-    requested = os.environ.get(TC_KERNEL_ENV, "")
+    requested = requested_tc_kernel()
     if plan.factors != ENGINE_FACTORS or precision not in ("bf16", "fp16"):
         return "the mma.sync kernel"
     if engine_applies(plan, precision, dtype):
@@ -449,13 +460,14 @@ def select_backend(
     """The one place that decides where a call runs; `sequences` is the call's B·C. With
     build=False (explain) the CUDA extension is never built; the answer may then be `Pending`."""
     requested = requested_backend()
+    tc_kernel = requested_tc_kernel()
     on_gpu = device.type == "cuda"
     fills = (on_gpu and precision in SIZE_DEPENDENT_PRECISIONS
              and fills_fp32_kernel(device, plan, sequences, TENSOR_CORE_WAVE_SHARE[precision]))
     # where tc/dispatch.cu runs the engine for a tensor-core call (pick_hopper)
     engine_size = on_gpu and sequences >= ENGINE_MIN_SEQUENCES and engine_applies(plan, precision, dtype)
     key = (device, dtype, precision, plan, fills, engine_size, ENGINE_ROUTE, requested,
-           on_gpu and os.environ.get(TC_KERNEL_ENV), bidirectional)
+           on_gpu and tc_kernel, bidirectional)
     if (decided := _decisions.get(key)) is not None:
         return decided
     backend = _decide(device, dtype, precision, plan, fills, build, requested, engine_size=engine_size)
@@ -539,7 +551,7 @@ def _decide(
                          f"no tensor-core kernel at N={plan.fft_size}: the fp32-accurate fused kernel serves "
                          f"{precision}, more accurate than asked")
     # the engine route; a kernel named in TC_KERNEL_ENV other than the engine keeps the fp32 route
-    if ENGINE_ROUTE and engine_size and os.environ.get(TC_KERNEL_ENV, "") in ("", "engine"):
+    if ENGINE_ROUTE and engine_size and requested_tc_kernel() in ("", "engine"):
         return tensor_core_backend(
             plan, precision, dtype, ENGINE_MIN_SEQUENCES,
             reason=f"B·C >= {ENGINE_MIN_SEQUENCES} sequences at N={plan.fft_size} with float32 I/O: the tensor-core "

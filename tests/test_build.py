@@ -423,7 +423,6 @@ H200_SMS = 132
 
 @pytest.mark.parametrize("request_, dtype, kernel", [
     (None, torch.float32, "the mma.sync kernel"),
-    ("sm90", torch.float32, "the mma.sync kernel"),  # the deleted wgmma kernel's name: any other value
     ("engine", torch.float32, "the tensor-core engine"),
     ("engine", torch.bfloat16, "the mma.sync kernel"),  # the engine takes fp32 I/O only: dispatch.cu
     ("mma", torch.float32, "the mma.sync kernel"),
@@ -437,6 +436,19 @@ def test_explain_names_the_requested_tensor_core_kernel(hopper_kernels, monkeypa
         monkeypatch.setenv(hopper_kernels.TC_KERNEL_ENV, request_)
     backend = hopper_kernels.select_backend(torch.device("cuda", 0), dtype, "bf16", plan_for(8192), sequences=7)
     assert backend.name == "cuda-tensor-core" and kernel in backend.kernel
+
+
+@pytest.mark.parametrize("value", ["sm90", "Engine", "mma.sync"])  # the deleted wgmma kernel's name; misspellings
+def test_an_unknown_tensor_core_kernel_is_refused(hopper_kernels, monkeypatch, value):
+    """MONARCH_FFTCONV_TC_KERNEL names "engine" or "mma": any other value raises at the call's
+    decision (and in the binding, before a launch), where it once ran the mma.sync kernel silently;
+    fp32 calls, which no tensor-core kernel runs, too (a misspelt environment is refused
+    wherever it is read)."""
+    monkeypatch.setenv(hopper_kernels.TC_KERNEL_ENV, value)
+    for precision in ("bf16", "fp32"):
+        with pytest.raises(ValueError, match=f"MONARCH_FFTCONV_TC_KERNEL must be one of 'engine', 'mma' or unset, "
+                                             f"got '{value}'"):
+            hopper_kernels.select_backend(torch.device("cuda", 0), torch.float32, precision, plan_for(8192), sequences=7)
 
 
 @pytest.mark.parametrize("precision, name", [("fp32", "cuda-fp32"), ("bf16", "cuda-tensor-core")])
@@ -522,7 +534,7 @@ def test_the_engine_route_takes_large_float32_io_calls_at_n_16384(hopper_kernels
     assert hopper_kernels.select_backend(cuda, torch.bfloat16, precision, plan, many).name == "cuda-fp32"
     assert hopper_kernels.select_backend(cuda, torch.float32, precision, plan_for(4096), many).name == "cuda-fp32"
     assert hopper_kernels.select_backend(cuda, torch.float32, "fp32", plan, many).name == "cuda-fp32"
-    for named, route in (("sm90", "cuda-fp32"), ("mma", "cuda-fp32"), ("engine", "cuda-tensor-core")):
+    for named, route in (("mma", "cuda-fp32"), ("engine", "cuda-tensor-core")):
         monkeypatch.setenv(hopper_kernels.TC_KERNEL_ENV, named)
         assert hopper_kernels.select_backend(cuda, torch.float32, precision, plan, many).name == route, named
     # below the fp32 kernel's wave the tensor cores serve as before: the mma.sync kernel

@@ -388,6 +388,17 @@ def test_an_unknown_forward_choice_is_refused(monkeypatch, gen):
         ops.conv_forward_op(u, spectrum, None, "fp32")
 
 
+@pytest.mark.watchdog(GPU_WATCHDOG_S)  # a refused choice must not launch; if it did, a hang fails, not stalls
+def test_an_unknown_tensor_core_kernel_is_refused_by_the_binding(monkeypatch, gen):
+    """The binding refuses a MONARCH_FFTCONV_TC_KERNEL it does not know before it launches (the
+    op called directly, past the Python decision)."""
+    u, k = randn(gen, 2, 3, 8192, device=DEVICE), randn(gen, 3, 8192, device=DEVICE)
+    spectrum = ops.filter_spectrum(k, 8192, "bf16")
+    monkeypatch.setenv("MONARCH_FFTCONV_TC_KERNEL", "sm90")
+    with pytest.raises(ValueError, match="MONARCH_FFTCONV_TC_KERNEL must be 'engine' or 'mma' or unset, got 'sm90'"):
+        ops.conv_forward_op(u, spectrum, None, "bf16")
+
+
 @pytest.mark.parametrize("io_dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("batch, channels, length", [(16, 8, 8192), (7, 5, 4999), (3, 3, 301), (2, 3, 4096)])
 def test_half_io_backward_reads_what_fp32_io_reads(io_dtype, batch, channels, length, gen):

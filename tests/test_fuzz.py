@@ -154,12 +154,12 @@ def fuzz(device: str) -> None:
 
 def test_fuzz_cpu(monkeypatch):
     monkeypatch.setenv("MONARCH_FFTCONV_BACKEND", "auto")  # restored after the test
-    monkeypatch.setenv(TC_KERNEL_ENV, "sm80")
+    monkeypatch.setenv(TC_KERNEL_ENV, "mma")
     fuzz("cpu")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_fuzz_cuda(monkeypatch):
     monkeypatch.setenv("MONARCH_FFTCONV_BACKEND", "auto")
-    monkeypatch.setenv(TC_KERNEL_ENV, "sm80")  # each case sets its own; restored after the test
+    monkeypatch.setenv(TC_KERNEL_ENV, "mma")  # each case sets its own; restored after the test
     fuzz("cuda")

@@ -48,9 +48,10 @@ namespace {
 constexpr int64_t kEngineMinSequences = 4096;
 
 // MONARCH_FFTCONV_TC_KERNEL, read per call, names a kernel for side-by-side measurements and
-// tests: "engine" the engine at any size where it applies; "mma" (or any other value) the mma.sync
-// kernel at any size; unset, the route above. (The Hopper wgmma kernel that "sm90" named was
-// deleted in session 21: the engine replaced it, and it never beat the mma.sync kernel.)
+// tests: "engine" the engine at any size where it applies; "mma" the mma.sync kernel at any size;
+// unset, the route above. The binding refuses any other value before it launches. (The Hopper
+// wgmma kernel that "sm90" named was deleted in session 21: the engine replaced it, and it never
+// beat the mma.sync kernel.)
 // Split 128 x 128: the Hopper kernel a call takes, or nullptr for the mma.sync kernel.
 tc::LaunchFn pick_hopper(const ConvForwardParams& p) {
   if (p.n1 != 128 || p.n2 != 128) return nullptr;
