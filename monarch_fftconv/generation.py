@@ -49,7 +49,7 @@ FUSED_STEP = True
 BLOCK_CHUNK_BYTES = 1 << 29
 # The graphed steps' middle levels (DIRECT_MAX_BLOCK < n <= KERNEL_MAX_BLOCK) as one direct
 # Toeplitz-product kernel (ops.conv_block) instead of two FFTs on 2n points and six more launches
-# (where FUSED_STEP's kernel runs; elsewhere the op's PyTorch form); read at prefill(cuda_graph=True).
+# (where FUSED_STEP's kernel runs; on the CPU the op's PyTorch form); read at prefill(cuda_graph=True).
 # These levels set the p99 token (level 6 at T = 8192: 236 us at B=16 C=4096 on an H100, session 23,
 # against a 34 us median); predicted ~45 us with the kernel. Off until measured on a GPU.
 MID_LEVELS_IN_KERNEL = False
@@ -372,7 +372,9 @@ class _GraphedSteps:
         step_at = ops.conv_step_op if fused else ops.conv_step_reference
         y = step_at(self.x, state.inputs, state.pending, self.outputs, state.first_tap, state.second_tap, self.index,
                     q == 0, state.toeplitz[q] if block_in_kernel else None)
-        if MID_LEVELS_IN_KERNEL and q in _middle_levels(state.inputs.shape[-1]):
+        # the middle levels by the kernel where it runs; the op's PyTorch form stands in on the CPU
+        # (the tests' stand-in graphs), never on a GPU, where it would gather a (G, n, n) Toeplitz
+        if MID_LEVELS_IN_KERNEL and q in _middle_levels(state.inputs.shape[-1]) and (fused or not state.inputs.is_cuda):
             block_at = ops.conv_block_op if fused else ops.conv_block_reference
             block_at(state.inputs, state.pending, state.middle_taps, self.index, 1 << q)
         elif q is not None and q > 0 and not block_in_kernel:
