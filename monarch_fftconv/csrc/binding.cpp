@@ -181,7 +181,7 @@ at::Tensor conv_forward_gated_z(const at::Tensor& u_in, const at::Tensor& spectr
                                 const std::optional<at::Tensor>& postgate_in, c10::string_view precision,
                                 at::Tensor* z_out);
 bool forward_uniform_pairs_from_env();  // beside the other switches, below
-void check_tc_kernel_env();            // the same
+mf::TensorCoreKernel tc_kernel_from_env();  // the same
 
 at::Tensor conv_forward(const at::Tensor& u_in, const at::Tensor& spectrum_in,
                         const std::optional<at::Tensor>& skip_in, c10::string_view precision) {
@@ -266,7 +266,7 @@ at::Tensor conv_forward_gated_z(const at::Tensor& u_in, const at::Tensor& spectr
     p.uniform_pairs = forward_uniform_pairs_from_env();
     check_launch(mf::conv_forward_fp32(p, current_stream(u)));
   } else {
-    check_tc_kernel_env();
+    p.tc_kernel = tc_kernel_from_env();
     check_launch(mf::conv_forward_tensor_core(p, current_stream(u)));
   }
   return y;
@@ -599,15 +599,19 @@ bool grad_uniform_pairs_from_env() { return !env_switch("MONARCH_FFTCONV_GRAD_UN
 // path, for side-by-side benchmarks).
 bool forward_uniform_pairs_from_env() { return !env_switch("MONARCH_FFTCONV_FWD_UNIFORM_PAIRS", "1", "0"); }
 
-// MONARCH_FFTCONV_TC_KERNEL names the tensor-core kernel (tc/dispatch.cu reads it at each call):
-// unset, "engine" or "mma"; any other value is refused here, before a launch, so that a misspelt
-// name fails instead of running the mma.sync kernel.
-void check_tc_kernel_env() {
+// The tensor-core kernel a 128 x 128 call takes (ConvForwardParams::tc_kernel), from
+// MONARCH_FFTCONV_TC_KERNEL, read at each tensor-core call: unset (the route), "engine" or "mma";
+// any other value is refused, before a launch, so that a misspelt name fails instead of running
+// the mma.sync kernel.
+mf::TensorCoreKernel tc_kernel_from_env() {
   const char* value = std::getenv("MONARCH_FFTCONV_TC_KERNEL");
   const std::string choice = value == nullptr ? "" : value;
-  TORCH_CHECK_VALUE(choice.empty() || choice == "engine" || choice == "mma",
+  if (choice.empty()) return mf::TensorCoreKernel::kRoute;
+  if (choice == "engine") return mf::TensorCoreKernel::kEngine;
+  TORCH_CHECK_VALUE(choice == "mma",
                     message("monarch_fftconv: MONARCH_FFTCONV_TC_KERNEL must be 'engine' or 'mma' or unset, got '",
                             choice, "'"));
+  return mf::TensorCoreKernel::kMma;
 }
 
 // (du in u's dtype, dk float32 (C, filter_len) or, two-sided, (C, 2, filter_len) with lag -s in

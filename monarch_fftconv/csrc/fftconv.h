@@ -21,6 +21,12 @@ enum class IOType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 // kGlobal forces the scratch route: the measured baseline, kept for the side-by-side benchmark.
 enum class GradAccumulator : int { kAuto = 0, kGlobal = 1 };
 
+// Which tensor-core kernel runs the 128 x 128 split (tc/dispatch.cu). kRoute: the engine for
+// calls of its minimum sequence count or more where it applies, the mma.sync kernel otherwise;
+// kEngine: the engine wherever it applies; kMma: the mma.sync kernel. The binding sets it from
+// MONARCH_FFTCONV_TC_KERNEL (unset, "engine", "mma"; it refuses any other value).
+enum class TensorCoreKernel : int { kRoute = 0, kEngine = 1, kMma = 2 };
+
 // One causal convolution y = u * k (+ skip·u) over (batch, channels, seq_len).
 //
 // Monarch plan: fft_size N = 2·next_pow2(seq_len) = n1·n2 (n1 >= n2, powers of
@@ -55,8 +61,10 @@ struct ConvForwardParams {
   // kernel only, with the gates (its GATED instance).
   void* pre_postgate_out;
   // The fp32 kernel's mid-pass frequency pairs without thread 0's own code path (the same bits;
-  // MONARCH_FFTCONV_FWD_UNIFORM_PAIRS=1, off until measured). Other kernels ignore it.
+  // the default, MONARCH_FFTCONV_FWD_UNIFORM_PAIRS=0 turns it off). Other kernels ignore it.
   bool uniform_pairs;
+  // The tensor-core kernel of a 128 x 128 call (TensorCoreKernel). Other kernels ignore it.
+  TensorCoreKernel tc_kernel;
 };
 
 // The gradients of one conv_forward call from dy = dL/dy, in fp32 arithmetic whatever the

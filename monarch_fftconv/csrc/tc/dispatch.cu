@@ -4,9 +4,6 @@
 //
 // CUDA + CuTe headers only: never include torch here.
 
-#include <cstdlib>
-#include <cstring>
-
 #include "fftconv.h"
 
 namespace monarch_fftconv {
@@ -47,19 +44,18 @@ namespace {
 // backends.ENGINE_MIN_SEQUENCES mirrors it (tests/test_build.py checks).
 constexpr int64_t kEngineMinSequences = 4096;
 
-// MONARCH_FFTCONV_TC_KERNEL, read per call, names a kernel for side-by-side measurements and
-// tests: "engine" the engine at any size where it applies; "mma" the mma.sync kernel at any size;
-// unset, the route above. The binding refuses any other value before it launches. (The Hopper
-// wgmma kernel that "sm90" named was deleted in session 21: the engine replaced it, and it never
-// beat the mma.sync kernel.)
+// p.tc_kernel (MONARCH_FFTCONV_TC_KERNEL, which the binding reads per call) names a kernel for
+// side-by-side measurements and tests: kEngine the engine at any size where it applies; kMma the
+// mma.sync kernel at any size; kRoute the route above. (The Hopper wgmma kernel that "sm90" named
+// was deleted in session 21: the engine replaced it, and it never beat the mma.sync kernel.)
 // Split 128 x 128: the Hopper kernel a call takes, or nullptr for the mma.sync kernel.
 tc::LaunchFn pick_hopper(const ConvForwardParams& p) {
   if (p.n1 != 128 || p.n2 != 128) return nullptr;
-  const char* requested = std::getenv("MONARCH_FFTCONV_TC_KERNEL");
-  if (requested == nullptr || *requested == '\0')
-    return p.batch * p.channels >= kEngineMinSequences ? engine::pick(p) : nullptr;
-  if (std::strcmp(requested, "engine") == 0) return engine::pick(p);
-  return nullptr;
+  switch (p.tc_kernel) {
+    case TensorCoreKernel::kRoute: return p.batch * p.channels >= kEngineMinSequences ? engine::pick(p) : nullptr;
+    case TensorCoreKernel::kEngine: return engine::pick(p);
+    default: return nullptr;
+  }
 }
 
 }  // namespace
