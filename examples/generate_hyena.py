@@ -310,7 +310,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "PyTorch ops (default: generation.FUSED_STEP, on)")
     p.add_argument("--mid-levels-in-kernel", action=argparse.BooleanOptionalAction, default=None,
                    help="with --cuda-graph: the middle fold levels (n = 16 .. 256) as one direct-product kernel, "
-                        "or as two FFTs and PyTorch ops (default: generation.MID_LEVELS_IN_KERNEL, off)")
+                        "or as two FFTs and PyTorch ops (default: generation.MID_LEVELS_IN_KERNEL, on)")
     args = p.parse_args(argv)
     if args.prompt is None:
         args.prompt = 0 if args.layer else 16

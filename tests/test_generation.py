@@ -268,7 +268,7 @@ def step_indexed(x_t: torch.Tensor, state: generation.ConvState, indexed) -> tor
 
 @pytest.mark.parametrize("groups, length, prompt_len, dtype", [(3, 97, 0, torch.float64), (1, 300, 37, torch.float64),
                                                                (2, 2049, 1, torch.float32), (4, 64, 63, torch.float32)])
-def test_the_indexed_step_is_the_eager_step_bit_for_bit(gen, groups, length, prompt_len, dtype):
+def test_the_indexed_step_is_the_eager_step_bit_for_bit(gen, middle_levels_on_ffts, groups, length, prompt_len, dtype):
     """The graphs' step, every offset a device index and one code path per level, run eagerly
     on the CPU: the same outputs and the same state as `step`, bit for bit, through Toeplitz
     and FFT levels; each position's y_t a row of the history that later steps leave alone."""
@@ -289,7 +289,7 @@ def test_the_indexed_step_is_the_eager_step_bit_for_bit(gen, groups, length, pro
 
 
 @pytest.mark.parametrize("batch, budget_rows", [(5, 1), (7, 3)])
-def test_large_levels_run_in_batch_chunks_with_the_same_outputs(gen, monkeypatch, batch, budget_rows):
+def test_large_levels_run_in_batch_chunks_with_the_same_outputs(gen, monkeypatch, middle_levels_on_ffts, batch, budget_rows):
     """With BLOCK_CHUNK_BYTES holding budget_rows batch rows of the largest level's spectrum, the
     FFT levels' blocks run in chunks of rows (the last one shorter: odd batches), eager and
     indexed steps alike, and generate what one block of every row gives, against the float64
@@ -339,7 +339,7 @@ def test_graphed_step_replays_the_level_of_each_position(gen, simulated_graphs):
 
 
 @pytest.mark.parametrize("order, groups, prompt_len, short", [(2, None, 0, 3), (3, 2, 7, 4)])
-def test_graphed_hyena_step_is_the_eager_step(gen, simulated_graphs, order, groups, prompt_len, short):
+def test_graphed_hyena_step_is_the_eager_step(gen, simulated_graphs, middle_levels_on_ffts, order, groups, prompt_len, short):
     """`HyenaOperator.step` on a graphed state (simulated graphs, the fixture): the graph of each
     level runs the projections, the short filter's ring slot from the device index, gates,
     every long convolution's indexed step and D; the eager steps' outputs and states, bit for
@@ -362,6 +362,16 @@ def test_graphed_hyena_step_is_the_eager_step(gen, simulated_graphs, order, grou
     op.out_proj.weight.data = op.out_proj.weight.data.clone()
     with pytest.raises(RuntimeError, match="storage was replaced since prefill"):
         op.step(x[:, -1], state)
+
+
+@pytest.fixture
+def middle_levels_on_ffts(monkeypatch):
+    """The graphs' middle levels (n = 16 .. 256) on two FFTs, as the eager steps fold them: the
+    graphed and eager steps are then the same ops, which the bit-for-bit tests compare. With
+    MID_LEVELS_IN_KERNEL (the default) the graphs sum those blocks directly, within round-off of
+    the FFTs: test_graphed_steps_with_middle_levels_as_blocks and, on a GPU,
+    test_cuda_graph_steps_with_middle_levels_in_the_kernel."""
+    monkeypatch.setattr(generation, "MID_LEVELS_IN_KERNEL", False)
 
 
 @pytest.fixture
@@ -419,7 +429,7 @@ def simulated_graphs(monkeypatch):
 
 
 @pytest.mark.parametrize("prompt_len", [0, 1, 37])
-def test_prefill_with_graphs_captures_then_fills(gen, simulated_graphs, prompt_len):
+def test_prefill_with_graphs_captures_then_fills(gen, simulated_graphs, middle_levels_on_ffts, prompt_len):
     """prefill(cuda_graph=True) with simulated graphs (the fixture): the warm-up's writes are
     cleared before the prompt's sums and the short filter's ring go in, and every replayed step
     is the eager step's, bit for bit: a functional state and a HyenaOperator's."""
