@@ -53,7 +53,7 @@ def test_budget_small_filter(precision, engine, gen):
 def test_request_reaches_the_engine(precision, monkeypatch, gen):
     u, k = randn(gen, 4, 6, 8192, device=DEVICE), randn(gen, 6, 8192, device=DEVICE)
     monkeypatch.setenv(BACKEND_ENV, "portable")
-    monkeypatch.setenv(KERNEL_ENV, "sm80")
+    monkeypatch.setenv(KERNEL_ENV, "mma")
     old = mf.fftconv(u, k, precision=precision)
     monkeypatch.setenv(KERNEL_ENV, "engine")
     new = mf.fftconv(u, k, precision=precision)
