@@ -81,8 +81,18 @@ __device__ __forceinline__ void forward_sequences(const ForwardArgs<GATED>& a) {
   const ForwardTables tables = build_forward_tables<LOGM>(tw, tid);
 
   const int64_t nseq = a.B * a.C;
+  using Choices = ForwardIoChoices<LOGM, IO, GATED, UNIFORM_PAIRS>;
   // pf_cur: this slot's next sequence has its u staged in ubuf
   bool pf_cur = false;
+  // once p1 has consumed ubuf: the next sequence's u staged there while this one finishes, at
+  // the point ForwardIoChoices picks
+  auto prefetch_next = [&](int64_t s) {
+    pf_cur = false;
+    if (kPrefetchU<IO> && a.prefetch) {
+      const int64_t sn = s + (int64_t)gridDim.x * SPB;
+      if (sn < nseq) pf_cur = prefetch_seq<LOGM>(a, ubuf, sn, tx);
+    }
+  };
   if (kPrefetchU<IO> && a.prefetch) {
     const int64_t s0 = (int64_t)blockIdx.x * SPB + ty;
     if (s0 < nseq) pf_cur = prefetch_seq<LOGM>(a, ubuf, s0, tx);
@@ -105,23 +115,20 @@ __device__ __forceinline__ void forward_sequences(const ForwardArgs<GATED>& a) {
       __syncthreads();  // all of Z is in registers: smem becomes the filter stage
       if constexpr (UNIFORM_PAIRS) stage_forward_filter_uniform<LOGM>(stage, tx, a, seq);
       else stage_forward_filter<LOGM>(stage, tx, a, seq);
-      // p1 has consumed ubuf: stage the next sequence's u while this one finishes
-      pf_cur = false;
-      if (kPrefetchU<IO> && a.prefetch) {
-        const int64_t sn = s + (int64_t)gridDim.x * SPB;
-        if (sn < nseq) pf_cur = prefetch_seq<LOGM>(a, ubuf, sn, tx);
-      }
+      if constexpr (Choices::kPrefetchPoint == PrefetchPoint::kAfterFilterStage) prefetch_next(s);
 
       cf A2[16], B2[16];
       if constexpr (UNIFORM_PAIRS) mid_filter_pairs_uniform<M>(stage, a, tx, tables.post, A, Bv, A2, B2);
       else mid_filter_pairs<M>(stage, a, j0, j1, tables.post, A, Bv, A2, B2);
       mid_inverse(re, im, j0, j1, A2, B2);
     }
+    if constexpr (Choices::kPrefetchPoint == PrefetchPoint::kAfterMidInverse) prefetch_next(s);
     // ================= inverse p2
     if constexpr (P::LR2 > 0) pass_smem<M, T, P::R2, 16, true>(re, im, tx, tables.ip2);
+    if constexpr (Choices::kPrefetchPoint == PrefetchPoint::kBeforeLastStore) prefetch_next(s);
 
     // ================= inverse last: smem -> global, radix R1, NS = M/R1, causal half stored
-    last_inverse_store<LOGM, IO, GATED>(re, im, tx, tables.mid, a, seq);
+    last_inverse_store<LOGM, IO, GATED, UNIFORM_PAIRS>(re, im, tx, tables.mid, a, seq);
   }
 }
 

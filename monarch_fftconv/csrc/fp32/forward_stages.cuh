@@ -36,6 +36,41 @@ struct GatedKArgs : KArgs {
 template <typename IO>
 constexpr bool kGatedStoresZ = std::is_same_v<IO, float>;
 
+// Where, in a sequence's passes, the next sequence's u prefetch (2-byte io) is issued: any point
+// after forward p1 has consumed the buffer. Earlier hides more of the load; later issues it where
+// fewer values are live (the mid pass holds 64 complex values a thread), which decides spills.
+enum class PrefetchPoint { kAfterFilterStage, kAfterMidInverse, kBeforeLastStore };
+
+// For experiments (ptxas figures), -D overrides of the choices below: a point 0..2, a 0/1 skip.
+#ifndef MONARCH_FFTCONV_FWD_PREFETCH_POINT
+#define MONARCH_FFTCONV_FWD_PREFETCH_POINT -1
+#endif
+#ifndef MONARCH_FFTCONV_FWD_DIRECT_SKIP
+#define MONARCH_FFTCONV_FWD_DIRECT_SKIP -1
+#endif
+
+// The forward kernel's io-dependent code choices, per FFT size N = 2^(LOGM+1) (one home for them):
+// - kPrefetchPoint: where the next sequence's u prefetch is issued (2-byte io only);
+// - kDirectSkip: whether the store's D·u form is compiled. The skip is always folded into the
+//   spectrum (launch sets skip_fold), so the form never runs, but ptxas allocates around it.
+// For the plain call's kernel with 2-byte io they are chosen by ptxas's spills (sm_90a, bytes
+// stored/loaded a thread; each option compiled, session 24): N = 4096 and 8192 without the D·u
+// form, N = 8192 prefetched after the mid pass (204/200 -> 108/168 prefetched after the filter
+// stage, 140/240 after the mid pass; 544/564 -> 132/236); N = 16384 and
+// 32768 with it, prefetched after the mid pass (84/68 -> 16/12, 128/160 -> 64/76); N <= 2048 as
+// before (8/4; later points spill more). fp32 io, gated and own-path kernels: as before (fp32 io
+// keeps the form: without it N <= 2048 spills more and runs slower).
+template <int LOGM, typename IO, bool GATED, bool UNIFORM_PAIRS>
+struct ForwardIoChoices {
+  static constexpr bool kChosen = sizeof(IO) == 2 && !GATED && UNIFORM_PAIRS && LOGM >= 11 && LOGM <= 14;
+  static constexpr PrefetchPoint kPrefetchPoint =
+      MONARCH_FFTCONV_FWD_PREFETCH_POINT >= 0 ? static_cast<PrefetchPoint>(MONARCH_FFTCONV_FWD_PREFETCH_POINT)
+      : kChosen && LOGM >= 12                 ? PrefetchPoint::kAfterMidInverse
+                                              : PrefetchPoint::kAfterFilterStage;
+  static constexpr bool kDirectSkip =
+      MONARCH_FFTCONV_FWD_DIRECT_SKIP >= 0 ? MONARCH_FFTCONV_FWD_DIRECT_SKIP == 1 : !(kChosen && LOGM <= 12);
+};
+
 // What the forward kernel takes: KArgs, or GatedKArgs for the GATED instance.
 template <bool GATED>
 using ForwardArgs = std::conditional_t<GATED, GatedKArgs, KArgs>;
@@ -297,7 +332,8 @@ __device__ __forceinline__ void mid_filter_pairs_uniform(const float2* stage, co
 // t < Lv) is stored, plus D·u there when the skip is not folded into the filter. GATED: y =
 // postgate ⊙ (conv + D·x) where a.postgate is given (the skip is then always folded: the
 // direct form would need x, not u), and z = conv + D·x also stored where a.z is given.
-template <int LOGM, typename IO, bool GATED>
+// UNIFORM_PAIRS: which kernel it is part of (ForwardIoChoices: whether the D·u form is built).
+template <int LOGM, typename IO, bool GATED, bool UNIFORM_PAIRS>
 __device__ __forceinline__ void last_inverse_store(const float* re, const float* im, int tx, const float2* twM,
                                                    const ForwardArgs<GATED>& a, const ForwardSeq& seq) {
   using P = Plan<LOGM>;
@@ -318,7 +354,7 @@ __device__ __forceinline__ void last_inverse_store(const float* re, const float*
     if (a.postgate != nullptr)
       apply_gate<T>(v, static_cast<const IO*>(a.postgate) + (b * a.C + c) * a.L, tx, NS, Lv);
   }
-  const bool direct_skip = a.skip != nullptr && !a.skip_fold;
+  const bool direct_skip = ForwardIoChoices<LOGM, IO, GATED, UNIFORM_PAIRS>::kDirectSkip && a.skip != nullptr && !a.skip_fold;
   const float sk = (direct_skip && valid) ? a.skip[c] : 0.f;
 #pragma unroll
   for (int q = 0; q < NB; ++q) {
