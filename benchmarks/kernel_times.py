@@ -7,6 +7,8 @@ multi-launch path (four-step, backward) dominates. Medians over --reps calls, af
     python benchmarks/kernel_times.py --shape 3x5x1000 --flush-l2   # as bench_cufft.py times tiny shapes
     python benchmarks/kernel_times.py --shape 16x256x8192 --backward --io-dtype bfloat16   # bf16 u, k, dy
     python benchmarks/kernel_times.py --shape 16x256x4096 --fwd-uniform-pairs-ab   # the forward's pair sweep, =0 vs =1
+    python benchmarks/kernel_times.py --shape 16x264x8192 --precision bf16 \
+        --env-ab MONARCH_FFTCONV_ENGINE_EARLY_FILTER_RELEASE=0,1   # any switch the binding reads per call
 
 --flush-l2 writes a buffer of twice the L2 before every call (outside the timed kernels), as the
 benchmark does where its inputs are too small to rotate through: each call then also fetches its
@@ -15,6 +17,12 @@ kernels' instructions from DRAM, as it does in a model whose other layers evict 
 --fwd-uniform-pairs-ab times the fp32 forward kernel with MONARCH_FFTCONV_FWD_UNIFORM_PAIRS=0
 (thread 0's own path) and =1 (the uniform pair sweep) in one process, the calls alternating (the
 binding reads the variable at each call), and prints both kernels' medians and their ratio.
+
+--env-ab NAME=A,B (repeatable: the settings are the combinations, in order) alternates the call
+with each setting of the variables, rep by rep in one process, and prints each kernel's median
+per setting (a kernel's launches are told apart by their order: the calls alternate) and the
+call's wall time per setting (CUDA events around each call: what programmatic dependent launch
+changes shows there, not in a kernel's own time).
 """
 from __future__ import annotations
 
@@ -41,7 +49,14 @@ def main() -> None:
                    help="dtype of u, k and dy (the kernels' I/O)")
     p.add_argument("--fwd-uniform-pairs-ab", action="store_true",
                    help=f"alternate {FWD_UNIFORM_PAIRS_ENV}=0 and =1 call by call; compare the forward kernels")
+    p.add_argument("--env-ab", action="append", default=[], metavar="NAME=A,B",
+                   help="alternate the call over these settings of NAME (repeatable: all combinations)")
     args = p.parse_args()
+    if args.env_ab:
+        if args.fwd_uniform_pairs_ab:
+            p.error("--env-ab and --fwd-uniform-pairs-ab: one A/B at a time")
+        env_ab(args)
+        return
     b, c, length = (int(x) for x in args.shape.split("x"))
     io_dtype = getattr(torch, args.io_dtype)
     u = torch.randn(b, c, length, device="cuda", dtype=io_dtype, requires_grad=args.backward)
@@ -100,6 +115,74 @@ def main() -> None:
     print(f"  {total / 1e3:8.3f} ms/call in kernels")
     if args.fwd_uniform_pairs_ab:
         forward_ab(times)
+
+
+def env_ab(args) -> None:
+    """--env-ab: each setting (a combination of the variables' values) in turn, rep by rep."""
+    import itertools
+    b, c, length = (int(x) for x in args.shape.split("x"))
+    io_dtype = getattr(torch, args.io_dtype)
+    u = torch.randn(b, c, length, device="cuda", dtype=io_dtype)
+    k = (torch.randn(c, length, device="cuda") / length**0.5).to(io_dtype)
+    flush = None
+    if args.flush_l2:
+        flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size, dtype=torch.uint8, device="cuda")
+    names, values = [], []
+    for spec in args.env_ab:
+        name, _, vals = spec.partition("=")
+        names.append(name)
+        values.append(vals.split(","))
+    settings = [dict(zip(names, combo)) for combo in itertools.product(*values)]
+    saved = {n: os.environ.get(n) for n in names}
+
+    def call(setting):
+        os.environ.update(setting)
+        if flush is not None:
+            flush.zero_()
+        return mf.fftconv(u, k, precision=args.precision)
+
+    outputs = [call(s) for s in settings]
+    same = all(torch.equal(outputs[0], o) for o in outputs[1:])
+    for _ in range(3):
+        for s in settings:
+            call(s)
+    torch.cuda.synchronize()
+    wall = collections.defaultdict(list)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.reps):
+            for i, s in enumerate(settings):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                if flush is not None:
+                    os.environ.update(s)
+                    flush.zero_()
+                os.environ.update(s)
+                start.record()
+                mf.fftconv(u, k, precision=args.precision)
+                end.record()
+                end.synchronize()
+                wall[i].append(start.elapsed_time(end) * 1e3)
+        torch.cuda.synchronize()
+    for n, v in saved.items():
+        if v is None:
+            os.environ.pop(n, None)
+        else:
+            os.environ[n] = v
+    by_name = collections.defaultdict(list)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA and not (flush is not None and "fill" in event.name.lower()):
+            by_name[event.name].append((event.time_range.start, event.device_time))
+    print(f"{args.shape} {args.io_dtype} I/O, {args.precision} fwd, {len(settings)} settings alternating, "
+          f"{args.reps} reps{', L2 flushed before each call' if args.flush_l2 else ''}; outputs bit-identical "
+          f"across settings: {same}")
+    for i, s in enumerate(settings):
+        label = " ".join(f"{n}={v}" for n, v in s.items())
+        print(f"  [{i}] {label}: call wall median {statistics.median(wall[i]):9.1f} µs")
+        for name, evs in sorted(by_name.items(), key=lambda kv: -sum(t for _, t in kv[1])):
+            evs = sorted(evs)
+            if len(evs) % len(settings):
+                continue
+            mine = [t for j, (_, t) in enumerate(evs) if j % len(settings) == i]
+            print(f"      median {statistics.median(mine):9.1f} µs  {name[:100]}")
 
 
 def forward_ab(times: dict[str, list[float]]) -> None:

@@ -338,7 +338,7 @@ bool check_schedule(const Begin& begin, int64_t batch, int64_t channels, int64_t
     std::set<int> touched;
     for (int64_t job = b; job < e; ++job) {
       const Item it = job_item(int(job), int(batch));
-      EXPECT(it.channel >= 0 && it.channel < channels && it.checked == 1, "job %lld: channel %d", (long long)job, it.channel);
+      EXPECT(it.channel >= 0 && it.channel < channels && it.flags == kItemChecked, "job %lld: channel %d", (long long)job, it.channel);
       touched.insert(it.channel);
       for (int seq : {it.seq_re, it.seq_im}) {
         if (seq < 0) continue;

@@ -143,3 +143,58 @@ def test_the_route_runs_the_engine_within_the_budget(length, precision, monkeypa
     monkeypatch.setenv(KERNEL_ENV, "engine")
     monkeypatch.setenv(BACKEND_ENV, "portable")
     assert torch.equal(routed, mf.fftconv(u, k, D=d, precision=precision))
+
+
+# The engine's fixed-cost switches (binding.cpp, engine_switches_from_env): each one's other
+# value must give the default's bits. Each value: (default, other).
+ENGINE_SWITCHES = {
+    "MONARCH_FFTCONV_ENGINE_TABLES": ("angles", "elements"),
+    "MONARCH_FFTCONV_ENGINE_EARLY_FILTER_RELEASE": ("0", "1"),
+    "MONARCH_FFTCONV_ENGINE_PDL": ("0", "1"),
+}
+
+
+def _bits(y):
+    return y.view(torch.int32)  # NaN outputs compared by their bits too
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("name", list(ENGINE_SWITCHES))
+def test_fixed_cost_switches_give_the_same_bits(name, precision, engine, monkeypatch, gen):
+    """8 x 200 x 8192: 800 jobs, ~6 a CTA, channel changes inside CTAs (filter reloads, early
+    releases); then poison in sequence 7 (the last job of its channel: a rerun after an early
+    release reloads the filter) and 1 (a first job) of every third channel, L = 8191."""
+    u, k = randn(gen, 8, 200, 8192, device=DEVICE), randn(gen, 200, 8192, device=DEVICE)
+    d = randn(gen, 200, device=DEVICE)
+    poisoned = randn(gen, 8, 200, 8191, device=DEVICE)
+    poisoned[7, ::3, 100] = float("nan")
+    poisoned[1, 1::3, 4000] = float("inf")
+    k2 = k[:, :8191].contiguous()
+    default, other = ENGINE_SWITCHES[name]
+    results = {}
+    for value in (default, other):
+        monkeypatch.setenv(name, value)
+        results[value] = (mf.fftconv(u, k, D=d, precision=precision), mf.fftconv(poisoned, k2, precision=precision))
+        torch.cuda.synchronize()
+    for a, b in zip(results[default], results[other]):
+        assert torch.equal(_bits(a), _bits(b)), f"{name}={other} changed the output's bits"
+    clean = results[default][0]
+    assert torch.isfinite(clean).all() and rel_l2(clean, reference(u, k, d)) <= BUDGETS[precision]
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_all_fixed_cost_switches_together(precision, engine, monkeypatch, gen):
+    """Every switch at its other value at once, many jobs a CTA: the default's bits."""
+    u, k = randn(gen, 16, 264, 8192, device=DEVICE), randn(gen, 264, 8192, device=DEVICE) / 8192**0.5
+    first = mf.fftconv(u, k, precision=precision)
+    for name, (_, other) in ENGINE_SWITCHES.items():
+        monkeypatch.setenv(name, other)
+    for _ in range(3):
+        assert torch.equal(mf.fftconv(u, k, precision=precision), first)
+
+
+def test_an_unknown_engine_switch_value_is_refused(engine, monkeypatch, gen):
+    u, k = randn(gen, 2, 3, 8192, device=DEVICE), randn(gen, 3, 8192, device=DEVICE)
+    monkeypatch.setenv("MONARCH_FFTCONV_ENGINE_EARLY_FILTER_RELEASE", "yes")
+    with pytest.raises(ValueError, match="MONARCH_FFTCONV_ENGINE_EARLY_FILTER_RELEASE"):
+        mf.fftconv(u, k, precision="bf16")

@@ -38,3 +38,22 @@ def test_engine_index_maps(checker):
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert "0 failed" in run.stdout
     assert "NOT REJECTED" not in run.stdout and "FAILED" not in run.stdout
+
+
+TABLES_SOURCE = Path(__file__).resolve().parent / "engine_tables_check.cu"
+
+
+def test_engine_tables_and_filter_protocol(tmp_path):
+    """tests/engine_tables_check.cu: the DFT tables built from their 128 angles are the bits of
+    the per-element build (the kernel's own table functions, run on the host), and the resident
+    filter's protocol (FilterPlan) against a model of its two mbarriers, with and without the
+    early release, reruns included; each checker rejects a deliberately wrong rule."""
+    exe = tmp_path / "engine_tables_check"
+    includes = [f"-I{d}" for d in (_extension.CSRC, *_extension.cutlass_include_dirs())]
+    flags = [f for f in _extension.NVCC_FLAGS if f not in ("-lineinfo",)]
+    build = subprocess.run([NVCC, *flags, *includes, f"-I{TABLES_SOURCE.parent}", "-x", "cu", str(TABLES_SOURCE),
+                            "-o", str(exe)], capture_output=True, text=True, timeout=900)
+    assert build.returncode == 0, build.stderr[-4000:]
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "0 failed" in run.stdout and "NOT REJECTED" not in run.stdout and "FAILED" not in run.stdout

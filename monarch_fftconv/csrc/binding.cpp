@@ -182,6 +182,7 @@ at::Tensor conv_forward_gated_z(const at::Tensor& u_in, const at::Tensor& spectr
                                 at::Tensor* z_out);
 bool forward_uniform_pairs_from_env();  // beside the other switches, below
 mf::TensorCoreKernel tc_kernel_from_env();  // the same
+void engine_switches_from_env(mf::ConvForwardParams& p);  // the same
 
 at::Tensor conv_forward(const at::Tensor& u_in, const at::Tensor& spectrum_in,
                         const std::optional<at::Tensor>& skip_in, c10::string_view precision) {
@@ -267,6 +268,7 @@ at::Tensor conv_forward_gated_z(const at::Tensor& u_in, const at::Tensor& spectr
     check_launch(mf::conv_forward_fp32(p, current_stream(u)));
   } else {
     p.tc_kernel = tc_kernel_from_env();
+    engine_switches_from_env(p);
     check_launch(mf::conv_forward_tensor_core(p, current_stream(u)));
   }
   return y;
@@ -612,6 +614,19 @@ mf::TensorCoreKernel tc_kernel_from_env() {
                     message("monarch_fftconv: MONARCH_FFTCONV_TC_KERNEL must be 'engine' or 'mma' or unset, got '",
                             choice, "'"));
   return mf::TensorCoreKernel::kMma;
+}
+
+// The tensor-core engine's fixed-cost switches (ConvForwardParams::engine_*), read at each
+// tensor-core call (other kernels ignore them), each one's default first:
+//   MONARCH_FFTCONV_ENGINE_TABLES: "angles" (the DFT tables from their 128 distinct angles) or
+//     "elements" (one sincospi per element, as first written; the same bits);
+//   MONARCH_FFTCONV_ENGINE_EARLY_FILTER_RELEASE: "0" or "1" (the filter released after its
+//     channel's last job's hand-off, not at the next channel's first job; the same bits);
+//   MONARCH_FFTCONV_ENGINE_PDL: "0" or "1" (programmatic dependent launch; the same bits).
+void engine_switches_from_env(mf::ConvForwardParams& p) {
+  p.engine_tables_per_element = env_switch("MONARCH_FFTCONV_ENGINE_TABLES", "angles", "elements");
+  p.engine_early_filter_release = env_switch("MONARCH_FFTCONV_ENGINE_EARLY_FILTER_RELEASE", "0", "1");
+  p.engine_pdl = env_switch("MONARCH_FFTCONV_ENGINE_PDL", "0", "1");
 }
 
 // (du in u's dtype, dk float32 (C, filter_len) or, two-sided, (C, 2, filter_len) with lag -s in

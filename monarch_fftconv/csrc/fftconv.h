@@ -65,6 +65,17 @@ struct ConvForwardParams {
   bool uniform_pairs;
   // The tensor-core kernel of a 128 x 128 call (TensorCoreKernel). Other kernels ignore it.
   TensorCoreKernel tc_kernel;
+  // The tensor-core engine's fixed-cost switches (tc/engine_*.cuh; the binding reads them from
+  // the environment, MONARCH_FFTCONV_ENGINE_*). Zero is each one's default. Other kernels ignore them.
+  //   engine_tables_per_element: the DFT tables from one double sincospi per element (16,384),
+  //     as first written, instead of one per distinct angle (128; the same bits: the default).
+  //   engine_early_filter_release: the consumers release the resident filter in its channel's
+  //     last job (after the hand-off) instead of at the next channel's first job (same bits).
+  //   engine_pdl: launched with programmatic dependent launch, so that its prologue (tables,
+  //     barriers) overlaps the tail of the kernel before it (same bits).
+  bool engine_tables_per_element;
+  bool engine_early_filter_release;
+  bool engine_pdl;
 };
 
 // The gradients of one conv_forward call from dy = dL/dy, in fp32 arithmetic whatever the

@@ -382,7 +382,6 @@ __device__ void consumer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
   const uint32_t filter = smem_address(sm.filter);
 
   uint32_t taken = 0, filter_epochs = 0;
-  int resident = -1;
   named_arrive(Cfg::barrier_handoff_free(1 - wg), 2 * Cfg::kWarpgroup);  // the partner's first hand-off
 #pragma unroll 1
   while (true) {
@@ -390,9 +389,9 @@ __device__ void consumer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
     mbar_wait(&sm.full[stage], (taken / Cfg::kStages) & 1);
     const Item item = sm.item[stage];
     if (item.channel < 0) break;
-    const bool new_channel = item.channel != resident;
-    if (new_channel && lane0) mbar_arrive(&sm.filter_free);  // done with the previous channel's
-    resident = item.channel;
+    // The filter's protocol is the producer's (FilterPlan): the item says when to release.
+    // kItemReleaseFirst: every earlier item is finished here, so the held filter is read no more.
+    if ((item.flags & kItemReleaseFirst) && lane0) mbar_arrive(&sm.filter_free);
 
     uint32_t pr[32], pi[32];
     {
@@ -407,7 +406,7 @@ __device__ void consumer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
       }
       float pc[32], qs[32], qc[32], ps[32];
       half_column_products<Cfg>(ar, ai, sF2c, sF2s, pc, qs, qc, ps);
-      if (new_channel) mbar_wait(&sm.filter_full, filter_epochs++ & 1);
+      if (item.flags & kItemLoad) mbar_wait(&sm.filter_full, filter_epochs++ & 1);
       filter_to_operand<Cfg>(pc, qs, qc, ps, filter, ln, pr, pi);
     }
     {
@@ -418,14 +417,24 @@ __device__ void consumer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
     }
     fence_proxy_async();
     named_arrive(Cfg::barrier_rows_ready(wg), 2 * Cfg::kWarpgroup);
+    // y's share of 2^-e, the last thing the item reads of what filter_store wrote (the filter in
+    // filter_to_operand, the hand-off's share in handoff_store): read here, before own_rows, so
+    // that kItemReleaseAfter may free the buffer below (an asm load: it stays before the barrier).
+    const float output_unscale = __uint_as_float(ld_shared_u32(smem_address(&sm.output_unscale)));
     // wgmma orders no shared-memory writes of the other warps: inverse 1's own k steps read
     // every warp's rows, so the warpgroup meets first (wgmma reads the whole warpgroup's registers).
     named_sync(Cfg::barrier_own_rows(wg), Cfg::kWarpgroup);
+    // kItemReleaseAfter (engine_early_filter_release): every thread of this warpgroup has made
+    // its last read of the filter and both unscales (bar.sync orders them before each warp's
+    // arrive, which releases them to the producer's acquiring wait). The producer needs all 8
+    // warps, so both warpgroups' reads are done before it overwrites the buffer. Nothing here
+    // waits on the producer: the release cannot be held up by the load it unblocks.
+    if ((item.flags & kItemReleaseAfter) && lane0) mbar_arrive(&sm.filter_free);
     float yr[32], yi[32];
     inverse1<Cfg>(sF1cT, sF1sT, sHrHalf, sHiHalf, wg, yr, yi);
     named_arrive(Cfg::barrier_handoff_free(1 - wg), 2 * Cfg::kWarpgroup);
-    const bool bad = store_y<Cfg>(yr, yi, sm.output_unscale, p, item, ln);
-    if (item.checked) {
+    const bool bad = store_y<Cfg>(yr, yi, output_unscale, p, item, ln);
+    if (item.flags & kItemChecked) {
       const bool any = __any_sync(0xffffffffu, bad);
       if (lane0) {
         if (any) atomicOr(&sm.nonfinite[stage], 1u);

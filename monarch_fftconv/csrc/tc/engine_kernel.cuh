@@ -22,6 +22,7 @@
 
 #include "fftconv.h"
 #include "tc/engine_traits.cuh"
+#include "tc/engine_tables.cuh"
 #include "tc/engine_primitives.cuh"
 #include "tc/engine_producer.cuh"
 #include "tc/engine_consumer.cuh"
@@ -34,29 +35,35 @@ namespace engine {
 
 using namespace cute;
 
-// The DFT tables, once per CTA, from sincospi in double with the angle reduced in integers.
+// The DFT tables, once per CTA (tc/engine_tables.cuh): by default from the 128 distinct angles,
+// their (cos, sin) in fp32 scratch in the hand-off's first plane, which nothing else touches
+// before the kernel's __syncthreads (the consumers first write it after their first stage 2);
+// with p.engine_tables_per_element, one sincospi per element as first written. The same bits.
 template <class Cfg>
-__device__ __forceinline__ void build_tables(typename Cfg::Smem& sm) {
-  using T = typename Cfg::T;
+__device__ __forceinline__ void build_tables(typename Cfg::Smem& sm, bool per_element) {
   Tensor sF1c = make_tensor(make_smem_ptr(sm.f1c), typename Cfg::LayoutF1{});
   Tensor sF1s = make_tensor(make_smem_ptr(sm.f1s), typename Cfg::LayoutF1{});
   Tensor sF2c = make_tensor(make_smem_ptr(sm.f2c), typename Cfg::LayoutF2{});
   Tensor sF2s = make_tensor(make_smem_ptr(sm.f2s), typename Cfg::LayoutF2{});
-  for (int i = threadIdx.x; i < Cfg::kF1Elems; i += Cfg::kThreads) {
-    const int k1 = i / Cfg::kInputRows, r = i % Cfg::kInputRows;
-    double sn, cs;
-    sincospi(double((k1 * r) % Cfg::kN1) / double(Cfg::kN1 / 2), &sn, &cs);
-    sF1c(k1, r) = T(float(cs));
-    sF1s(k1, r) = T(float(sn));
+  const auto sincos_pi = [](double x, double* s, double* c) { sincospi(x, s, c); };
+  if (per_element) {
+    tables_per_element<Cfg>(sF1c, sF1s, sF2c, sF2s, threadIdx.x, Cfg::kThreads, sincos_pi);
+    return;
   }
-  for (int i = threadIdx.x; i < Cfg::kF2Elems; i += Cfg::kThreads) {
-    const int j = i / Cfg::kN2, s = i % Cfg::kN2;
-    double sn, cs;
-    sincospi(double((j * s) % Cfg::kN2) / double(Cfg::kN2 / 2), &sn, &cs);
-    sF2c(j, s) = T(float(cs));
-    sF2s(j, s) = T(j == 0 ? ((s & 1) ? -1.0f : 1.0f) : float(sn));  // column n2/2 in the zero sines' slot
-  }
+  static_assert(Cfg::kN1 * sizeof(float2) <= sizeof(sm.handoff[0]), "the angles fit the hand-off's first plane");
+  float2* angles = reinterpret_cast<float2*>(sm.handoff[0]);
+  table_angles<Cfg>(angles, threadIdx.x, Cfg::kThreads, sincos_pi);
+  __syncthreads();  // every thread of the CTA is here (before the warpgroups part)
+  tables_from_angles<Cfg>(sF1c, sF1s, sF2c, sF2s, angles, threadIdx.x, Cfg::kThreads);
 }
+
+// Programmatic dependent launch (p.engine_pdl): the kernel may start before the one before it in
+// the stream has finished. Everything before this wait touches only shared memory, or asks L2
+// for lines (prefetch: a hint, L2 being where every SM's writes meet, it cannot return stale
+// data later); after it, the grid before is complete and its writes visible. Every thread waits,
+// so no global load or store of the kernel (the producer's u and spectrum, the consumers' y)
+// precedes it. Without the launch attribute it returns at once.
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
 template <Precision P, IOType IO>
 __global__ void __launch_bounds__(EngineTraits<P, IO>::kThreads, 1) engine_forward_kernel(const ConvForwardParams p) {
@@ -72,7 +79,8 @@ __global__ void __launch_bounds__(EngineTraits<P, IO>::kThreads, 1) engine_forwa
   // The first item's inputs come into L2 while the tables are built.
   if (warpgroup == 0 && begin < end) prefetch_item<Cfg>(p, job_item(begin, int(p.batch)), -1, threadIdx.x);
 
-  build_tables<Cfg>(sm);
+  build_tables<Cfg>(sm, p.engine_tables_per_element);
+  grid_dependency_wait();
   if (threadIdx.x == 0) {
     for (int s = 0; s < Cfg::kStages; ++s) {
       mbar_init(&sm.full[s], Cfg::kWarpgroup);      // every producer thread, after its stores
@@ -105,8 +113,21 @@ cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream) {
   const int64_t jobs = p.channels * jobs_per_channel(p.batch);
   const int64_t grid = jobs < int64_t(sms) ? jobs : int64_t(sms);
   if (grid == 0) return cudaSuccess;
-  kernel<<<dim3(unsigned(grid)), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  if (!p.engine_pdl) {
+    kernel<<<dim3(unsigned(grid)), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream>>>(p);
+    return cudaGetLastError();
+  }
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(grid));
+  config.blockDim = dim3(Cfg::kThreads);
+  config.dynamicSmemBytes = Cfg::kSmemBytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, p);
 }
 
 }  // namespace engine

@@ -166,26 +166,34 @@ __device__ void producer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
   uint32_t emitted = 0;          // items out: item n in stage n % 2
   uint32_t done_parity = 0;      // bit s: the parity of done[s]'s next phase (a register, not a local array)
   uint32_t filter_loads = 0;
-  int resident = -1;
+  FilterPlan plan;               // the resident filter's flags (engine_traits.cuh)
+  const bool early_release = p.engine_early_filter_release;
 
-  auto emit = [&](Item item) {
+  // release_after: the CTA's next job is another channel's, so this item may release the filter
+  // once read (with early_release only; reruns pass false).
+  auto emit = [&](Item item, bool release_after) {
     const int stage = emitted % Cfg::kStages;
     mbar_wait(&sm.empty[stage], ((emitted / Cfg::kStages) & 1) ^ 1);
     if (item.channel >= 0) {
       load_plane<Cfg>(p, item.seq_re, item.channel, vec_ok, smem_address(sm.ring[stage][0]), pt);
       load_plane<Cfg>(p, item.seq_im, item.channel, vec_ok, smem_address(sm.ring[stage][1]), pt);
     }
+    // The flags after the loads (fewer registers live through them: the producer has 40).
+    if (item.channel >= 0) item.flags |= plan.flags(item.channel, release_after);
     if (pt == 0) sm.item[stage] = item;
     fence_proxy_async();  // the planes, for stage 1's wgmma
     mbar_arrive(&sm.full[stage]);
     ++emitted;
-    if (item.channel >= 0 && item.channel != resident) {
+    if (item.flags & kItemLoad) {
       const FilterScale scale = filter_peak<Cfg>(p, item.channel, sm, pt);
-      mbar_wait(&sm.filter_free, filter_loads & 1);  // the consumers release the buffer on this item
+      // Load n waits for the n-th release (phase n - 1 of filter_free; load 0 for none: a fresh
+      // barrier's parity 1 counts as complete). That release is this item's kItemReleaseFirst or
+      // an earlier item's kItemReleaseAfter, made by consumers that need nothing more from the
+      // producer than the items already published: no cycle (FilterPlan).
+      mbar_wait(&sm.filter_free, (filter_loads & 1) ^ 1);
       filter_store<Cfg>(p, item.channel, scale, sm, pt);
       mbar_arrive(&sm.filter_full);
       ++filter_loads;
-      resident = item.channel;
     }
     return stage;
   };
@@ -200,8 +208,8 @@ __device__ void producer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
     named_sync(Cfg::kBarProducer, Cfg::kWarpgroup);
     if (pt == 0) sm.nonfinite[stage] = 0;  // published to the consumers by the next full arrive
     if (flagged && item.seq_im >= 0) {
-      emit(Item{item.channel, item.seq_re, -1, 0});
-      emit(Item{item.channel, item.seq_im, -1, 0});
+      emit(Item{item.channel, item.seq_re, -1, 0}, false);
+      emit(Item{item.channel, item.seq_im, -1, 0}, false);
     }
   };
 
@@ -212,12 +220,13 @@ __device__ void producer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
     const Item item = job_item(job, batch);
     // Before this item waits for its stage: the next one's loads then hit L2.
     if (job + 1 < job_end) prefetch_item<Cfg>(p, job_item(job + 1, batch), item.channel, pt);
-    const int stage = emit(item);
+    const bool last_of_channel = job + 1 < job_end && job_item(job + 1, batch).channel != item.channel;
+    const int stage = emit(item, early_release && last_of_channel);
     if (pending_stage >= 0) settle(pending_stage, job_item(job - 1, batch));
     pending_stage = stage;
   }
   if (pending_stage >= 0) settle(pending_stage, job_item(job - 1, batch));
-  emit(Item{-1, -1, -1, 0});
+  emit(Item{-1, -1, -1, 0}, false);
 }
 
 }  // namespace engine

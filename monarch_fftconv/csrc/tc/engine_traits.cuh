@@ -46,14 +46,46 @@ template <> struct Ops<Precision::kFP16> {
 };
 
 // One unit of the producer's stream, published with its ring stage: which sequences of which
-// channel fill Zr and Zi, where Re and Im go, and whether the output is checked for non-finite
+// channel fill Zr and Zi, where Re and Im go, whether the output is checked for non-finite
 // values (a packed pair: a flagged one is run again, one sequence at a time, as two unchecked
-// items). channel < 0 ends the stream.
+// items), and what the item does with the resident filter (FilterPlan). channel < 0 ends the
+// stream.
 struct Item {
   int32_t channel;
   int32_t seq_re;  // batch index of Zr's sequence, also where Re is stored
   int32_t seq_im;  // batch index of Zi's sequence, or -1 (zeros; Im is not stored)
-  int32_t checked;
+  uint32_t flags;  // kItem* bits
+};
+constexpr uint32_t kItemChecked = 1u;        // the output is checked (settle may rerun it)
+constexpr uint32_t kItemLoad = 2u;           // the producer loads this item's filter: wait filter_full before reading it
+constexpr uint32_t kItemReleaseFirst = 4u;   // release the filter held so far, at the item's start
+constexpr uint32_t kItemReleaseAfter = 8u;   // release this item's filter once read (after its hand-off)
+
+// The resident filter's protocol, decided by the producer alone and carried by each item's flags
+// (host and device: tests/engine_tables_check.cu runs it against a model of the two mbarriers).
+// The buffer goes: free -> loaded (producer: wait filter_free, store, arrive filter_full; the
+// consumers wait filter_full in the item with kItemLoad) -> read by items of its channel ->
+// released (the consumers' 8 warps arrive filter_free once: phase r of filter_free completes at
+// the r-th release) -> free. Load n waits for phase n - 1, parity (n & 1) ^ 1; a fresh barrier
+// counts as having completed the phase of parity 1, so load 0 does not wait. Every load but the
+// first is preceded by exactly one release, of the load before it:
+//   - an item whose channel is not the one resident loads it (kItemLoad); if the previous filter
+//     is still held, this item releases it first (kItemReleaseFirst): at its start, the consumers
+//     have finished every earlier item, so nothing reads the old filter any more (the first
+//     build's rule, the default);
+//   - with release_after (engine_early_filter_release: the producer knows the CTA's next job is
+//     another channel's) the item releases its own filter after its last read (kItemReleaseAfter),
+//     and the buffer is free for the next load while this item's inverse 1 and store run.
+// A rerun (settle) is an item like any other: it loads its channel again if released.
+struct FilterPlan {
+  int resident = -1;  // the channel loaded and not released, or -1 (free)
+  __host__ __device__ uint32_t flags(int channel, bool release_after) {
+    uint32_t f = 0;
+    if (channel != resident) f |= kItemLoad | (resident >= 0 ? kItemReleaseFirst : 0u);
+    if (release_after) f |= kItemReleaseAfter;
+    resident = release_after ? -1 : channel;
+    return f;
+  }
 };
 
 // ---------------------------------------------------------------------------
@@ -107,7 +139,7 @@ __host__ __device__ constexpr int64_t jobs_per_channel(int64_t batch) { return (
 __host__ __device__ constexpr int64_t job_begin(int64_t jobs, int64_t cta, int64_t ctas) { return jobs * cta / ctas; }
 __host__ __device__ constexpr Item job_item(int job, int batch) {
   const int pairs = int(jobs_per_channel(batch)), a = 2 * (job % pairs);
-  return Item{job / pairs, a, a + 1 < batch ? a + 1 : -1, 1};
+  return Item{job / pairs, a, a + 1 < batch ? a + 1 : -1, kItemChecked};
 }
 
 // Element offset of (i, j) in a GMMA 128-byte-swizzled layout of 16-bit elements, host and
