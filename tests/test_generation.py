@@ -321,7 +321,7 @@ def test_large_levels_run_in_batch_chunks_with_the_same_outputs(gen, monkeypatch
     assert {rows for q, rows in blocks if q == largest} == {budget_rows, batch % budget_rows or budget_rows}
 
 
-def test_graphed_step_replays_the_level_of_each_position(gen, simulated_graphs):
+def test_graphed_step_replays_the_level_of_each_position(gen, simulated_graphs, middle_levels_on_ffts):
     """`step` on a graphed state (simulated graphs, the fixture): each position replays its own
     level's graph (a wrong choice changes the sums), y_t is cast back to a 2-byte x_t's dtype,
     and the results are the eager steps', bit for bit."""
