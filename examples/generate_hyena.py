@@ -311,6 +311,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--mid-levels-in-kernel", action=argparse.BooleanOptionalAction, default=None,
                    help="with --cuda-graph: the middle fold levels (n = 16 .. 256) as one direct-product kernel, "
                         "or as two FFTs and PyTorch ops (default: generation.MID_LEVELS_IN_KERNEL, on)")
+    p.add_argument("--direct-step", action=argparse.BooleanOptionalAction, default=None,
+                   help="with --cuda-graph: the tokens whose fold the step kernel does alone as one direct launch "
+                        "of it, or as a copy and a graph replay (default: generation.DIRECT_STEP, off)")
     args = p.parse_args(argv)
     if args.prompt is None:
         args.prompt = 0 if args.layer else 16
@@ -322,26 +325,33 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--fused-step needs --cuda-graph")
     if args.mid_levels_in_kernel is not None and not args.cuda_graph:
         p.error("--mid-levels-in-kernel needs --cuda-graph")
+    if args.direct_step is not None and not args.cuda_graph:
+        p.error("--direct-step needs --cuda-graph")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
     config = vars(args)
-    threads, fused, middle = torch.get_num_threads(), generation.FUSED_STEP, generation.MID_LEVELS_IN_KERNEL
-    fused_step = fused if args.fused_step is None else args.fused_step
-    middle_in_kernel = middle if args.mid_levels_in_kernel is None else args.mid_levels_in_kernel
+    threads = torch.get_num_threads()
+    switches = {"FUSED_STEP": args.fused_step, "MID_LEVELS_IN_KERNEL": args.mid_levels_in_kernel,
+                "DIRECT_STEP": args.direct_step}  # generation's module switches; None: as they are
+    saved = {name: getattr(generation, name) for name in switches}
+    chosen = {name: saved[name] if value is None else value for name, value in switches.items()}
     torch.set_num_threads(args.threads)
-    generation.FUSED_STEP, generation.MID_LEVELS_IN_KERNEL = fused_step, middle_in_kernel
+    for name, value in chosen.items():
+        setattr(generation, name, value)
     try:
         results = generate_layer(config) if args.layer else generate_lm(config)
     finally:
         torch.set_num_threads(threads)
-        generation.FUSED_STEP, generation.MID_LEVELS_IN_KERNEL = fused, middle
+        for name, value in saved.items():
+            setattr(generation, name, value)
     what = (f"FFTConv B={args.batch} C={args.channels}" if args.layer
             else f"Hyena LM width={args.width} layers={args.layers} B={args.batch}")
-    parts = [what for what, on in (("per-token part fused", fused_step), ("middle levels in a kernel", middle_in_kernel))
-             if on]
+    parts = [what for what, on in (("per-token part fused", chosen["FUSED_STEP"]),
+                                   ("middle levels in a kernel", chosen["MID_LEVELS_IN_KERNEL"]),
+                                   ("direct steps", chosen["DIRECT_STEP"])) if on]
     graphs = (", steps as CUDA graphs" + (f" ({', '.join(parts)})" if parts else "")) if args.cuda_graph else ""
     print(f"{what}, L={args.seq_len}, prompt {args.prompt}, {args.device}{graphs}, {args.threads} CPU thread(s)")
     print(table(results))

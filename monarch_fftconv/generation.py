@@ -55,6 +55,15 @@ BLOCK_CHUNK_BYTES = 1 << 29
 # 0.039 -> 0.033), the L = 8192 tokens 0.452 -> 0.361 s (predicted p99 0.05-0.08, total ~0.36).
 MID_LEVELS_IN_KERNEL = True
 KERNEL_MAX_BLOCK = 256  # kConvBlockMaxBlock (fftconv.h)
+# A graphed state's tokens whose fold the step kernel does alone (no fold, level 0 and the
+# Toeplitz levels: 15 tokens in 16) as one direct launch of that kernel (ops.conv_step_at: the
+# position from the host, x_t read where it lies, the device index left at i + 1 for the graphs
+# of the other levels) instead of a copy of x_t and a replay (a copy kernel, the step kernel and
+# the index increment: three kernels a token). Session 24's profile (H100, B16 C1024 L65536): 11.9
+# us of kernels a token, 28.5 us a token streamed; predicted ~12-15 us streamed with one kernel a
+# token. Where x_t is not in the compute dtype the replay stays (its copy casts). On the CPU
+# (the tests' stand-in graphs) the op's PyTorch form. Off until measured on a GPU.
+DIRECT_STEP = False
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -331,6 +340,7 @@ class _GraphedSteps:
     graphs: dict[int | None, torch.cuda.CUDAGraph]
     pool_bytes: int = 0             # the graphs' private memory pool, as the allocator reserved it
     plans: _PlanWatch | None = None  # the cuFFT plans the graphs replay (None: no FFT level)
+    step_kernel: bool = False       # DIRECT_STEP can run: the step kernel is there (or the CPU's form)
 
     def tensors(self) -> list[Tensor]:
         kept = [] if self.outputs is None else [self.outputs]
@@ -360,6 +370,7 @@ class _GraphedSteps:
             state.device, state.inputs.shape[-1], bool(state.spectra), buffers,
             lambda q: graphed.index.fill_(_warm_index(q, state.inputs.shape[-1])),
             lambda q: graphed.indexed_step(state, q))
+        graphed.step_kernel = _fused_step(state.device) or not state.inputs.is_cuda
         return graphed
 
     def indexed_step(self, state: ConvState, q: int | None) -> Tensor:
@@ -388,9 +399,18 @@ class _GraphedSteps:
         return y
 
     def step(self, x_t: Tensor, state: ConvState) -> Tensor:
-        """`step` by replaying the graph of this position's level: y_t, a view of outputs[i]."""
-        i = state.position - state.prompt_len  # `index` holds i too: every step of this state replays a graph
-        _replay(self, x_t, i, state.inputs.shape[-1])
+        """`step` by replaying the graph of this position's level, or (DIRECT_STEP) by one launch
+        of the step kernel where it does the level alone: y_t, a view of outputs[i]."""
+        i = state.position - state.prompt_len  # `index` holds i too: every step of this state advances it
+        to_generate = state.inputs.shape[-1]
+        q = _fold_level(i, to_generate)
+        if DIRECT_STEP and self.step_kernel and (q is None or q < len(state.toeplitz)) and x_t.dtype == self.x.dtype:
+            block = state.toeplitz[q] if q is not None and q > 0 else None
+            with torch.no_grad():
+                ops.conv_step_at_op(x_t, state.inputs, state.pending, self.outputs, state.first_tap,
+                                    state.second_tap, self.index, i, q == 0, block)
+        else:
+            _replay(self, x_t, i, to_generate)
         state.position += 1
         y = self.outputs[i]
         return y if y.dtype == x_t.dtype else y.to(x_t.dtype)

@@ -164,6 +164,33 @@ def _(x, inputs, pending, outputs, first_tap, second_tap, index, fold, block_tap
     return x.new_empty(x.shape)
 
 
+def conv_step_at_reference(x: Tensor, inputs: Tensor, pending: Tensor, outputs: Tensor | None, first_tap: Tensor,
+                           second_tap: Tensor, index: Tensor, position: int, fold: bool,
+                           block_taps: Tensor | None = None) -> Tensor:
+    """`conv_step_reference` at the generated index i = `position`, given by the host (a direct
+    step, generation.DIRECT_STEP), with x of any strides; afterwards `index` holds i + 1, as the
+    graphed steps' increment leaves it for the graphs of the other levels."""
+    at = torch.full_like(index, position)
+    y = conv_step_reference(x, inputs, pending, outputs, first_tap, second_tap, at, fold, block_taps)
+    index.fill_(position + 1)
+    return y
+
+
+@torch.library.custom_op("monarch_fftconv::conv_step_at", mutates_args=("inputs", "pending", "outputs", "index"),
+                         device_types="cpu")
+def conv_step_at(x: Tensor, inputs: Tensor, pending: Tensor, outputs: Tensor | None, first_tap: Tensor,
+                 second_tap: Tensor, index: Tensor, position: int, fold: bool,
+                 block_taps: Tensor | None = None) -> Tensor:
+    if position < 0 or position >= inputs.shape[-1]:
+        raise ValueError(f"monarch_fftconv: conv_step_at's position must be in [0, {inputs.shape[-1]}), got {position}")
+    return conv_step_at_reference(x, inputs, pending, outputs, first_tap, second_tap, index, position, fold, block_taps)
+
+
+@conv_step_at.register_fake
+def _(x, inputs, pending, outputs, first_tap, second_tap, index, position, fold, block_taps=None):
+    return inputs.new_empty(x.shape)
+
+
 # --------------------------------------------------------------------------- conv_block
 
 
@@ -427,6 +454,7 @@ torch.library.register_autograd("monarch_fftconv::fftconv", _backward, setup_con
 filter_spectrum_op = torch.ops.monarch_fftconv.filter_spectrum.default
 filter_spectrum_two_sided_op = torch.ops.monarch_fftconv.filter_spectrum_two_sided.default
 conv_step_op = torch.ops.monarch_fftconv.conv_step.default
+conv_step_at_op = torch.ops.monarch_fftconv.conv_step_at.default
 conv_block_op = torch.ops.monarch_fftconv.conv_block.default
 refresh_filter_spectrum_op = torch.ops.monarch_fftconv.refresh_filter_spectrum.default
 conv_forward_op = torch.ops.monarch_fftconv.conv_forward.default

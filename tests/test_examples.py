@@ -168,3 +168,6 @@ def test_generation_example_layer_mode_with_a_stride(generate_hyena, capsys):
     with pytest.raises(SystemExit):
         generate_hyena.main(["--layer", "--seq-len", "8", "--mid-levels-in-kernel"])
     assert "--mid-levels-in-kernel needs --cuda-graph" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        generate_hyena.main(["--layer", "--seq-len", "8", "--direct-step"])
+    assert "--direct-step needs --cuda-graph" in capsys.readouterr().err

@@ -804,3 +804,83 @@ def test_conv_step_kernel_is_the_reference_step(gen, dtype, fold, keep_outputs, 
     if block is not None:
         with pytest.raises(ValueError, match="block_taps"):
             ops.conv_step_op(**{**case, "block_taps": case["block_taps"][..., :-1]}, index=index, fold=fold)
+
+
+# --------------------------------------------------------------------------- direct steps (DIRECT_STEP)
+
+@pytest.mark.parametrize("groups, length, prompt_len, io_dtype", [(3, 300, 0, torch.float32), (1, 97, 13, torch.float64),
+                                                                  (2, 150, 5, torch.bfloat16)])
+def test_direct_steps_are_the_replayed_steps(gen, simulated_graphs, middle_levels_on_ffts, monkeypatch, groups, length,
+                                             prompt_len, io_dtype):
+    """DIRECT_STEP on a graphed state (simulated graphs, the fixture): a token whose fold the step
+    kernel does alone (no fold, level 0, the Toeplitz levels) runs ops.conv_step_at at the host's
+    position with x_t where it lies (a strided view), the other levels replay their graphs, which
+    read the device index the direct steps leave; the outputs and state are the eager steps', bit
+    for bit. A 2-byte x_t (not the compute dtype) replays every level (its copy casts)."""
+    monkeypatch.setattr(generation, "DIRECT_STEP", True)
+    direct = []
+    op = generation.ops.conv_step_at_op
+    monkeypatch.setattr(generation.ops, "conv_step_at_op", lambda *a: direct.append(a[7]) or op(*a))
+    x = randn(gen, 2, 6, length, dtype=torch.float64).to(io_dtype)
+    k = randn(gen, groups, length, dtype=torch.float64).to(torch.float32 if io_dtype == torch.bfloat16 else io_dtype)
+    with torch.no_grad():
+        _, eager = generation.prefill(x[..., :prompt_len], k, length)
+        _, graphed = generation.prefill(x[..., :prompt_len], k, length, cuda_graph=True)
+        for t in range(prompt_len, length):
+            assert torch.equal(generation.step(x[..., t], graphed)[0], generation.step(x[..., t], eager)[0]), t
+    assert torch.equal(graphed.pending, eager.pending) and torch.equal(graphed.inputs, eager.inputs)
+    to_generate = length - prompt_len
+    alone = [i for i in range(to_generate)
+             if (q := generation._fold_level(i, to_generate)) is None or q < len(graphed.toeplitz)]
+    assert direct == ([] if io_dtype == torch.bfloat16 else alone)
+    assert int(graphed.graphed.index) == to_generate  # as the graphs' increments leave it
+
+
+def test_conv_step_at_op_is_the_step_at_a_host_position(gen):
+    """ops.conv_step_at: ops.conv_step at the host's position, x of any strides, the device index
+    left at position + 1; a position outside [0, T) is refused."""
+    from monarch_fftconv import ops
+    case = conv_step_case(gen, "cpu", torch.float64)
+    strided = randn(gen, 5, 3, dtype=torch.float64).t()  # (B, C) = (3, 5), not contiguous
+    theirs = {name: t.clone() for name, t in case.items()}
+    index = torch.tensor(-7)
+    y = ops.conv_step_at_op(strided, case["inputs"], case["pending"], case["outputs"], case["first_tap"],
+                            case["second_tap"], index, 21, True, None)
+    want = ops.conv_step_op(strided.contiguous(), theirs["inputs"], theirs["pending"], theirs["outputs"],
+                            theirs["first_tap"], theirs["second_tap"], torch.tensor(21), True, None)
+    assert torch.equal(y, want) and int(index) == 22
+    assert all(torch.equal(case[name], theirs[name]) for name in ("inputs", "pending", "outputs"))
+    with pytest.raises(ValueError, match="position must be in"):
+        ops.conv_step_at_op(strided, case["inputs"], case["pending"], None, case["first_tap"], case["second_tap"],
+                            index, case["inputs"].shape[-1], False, None)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the conv_step kernel needs a CUDA device")
+@pytest.mark.watchdog(300)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cuda_direct_steps_are_the_replayed_steps(gen, monkeypatch, dtype):
+    """DIRECT_STEP on a GPU: the same kernel at the host's position, reading x_t strided, gives the
+    replayed steps' outputs bit for bit, through every level (the graphs of the middle and FFT
+    levels read the index the direct steps leave); conv_step_at's errors are clear."""
+    from monarch_fftconv import _extension, ops
+    assert not isinstance(_extension.coverage(True), str)
+    length, prompt_len = 1500, 7
+    x = randn(gen, 3, 37, length, dtype=dtype, device="cuda")
+    k = randn(gen, 37, length, dtype=dtype, device="cuda") / length**0.5
+    outs = {}
+    for direct in (False, True):
+        monkeypatch.setattr(generation, "DIRECT_STEP", direct)
+        with torch.inference_mode():
+            _, state = generation.prefill(x[..., :prompt_len], k, length, cuda_graph=True)
+            outs[direct] = torch.stack([generation.step(x[..., t], state)[0].clone() for t in range(prompt_len, length)])
+    assert torch.equal(outs[True], outs[False])
+    budget = ERROR_BUDGETS["fp32"] if dtype == torch.float32 else FP64_TOLERANCE
+    assert rel_l2(outs[True], reference(x, k)[..., prompt_len:].permute(2, 0, 1)) < budget
+    case = conv_step_case(gen, "cuda", dtype)
+    index = torch.tensor(0, device="cuda")
+    with pytest.raises(ValueError, match="conv_step_at's position"):
+        ops.conv_step_at_op(case["x"], case["inputs"], case["pending"], None, case["first_tap"], case["second_tap"],
+                            index, case["inputs"].shape[-1], False, None)
+    with pytest.raises(ValueError, match="conv_step_at"):
+        ops.conv_step_at_op(case["x"], case["inputs"], case["pending"], None, case["first_tap"], case["second_tap"],
+                            index.float(), 3, False, None)

@@ -355,18 +355,21 @@ at::Tensor filter_spectrum_two_sided(const at::Tensor& k_in, int64_t seq_len, c1
   return spectrum;
 }
 
-// One generation step in one launch (generation.py's graphed steps; ConvStepParams): writes
-// x into inputs[:, :, i], with fold level 0's block into pending[:, :, i + 1], and with
-// block_taps (G, n, n) a small level's block into pending[:, :, i+1 .. i+n], i the generated
-// index in `index` (device memory); returns y = pending[:, :, i] + first_tap·x, also stored in
-// outputs[i] where outputs is given.
+// One generation step in one launch (generation.py's steps; ConvStepParams): writes x into
+// inputs[:, :, i], with fold level 0's block into pending[:, :, i + 1], and with block_taps
+// (G, n, n) a small level's block into pending[:, :, i+1 .. i+n]; returns y = pending[:, :, i] +
+// first_tap·x, also stored in outputs[i] where outputs is given. i is the generated index in
+// `index` (device memory: the graphed steps), or `position` (>= 0: a direct step, which also sets
+// `index` to i + 1 and reads x where it lies, any strides).
 template <typename T>
 void launch_conv_step(const at::Tensor& x, const at::Tensor& inputs, const at::Tensor& pending,
                       const std::optional<at::Tensor>& outputs, const at::Tensor& y, const at::Tensor& first_tap,
-                      const at::Tensor& second_tap, const at::Tensor& index, bool fold,
+                      const at::Tensor& second_tap, const at::Tensor& index, int64_t position, bool fold,
                       const std::optional<at::Tensor>& block_taps) {
   mf::ConvStepParams<T> p{};
   p.x = x.data_ptr<T>();
+  p.x_batch_stride = x.stride(0);
+  p.x_channel_stride = x.stride(1);
   p.inputs = inputs.data_ptr<T>();
   p.pending = pending.data_ptr<T>();
   p.outputs = outputs ? outputs->data_ptr<T>() : nullptr;
@@ -374,6 +377,8 @@ void launch_conv_step(const at::Tensor& x, const at::Tensor& inputs, const at::T
   p.first_tap = first_tap.data_ptr<T>();
   p.second_tap = second_tap.data_ptr<T>();
   p.index = index.data_ptr<int64_t>();
+  p.position = position;
+  p.next_index = position >= 0 ? index.data_ptr<int64_t>() : nullptr;
   p.block_taps = block_taps ? block_taps->data_ptr<T>() : nullptr;
   p.batch = x.size(0);
   p.channels = x.size(1);
@@ -385,26 +390,34 @@ void launch_conv_step(const at::Tensor& x, const at::Tensor& inputs, const at::T
   check_launch(mf::conv_step(p, current_stream(x)));
 }
 
-at::Tensor conv_step(const at::Tensor& x, const at::Tensor& inputs, const at::Tensor& pending,
-                     const std::optional<at::Tensor>& outputs, const at::Tensor& first_tap,
-                     const at::Tensor& second_tap, const at::Tensor& index, bool fold,
-                     const std::optional<at::Tensor>& block_taps) {
+// conv_step and conv_step_at: the checks, then the launch. position < 0: i from `index`, x
+// contiguous; else i = position, x of any strides.
+at::Tensor conv_step_checked(const at::Tensor& x, const at::Tensor& inputs, const at::Tensor& pending,
+                             const std::optional<at::Tensor>& outputs, const at::Tensor& first_tap,
+                             const at::Tensor& second_tap, const at::Tensor& index, int64_t position, bool fold,
+                             const std::optional<at::Tensor>& block_taps, const char* op) {
   const auto dtype = x.scalar_type();
   TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kDouble,
-                    message("monarch_fftconv: conv_step computes in float32 or float64, got ", dtype));
+                    message("monarch_fftconv: ", op, " computes in float32 or float64, got ", dtype));
   TORCH_CHECK_VALUE(x.dim() == 2 && inputs.dim() == 3 && pending.dim() == 3 && inputs.size(0) == x.size(0) &&
                         inputs.size(1) == x.size(1) && pending.size(0) == x.size(0) && pending.size(1) == x.size(1) &&
                         pending.size(2) >= inputs.size(2) && first_tap.sizes() == at::IntArrayRef{x.size(1)} &&
                         second_tap.sizes() == first_tap.sizes() && index.numel() == 1 &&
                         index.scalar_type() == at::kLong,
-                    message("monarch_fftconv: conv_step takes x (B, C), inputs (B, C, T), pending (B, C, >= T), "
+                    message("monarch_fftconv: ", op, " takes x (B, C), inputs (B, C, T), pending (B, C, >= T), "
                             "taps (C,) and an int64 index; got ", x.sizes(), ", ", inputs.sizes(), ", ",
                             pending.sizes(), ", ", first_tap.sizes(), ", ", index.sizes(), " ", index.scalar_type()));
-  std::vector<at::Tensor> values{x, inputs, pending, first_tap, second_tap};
+  if (position >= 0) {
+    TORCH_CHECK_VALUE(position < inputs.size(2), message("monarch_fftconv: ", op, "'s position must be in [0, ",
+                                                         inputs.size(2), "), got ", position));
+    TORCH_CHECK_VALUE(index.is_contiguous(), message("monarch_fftconv: ", op, "'s index must be contiguous"));
+  }
+  std::vector<at::Tensor> values{inputs, pending, first_tap, second_tap};
+  if (position < 0) values.push_back(x);
   if (outputs) {
     TORCH_CHECK_VALUE(outputs->dim() == 3 && outputs->size(0) == inputs.size(2) && outputs->size(1) == x.size(0) &&
                           outputs->size(2) == x.size(1),
-                      message("monarch_fftconv: conv_step's outputs must be (T, B, C), got ", outputs->sizes()));
+                      message("monarch_fftconv: ", op, "'s outputs must be (T, B, C), got ", outputs->sizes()));
     values.push_back(*outputs);
   }
   if (block_taps) {
@@ -412,23 +425,41 @@ at::Tensor conv_step(const at::Tensor& x, const at::Tensor& inputs, const at::Te
     const int64_t n = cube ? block_taps->size(1) : 0, groups = cube ? block_taps->size(0) : 0;
     TORCH_CHECK_VALUE(n >= 1 && n <= mf::kConvStepMaxBlock && block_taps->size(2) == n && groups >= 1 &&
                           x.size(1) % groups == 0 && n <= pending.size(2),
-                      message("monarch_fftconv: conv_step's block_taps must be (G, n, n) with 1 <= n <= ",
+                      message("monarch_fftconv: ", op, "'s block_taps must be (G, n, n) with 1 <= n <= ",
                               mf::kConvStepMaxBlock, " and G dividing C=", x.size(1), ", got ",
                               block_taps->sizes()));
     values.push_back(*block_taps);
   }
   for (const at::Tensor& t : values) {
     TORCH_CHECK_VALUE(t.is_contiguous() && t.device() == x.device() && t.scalar_type() == dtype,
-                      "monarch_fftconv: conv_step's tensors must be contiguous, on one device, in x's dtype");
+                      message("monarch_fftconv: ", op, "'s tensors must be contiguous, on one device, in x's dtype"));
   }
-  TORCH_CHECK_VALUE(index.device() == x.device(), "monarch_fftconv: conv_step's index must be on x's device");
+  TORCH_CHECK_VALUE(x.device() == inputs.device() && index.device() == x.device(),
+                    message("monarch_fftconv: ", op, "'s x and index must be on inputs' device"));
   const c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor y = at::empty_like(x);
+  at::Tensor y = at::empty({x.size(0), x.size(1)}, inputs.options());
   if (dtype == at::kFloat)
-    launch_conv_step<float>(x, inputs, pending, outputs, y, first_tap, second_tap, index, fold, block_taps);
+    launch_conv_step<float>(x, inputs, pending, outputs, y, first_tap, second_tap, index, position, fold, block_taps);
   else
-    launch_conv_step<double>(x, inputs, pending, outputs, y, first_tap, second_tap, index, fold, block_taps);
+    launch_conv_step<double>(x, inputs, pending, outputs, y, first_tap, second_tap, index, position, fold, block_taps);
   return y;
+}
+
+at::Tensor conv_step(const at::Tensor& x, const at::Tensor& inputs, const at::Tensor& pending,
+                     const std::optional<at::Tensor>& outputs, const at::Tensor& first_tap,
+                     const at::Tensor& second_tap, const at::Tensor& index, bool fold,
+                     const std::optional<at::Tensor>& block_taps) {
+  return conv_step_checked(x, inputs, pending, outputs, first_tap, second_tap, index, -1, fold, block_taps,
+                           "conv_step");
+}
+
+at::Tensor conv_step_at(const at::Tensor& x, const at::Tensor& inputs, const at::Tensor& pending,
+                        const std::optional<at::Tensor>& outputs, const at::Tensor& first_tap,
+                        const at::Tensor& second_tap, const at::Tensor& index, int64_t position, bool fold,
+                        const std::optional<at::Tensor>& block_taps) {
+  TORCH_CHECK_VALUE(position >= 0, message("monarch_fftconv: conv_step_at's position must be >= 0, got ", position));
+  return conv_step_checked(x, inputs, pending, outputs, first_tap, second_tap, index, position, fold, block_taps,
+                           "conv_step_at");
 }
 
 // A middle fold level's block: pending[:, :, i+1 .. i+n] += the direct Toeplitz product of the
@@ -881,6 +912,7 @@ TORCH_LIBRARY_IMPL(monarch_fftconv, CUDA, m) {
   m.impl("filter_spectrum", &filter_spectrum);
   m.impl("filter_spectrum_two_sided", &filter_spectrum_two_sided);
   m.impl("conv_step", &conv_step);
+  m.impl("conv_step_at", &conv_step_at);
   m.impl("conv_block", &conv_block);
   m.impl("refresh_filter_spectrum", &refresh_filter_spectrum);
   m.impl("conv_forward", &conv_forward);

@@ -226,15 +226,19 @@ struct FourStepBackwardParams {
 constexpr int kConvStepMaxBlock = 8;  // generation.DIRECT_MAX_BLOCK: the largest Toeplitz level
 template <typename T>
 struct ConvStepParams {
-  const T* x;             // (B, C)
+  const T* x;             // (B, C), element (b, c) at b·x_batch_stride + c·x_channel_stride
   T* inputs;              // (B, C, to_generate)
   T* pending;             // (B, C, pending_len)
   T* outputs;             // (to_generate, B, C), or null
   T* y;                   // (B, C)
   const T* first_tap;     // (C,)
   const T* second_tap;    // (C,)
-  const int64_t* index;   // the generated index i, in device memory
+  const int64_t* index;   // the generated index i, in device memory (read where position < 0)
+  int64_t* next_index;    // where position >= 0: set to i + 1 for the graphed steps that follow; or null
   const T* block_taps;    // (groups, block_n, block_n), or null: no block
+  int64_t position;       // the generated index i from the host (a direct step), or -1: *index
+  int64_t x_batch_stride;
+  int64_t x_channel_stride;
   int64_t batch;
   int64_t channels;
   int64_t to_generate;

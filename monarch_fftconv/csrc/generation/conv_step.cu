@@ -4,7 +4,7 @@
 // generation.py keeps, per stream e = b·C + c, the generated inputs (inputs[e][i]) and each
 // future position's partial sum (pending[e][i]). A step at generated index i (the graphed
 // steps keep i in device memory, so that one CUDA graph serves every position of a fold level)
-// does, for every stream:
+// does, for every stream (x as the caller holds it: a direct step reads x_t where it lies, strided):
 //   inputs[e][i]   = x[e]
 //   y[e]           = pending[e][i] + k0[c]·x[e]          (outputs[i][e] = y[e] where kept)
 //   pending[e][i+1] += k1[c]·x[e]                        (fold: level 0's block, every other step)
@@ -44,7 +44,11 @@ __device__ __forceinline__ void add_block(const ConvStepParams<T>& p, T x, const
 
 template <typename T>
 __global__ void __launch_bounds__(kStepThreads) conv_step_kernel(const ConvStepParams<T> p) {
-  const int64_t i = *p.index;
+  // A graphed step reads i from device memory; a direct step (generation.DIRECT_STEP) is given
+  // it, and leaves i + 1 there for the graphs of the other levels, as their increment would.
+  // No thread of a direct step reads *index, so one thread writes it.
+  const int64_t i = p.position >= 0 ? p.position : *p.index;
+  if (p.next_index != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *p.next_index = i + 1;
   // The host checks the room before every step; an index past it writes nothing.
   if (i < 0 || i >= p.to_generate || (p.fold && i + 1 >= p.pending_len)) return;
   if (p.block_n > 0 && (i + 1 < p.block_n || i + p.block_n >= p.pending_len)) return;
@@ -53,7 +57,7 @@ __global__ void __launch_bounds__(kStepThreads) conv_step_kernel(const ConvStepP
   for (int64_t e = (int64_t)blockIdx.x * kStepThreads + threadIdx.x; e < streams;
        e += (int64_t)gridDim.x * kStepThreads) {
     const int64_t c = e % p.channels;
-    const T x = p.x[e];
+    const T x = p.x[(e / p.channels) * p.x_batch_stride + c * p.x_channel_stride];
     p.inputs[e * p.to_generate + i] = x;
     T* pending = p.pending + e * p.pending_len + i;
     const T y = fma(p.first_tap[c], x, pending[0]);
