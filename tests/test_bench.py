@@ -730,14 +730,17 @@ def test_tensor_core_rows_name_the_kernel_the_op_runs(bench, monkeypatch):
     assert (info["backend"], info["kernel"], info["flops"]) == ("tc-op", "k", 7)
 
 
-@pytest.mark.parametrize("script", ["kernel_times.py", "host_overhead.py"])
-def test_gpu_timing_scripts_parse_their_options_on_the_cpu(script):
-    """The GPU-only timing scripts (run on the device machine) import and parse their options
-    here, so a broken one is caught before a device call is spent on it."""
+@pytest.mark.parametrize("script, options", [("kernel_times.py", ("--shape", "--flush-l2")),
+                                             ("host_overhead.py", ("--shape", "--profile")),
+                                             ("generation_profile.py", ("--shape", "--direct-step")),
+                                             ("bitwise_outputs.py", ("--save", "--compare"))])
+def test_gpu_timing_scripts_parse_their_options_on_the_cpu(script, options):
+    """The GPU-only scripts (run on the device machine) import and parse their options here, so a
+    broken one is caught before a device call is spent on it."""
     proc = subprocess.run([sys.executable, os.path.join(_BENCHMARKS, script), "--help"], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "--shape" in proc.stdout and ("--flush-l2" in proc.stdout or "--profile" in proc.stdout)
+    assert all(option in proc.stdout for option in options), proc.stdout
     if script == "kernel_times.py":
         assert "--fwd-uniform-pairs-ab" in proc.stdout
 
