@@ -379,6 +379,35 @@ def test_forward_uniform_pairs_give_the_same_bits(batch, channels, length, filte
         assert torch.equal(own_path, uniform)
 
 
+FWD_PREFETCH_ENV = "MONARCH_FFTCONV_FWD_PREFETCH"  # read by the binding at each fp32 forward call
+
+
+@pytest.mark.watchdog(GPU_WATCHDOG_S)  # a new route: a hang fails, not stalls
+@pytest.mark.parametrize("batch, channels, length", [(16, 8, 2048), (7, 37, 4096), (5, 3, 8191), (2, 3, 16384),
+                                                     (3, 5, 1001)])
+@pytest.mark.parametrize("io_dtype", [torch.bfloat16, torch.float16])
+def test_forward_without_the_u_prefetch_gives_the_same_bits(batch, channels, length, io_dtype, monkeypatch, gen):
+    """MONARCH_FFTCONV_FWD_PREFETCH=off (2-byte io: u read in p1 from global memory, no staging of
+    the next sequence, the occupancy without its buffer) against the default: the same values into
+    the same passes, so y bitwise equal, plain and gated; within the budget of float64."""
+    u = randn(gen, batch, channels, length, device=DEVICE).to(io_dtype)
+    gates = [randn(gen, batch, channels, length, device=DEVICE).to(io_dtype) for _ in range(2)]
+    k, D = randn(gen, channels, length, device=DEVICE) / length**0.5, randn(gen, channels, device=DEVICE)
+    spectrum = ops.filter_spectrum(k, length, "fp32")
+    runs = {}
+    for choice in ("auto", "off"):
+        monkeypatch.setenv(FWD_PREFETCH_ENV, choice)
+        runs[choice] = [ops.conv_forward_op(u, spectrum, D, "fp32"),
+                        ops.gated_conv_forward_op(u, spectrum, D, *gates, "fp32")]
+    for staged, unstaged in zip(runs["auto"], runs["off"]):
+        assert torch.isfinite(unstaged).all()
+        assert torch.equal(staged, unstaged)
+    assert rel_l2(runs["off"][0], reference(u, k, D)) <= 1e-2  # y rounded to the 2-byte io type
+    monkeypatch.setenv(FWD_PREFETCH_ENV, "no")
+    with pytest.raises(ValueError, match="MONARCH_FFTCONV_FWD_PREFETCH must be 'auto' or 'off'"):
+        ops.conv_forward_op(u, spectrum, D, "fp32")
+
+
 @pytest.mark.watchdog(GPU_WATCHDOG_S)  # a refused choice must not launch; if it did, a hang fails, not stalls
 def test_an_unknown_forward_choice_is_refused(monkeypatch, gen):
     u, k = randn(gen, 2, 3, 1000, device=DEVICE), randn(gen, 3, 1000, device=DEVICE)

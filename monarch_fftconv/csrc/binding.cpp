@@ -181,6 +181,7 @@ at::Tensor conv_forward_gated_z(const at::Tensor& u_in, const at::Tensor& spectr
                                 const std::optional<at::Tensor>& postgate_in, c10::string_view precision,
                                 at::Tensor* z_out);
 bool forward_uniform_pairs_from_env();  // beside the other switches, below
+bool forward_prefetch_off_from_env();
 mf::TensorCoreKernel tc_kernel_from_env();  // the same
 void engine_switches_from_env(mf::ConvForwardParams& p);  // the same
 
@@ -265,6 +266,7 @@ at::Tensor conv_forward_gated_z(const at::Tensor& u_in, const at::Tensor& spectr
   }
   if (p.precision == mf::Precision::kFP32) {
     p.uniform_pairs = forward_uniform_pairs_from_env();
+    p.u_prefetch_off = forward_prefetch_off_from_env();
     check_launch(mf::conv_forward_fp32(p, current_stream(u)));
   } else {
     p.tc_kernel = tc_kernel_from_env();
@@ -631,6 +633,13 @@ bool grad_uniform_pairs_from_env() { return !env_switch("MONARCH_FFTCONV_GRAD_UN
 // 23: the forward kernel measured 1.06-1.15x faster on an H100, same bits), "0" (thread 0's own
 // path, for side-by-side benchmarks).
 bool forward_uniform_pairs_from_env() { return !env_switch("MONARCH_FFTCONV_FWD_UNIFORM_PAIRS", "1", "0"); }
+
+// Whether the fp32 forward kernel with 2-byte io leaves the next sequence's u unstaged
+// (ConvForwardParams::u_prefetch_off: the same bits), from MONARCH_FFTCONV_FWD_PREFETCH, read at
+// each call: unset or "auto" (staged where it costs no occupancy, the route), "off" (read in p1
+// from global memory, for side-by-side benchmarks: session 24's per-size choices moved where the
+// prefetch is issued; whether it still pays is to be measured).
+bool forward_prefetch_off_from_env() { return env_switch("MONARCH_FFTCONV_FWD_PREFETCH", "auto", "off"); }
 
 // The tensor-core kernel a 128 x 128 call takes (ConvForwardParams::tc_kernel), from
 // MONARCH_FFTCONV_TC_KERNEL, read at each tensor-core call: unset (the route), "engine" or "mma";
