@@ -370,7 +370,10 @@ class _GraphedSteps:
             state.device, state.inputs.shape[-1], bool(state.spectra), buffers,
             lambda q: graphed.index.fill_(_warm_index(q, state.inputs.shape[-1])),
             lambda q: graphed.indexed_step(state, q))
-        graphed.step_kernel = _fused_step(state.device) or not state.inputs.is_cuda
+        # (an older prebuilt extension may have conv_step without conv_step_at)
+        graphed.step_kernel = not state.inputs.is_cuda or (
+            _fused_step(state.device)
+            and torch._C._dispatch_has_kernel_for_dispatch_key("monarch_fftconv::conv_step_at", "CUDA"))
         return graphed
 
     def indexed_step(self, state: ConvState, q: int | None) -> Tensor:

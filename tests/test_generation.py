@@ -867,13 +867,22 @@ def test_cuda_direct_steps_are_the_replayed_steps(gen, monkeypatch, dtype):
     length, prompt_len = 1500, 7
     x = randn(gen, 3, 37, length, dtype=dtype, device="cuda")
     k = randn(gen, 37, length, dtype=dtype, device="cuda") / length**0.5
-    outs = {}
+    outs, states, direct_steps = {}, {}, []
+    op = ops.conv_step_at_op
+    monkeypatch.setattr(ops, "conv_step_at_op", lambda *a: direct_steps.append(a[7]) or op(*a))
     for direct in (False, True):
         monkeypatch.setattr(generation, "DIRECT_STEP", direct)
         with torch.inference_mode():
             _, state = generation.prefill(x[..., :prompt_len], k, length, cuda_graph=True)
+            assert state.graphed.step_kernel
             outs[direct] = torch.stack([generation.step(x[..., t], state)[0].clone() for t in range(prompt_len, length)])
+            states[direct] = state
+    to_generate = length - prompt_len
+    assert len(direct_steps) == sum(1 for i in range(to_generate) if (q := generation._fold_level(i, to_generate)) is None
+                                    or q < len(states[True].toeplitz))
     assert torch.equal(outs[True], outs[False])
+    assert torch.equal(states[True].pending, states[False].pending) and torch.equal(states[True].inputs, states[False].inputs)
+    assert int(states[True].graphed.index) == int(states[False].graphed.index) == to_generate
     budget = ERROR_BUDGETS["fp32"] if dtype == torch.float32 else FP64_TOLERANCE
     assert rel_l2(outs[True], reference(x, k)[..., prompt_len:].permute(2, 0, 1)) < budget
     case = conv_step_case(gen, "cuda", dtype)

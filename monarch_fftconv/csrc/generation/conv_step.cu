@@ -71,8 +71,9 @@ __global__ void __launch_bounds__(kStepThreads) conv_step_kernel(const ConvStepP
 template <typename T>
 cudaError_t launch(const ConvStepParams<T>& p, cudaStream_t stream) {
   const int64_t streams = p.batch * p.channels;
-  if (streams <= 0) return cudaSuccess;
-  const int64_t blocks = (streams + kStepThreads - 1) / kStepThreads;
+  // no streams: nothing to launch, but for a direct step's index (one block writes it)
+  if (streams <= 0 && p.next_index == nullptr) return cudaSuccess;
+  const int64_t blocks = streams > 0 ? (streams + kStepThreads - 1) / kStepThreads : 1;
   conv_step_kernel<T><<<(unsigned)(blocks < 65535 ? blocks : 65535), kStepThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
