@@ -408,6 +408,32 @@ def test_forward_without_the_u_prefetch_gives_the_same_bits(batch, channels, len
         ops.conv_forward_op(u, spectrum, D, "fp32")
 
 
+FILTER_CAST_ENV = "MONARCH_FFTCONV_FILTER_CAST"  # read by the binding at each filter_spectrum call
+
+
+@pytest.mark.watchdog(GPU_WATCHDOG_S)  # a new route: a hang fails, not stalls
+@pytest.mark.parametrize("channels, filter_len, length", [(256, 4096, 4096), (7, 333, 1001), (5, 8191, 8192),
+                                                          (3, 100, 100), (2, 9000, 16384)])  # the last: four-step
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_filter_read_in_the_spectrum_kernel_gives_the_same_bits(channels, filter_len, length, dtype, monkeypatch,
+                                                                      gen):
+    """MONARCH_FFTCONV_FILTER_CAST=kernel: a bf16/fp16 k goes to the radix spectrum kernel as it is
+    (each tap widened as it is loaded: exact) instead of an ATen cast first; the spectrum and a
+    bf16-I/O call's y are bitwise the cast route's (N = 32768 keeps the cast: four-step)."""
+    k = (randn(gen, channels, filter_len, device=DEVICE) / filter_len**0.5).to(dtype)
+    u = randn(gen, 3, channels, length, device=DEVICE).to(dtype)
+    runs = {}
+    for choice in ("aten", "kernel"):
+        monkeypatch.setenv(FILTER_CAST_ENV, choice)
+        runs[choice] = (ops.filter_spectrum(k, length, "fp32"), mf.fftconv(u, k))
+    assert torch.equal(runs["aten"][0], runs["kernel"][0]) and torch.equal(runs["aten"][1], runs["kernel"][1])
+    assert torch.isfinite(runs["kernel"][0]).all()
+    assert rel_l2(runs["kernel"][1], reference(u, k)) <= 1e-2  # y rounded to the 2-byte io type
+    monkeypatch.setenv(FILTER_CAST_ENV, "yes")
+    with pytest.raises(ValueError, match="MONARCH_FFTCONV_FILTER_CAST must be 'aten' or 'kernel'"):
+        ops.filter_spectrum(k, length, "fp32")
+
+
 @pytest.mark.watchdog(GPU_WATCHDOG_S)  # a refused choice must not launch; if it did, a hang fails, not stalls
 def test_an_unknown_forward_choice_is_refused(monkeypatch, gen):
     u, k = randn(gen, 2, 3, 1000, device=DEVICE), randn(gen, 3, 1000, device=DEVICE)

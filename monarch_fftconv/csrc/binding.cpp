@@ -181,6 +181,7 @@ at::Tensor conv_forward_gated_z(const at::Tensor& u_in, const at::Tensor& spectr
                                 const std::optional<at::Tensor>& postgate_in, c10::string_view precision,
                                 at::Tensor* z_out);
 bool forward_uniform_pairs_from_env();  // beside the other switches, below
+bool filter_read_in_kernel_from_env();
 bool forward_prefetch_off_from_env();
 mf::TensorCoreKernel tc_kernel_from_env();  // the same
 void engine_switches_from_env(mf::ConvForwardParams& p);  // the same
@@ -300,7 +301,8 @@ Split split_for(int64_t fft_size) {
 // into spectrum; with a source, a refresh (FilterSpectrumParams). The caller holds a device guard.
 void launch_radix_spectrum(const at::Tensor& k, const at::Tensor& spectrum, float* source, const Split& split) {
   mf::FilterSpectrumParams p{};
-  p.filter = k.data_ptr<float>();
+  p.filter = k.data_ptr();
+  p.filter_type = io_type_of(k);  // fp32, or a one-sided bf16/fp16 k (filter_spectrum)
   p.spectrum = spectrum.data_ptr<float>();
   p.source = source;
   p.channels = k.size(0);
@@ -320,7 +322,12 @@ at::Tensor filter_spectrum(const at::Tensor& k_in, int64_t seq_len, c10::string_
                     message("monarch_fftconv: the filter must be (C, Lk) with 1 <= Lk <= L=", seq_len, ", got ",
                             k_in.sizes()));
   const Split split = split_for(2 * next_pow2(seq_len));
-  const at::Tensor k = k_in.to(at::kFloat).contiguous();
+  // A contiguous bf16/fp16 k goes to the radix spectrum kernel as it is, where the switch asks
+  // for it (the kernel widens each tap as it loads it: the same values); else one cast first.
+  const bool half_k = k_in.scalar_type() == at::kBFloat16 || k_in.scalar_type() == at::kHalf;
+  const bool read_in_kernel = half_k && k_in.is_contiguous() && split.fft_size < mf::kFourStepMinSize &&
+                              filter_read_in_kernel_from_env();
+  const at::Tensor k = read_in_kernel ? k_in : k_in.to(at::kFloat).contiguous();
   const c10::cuda::CUDAGuard guard(k.device());
   if (split.fft_size >= mf::kFourStepMinSize) {  // k as one batch of C sequences; 1/N folded in
     at::Tensor spectrum;
@@ -329,7 +336,7 @@ at::Tensor filter_spectrum(const at::Tensor& k_in, int64_t seq_len, c10::string_
     if (k.size(0) > 0) check_launch(mf::fourstep_spectrum(p, current_stream(k)));
     return spectrum.squeeze(0);
   }
-  at::Tensor spectrum = at::empty({k.size(0), split.n1 / 2 + 1, split.n2, 2}, k.options());
+  at::Tensor spectrum = at::empty({k.size(0), split.n1 / 2 + 1, split.n2, 2}, k.options().dtype(at::kFloat));
   if (k.size(0) > 0) launch_radix_spectrum(k, spectrum, nullptr, split);
   return spectrum;
 }
@@ -640,6 +647,13 @@ bool forward_uniform_pairs_from_env() { return !env_switch("MONARCH_FFTCONV_FWD_
 // from global memory, for side-by-side benchmarks: session 24's per-size choices moved where the
 // prefetch is issued; whether it still pays is to be measured).
 bool forward_prefetch_off_from_env() { return env_switch("MONARCH_FFTCONV_FWD_PREFETCH", "auto", "off"); }
+
+// Whether filter_spectrum hands a contiguous bf16/fp16 filter to the radix spectrum kernel as it
+// is (FilterSpectrumParams::filter_type) instead of casting it to fp32 first (one ATen launch,
+// 4-8 us at 16x256xL on an H100, session 24), from MONARCH_FFTCONV_FILTER_CAST, read at each call:
+// unset or "aten" (the cast), "kernel" (read in the kernel; the same values, so the same bits).
+// Not yet measured: off by default.
+bool filter_read_in_kernel_from_env() { return env_switch("MONARCH_FFTCONV_FILTER_CAST", "aten", "kernel"); }
 
 // The tensor-core kernel a 128 x 128 call takes (ConvForwardParams::tc_kernel), from
 // MONARCH_FFTCONV_TC_KERNEL, read at each tensor-core call: unset (the route), "engine" or "mma";

@@ -126,7 +126,10 @@ struct ConvBackwardParams {
 // Two-sided (bidirectional) filters: the spectrum of the N-point circle holding k_c[0][s] at
 // lag s and k_c[1][s] at lag -s = N - s, i.e. FFT_N(k_c[0]) + conj(FFT_N(k_c[1])).
 struct FilterSpectrumParams {
-  const float* filter;  // (channels, filter_len), contiguous; (channels, 2, filter_len) if two_sided
+  const void* filter;   // (channels, filter_len), contiguous; (channels, 2, filter_len) if two_sided
+  // filter's element type: fp32, or (one-sided, no source) bf16/fp16, read and widened as the
+  // kernel loads it (exact), so a half-precision filter needs no cast launch before
+  IOType filter_type;
   float* spectrum;      // (channels, n1/2+1, n2, 2), contiguous
   // Null: compute every row. Otherwise a refresh of a cached spectrum: source (channels,
   // filter_len) is the filter the rows were computed from; rows whose filter differs from it,

@@ -73,10 +73,12 @@ __device__ __forceinline__ void two_sided_forward_passes(float* re, float* im, i
   forward_p1_butterflies_and_p2<LOGM, false>(re, im, tx, twFP2, v);
 }
 
-template <int LOGM, bool TWO_SIDED>
+// KT: the filter's element type (float; or, one-sided without a refresh, bf16/fp16).
+template <int LOGM, bool TWO_SIDED, typename KT = float>
 __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) filter_spectrum_kernel(const KArgs a,
                                                                                                float2* spectrum,
                                                                                                float* source) {
+  static_assert(std::is_same_v<KT, float> || !TWO_SIDED, "a two-sided filter is read as fp32");
   using P = Plan<LOGM>;
   constexpr int M = P::M, SPB = P::SPB;
   extern __shared__ float4 smem_raw[];
@@ -85,12 +87,14 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) fil
 
   const int64_t c = (int64_t)blockIdx.x * SPB + ty;
   const bool valid = c < a.C;
-  const float* k = static_cast<const float*>(a.u) + (valid ? c : 0) * a.ucs;
+  const KT* k = static_cast<const KT*>(a.u) + (valid ? c : 0) * a.ucs;
   if constexpr (TWO_SIDED) {  // row c: the causal taps, then the anti-causal ones (ucs = 2L)
     two_sided_forward_passes<LOGM>(slot.re, slot.im, tx, slot.fp2(), k, k + a.L, valid ? (int)a.L : 0);
   } else {
-    if (source && !filter_rows_changed(k, source + (valid ? c : 0) * a.ucs, a.L, valid, tx, P::T)) return;
-    forward_passes<LOGM, float>(slot.re, slot.im, tx, slot.fp2(), k, valid ? (int)a.L : 0);
+    if constexpr (std::is_same_v<KT, float>) {  // a refresh compares fp32 rows (the launch refuses others)
+      if (source && !filter_rows_changed(k, source + (valid ? c : 0) * a.ucs, a.L, valid, tx, P::T)) return;
+    }
+    forward_passes<LOGM, KT>(slot.re, slot.im, tx, slot.fp2(), k, valid ? (int)a.L : 0);
   }
   cf A[16], Bv[16], A2[16], B2[16];
   mid_forward<M>(slot.re, slot.im, tx, slot.mid(), A, Bv);
@@ -113,9 +117,20 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) fil
   for (int e = tx; e < total; e += P::T) S[e] = stage[stage_index(a, e)];
 }
 
+// One spectrum kernel's launch: a CTA per SPB channels (residency asked once, for its cache).
+template <int LOGM, auto Kernel>
+cudaError_t launch_spectrum_kernel(const KArgs& a, const FilterSpectrumParams& p, size_t smem, cudaStream_t stream) {
+  using P = Plan<LOGM>;
+  int ctas = 0, sms = 0;
+  const cudaError_t err = residency<Kernel>(P::THREADS, smem, ctas, sms);
+  if (err != cudaSuccess) return err;
+  Kernel<<<(unsigned)((p.channels + P::SPB - 1) / P::SPB), dim3(P::T, P::SPB), smem, stream>>>(
+      a, reinterpret_cast<float2*>(p.spectrum), p.source);
+  return cudaGetLastError();
+}
+
 template <int LOGM>
 cudaError_t launch_spectrum(const FilterSpectrumParams& p, cudaStream_t stream) {
-  using P = Plan<LOGM>;
   KArgs a{};
   a.u = p.filter;
   a.ucs = p.two_sided ? 2 * p.filter_len : p.filter_len;
@@ -123,14 +138,15 @@ cudaError_t launch_spectrum(const FilterSpectrumParams& p, cudaStream_t stream) 
   a.L = p.filter_len;
   set_geometry<LOGM>(a, p.fft_size, p.n1, p.n2);
   const size_t smem = smem_bytes<LOGM>(p.n1, p.n2);
-  const auto kernel = p.two_sided ? filter_spectrum_kernel<LOGM, true> : filter_spectrum_kernel<LOGM, false>;
-  int ctas = 0, sms = 0;
-  const cudaError_t err = p.two_sided ? residency<filter_spectrum_kernel<LOGM, true>>(P::THREADS, smem, ctas, sms)
-                                      : residency<filter_spectrum_kernel<LOGM, false>>(P::THREADS, smem, ctas, sms);
-  if (err != cudaSuccess) return err;
-  kernel<<<(unsigned)((p.channels + P::SPB - 1) / P::SPB), dim3(P::T, P::SPB), smem, stream>>>(
-      a, reinterpret_cast<float2*>(p.spectrum), p.source);
-  return cudaGetLastError();
+  switch (p.filter_type) {
+    case IOType::kBFloat16:
+      return launch_spectrum_kernel<LOGM, filter_spectrum_kernel<LOGM, false, __nv_bfloat16>>(a, p, smem, stream);
+    case IOType::kFloat16:
+      return launch_spectrum_kernel<LOGM, filter_spectrum_kernel<LOGM, false, __half>>(a, p, smem, stream);
+    default:
+      return p.two_sided ? launch_spectrum_kernel<LOGM, filter_spectrum_kernel<LOGM, true>>(a, p, smem, stream)
+                         : launch_spectrum_kernel<LOGM, filter_spectrum_kernel<LOGM, false>>(a, p, smem, stream);
+  }
 }
 
 }  // namespace fp32_detail
@@ -140,7 +156,8 @@ cudaError_t filter_spectrum_fp32(const FilterSpectrumParams& p, cudaStream_t str
   using namespace fp32_detail;
   const bool valid = covers_radix_split(p.n1, p.n2) && p.n1 * p.n2 == p.fft_size && p.filter && p.spectrum &&
                      p.channels > 0 && 1 <= p.filter_len && 2 * p.filter_len <= p.fft_size &&
-                     reinterpret_cast<uintptr_t>(p.spectrum) % 8 == 0 && !(p.two_sided && p.source);
+                     reinterpret_cast<uintptr_t>(p.spectrum) % 8 == 0 && !(p.two_sided && p.source) &&
+                     (p.filter_type == IOType::kFloat32 || !(p.two_sided || p.source));
   if (!valid) return cudaErrorInvalidValue;
   return with_plan(p.fft_size, cudaErrorInvalidValue, [&](auto logm) { return launch_spectrum<decltype(logm)::value>(p, stream); });
 }
