@@ -176,17 +176,29 @@ def conv_step_at_reference(x: Tensor, inputs: Tensor, pending: Tensor, outputs: 
     return y
 
 
-@torch.library.custom_op("monarch_fftconv::conv_step_at", mutates_args=("inputs", "pending", "outputs", "index"),
-                         device_types="cpu")
-def conv_step_at(x: Tensor, inputs: Tensor, pending: Tensor, outputs: Tensor | None, first_tap: Tensor,
-                 second_tap: Tensor, index: Tensor, position: int, fold: bool,
-                 block_taps: Tensor | None = None) -> Tensor:
+# conv_step_at runs once a token outside a graph (DIRECT_STEP), so it is defined with the
+# low-level library API rather than custom_op: custom_op's Python autograd and ADInplaceOrView
+# kernels run at each call outside inference_mode (~50 us a call on the CPU here, session 24,
+# against ~20 for the op itself). The C++ autograd fallback passes it through (its state buffers
+# never require grad); binding.cpp registers its CUDA kernel.
+_conv_step_at_library = torch.library.Library("monarch_fftconv", "FRAGMENT")
+_conv_step_at_library.define(
+    "conv_step_at(Tensor x, Tensor(a!) inputs, Tensor(b!) pending, Tensor(c!)? outputs, Tensor first_tap, "
+    "Tensor second_tap, Tensor(d!) index, SymInt position, bool fold, Tensor? block_taps=None) -> Tensor")
+
+
+def _conv_step_at_cpu(x: Tensor, inputs: Tensor, pending: Tensor, outputs: Tensor | None, first_tap: Tensor,
+                      second_tap: Tensor, index: Tensor, position: int, fold: bool,
+                      block_taps: Tensor | None = None) -> Tensor:
     if position < 0 or position >= inputs.shape[-1]:
         raise ValueError(f"monarch_fftconv: conv_step_at's position must be in [0, {inputs.shape[-1]}), got {position}")
     return conv_step_at_reference(x, inputs, pending, outputs, first_tap, second_tap, index, position, fold, block_taps)
 
 
-@conv_step_at.register_fake
+_conv_step_at_library.impl("conv_step_at", _conv_step_at_cpu, "CPU")
+
+
+@torch.library.register_fake("monarch_fftconv::conv_step_at")
 def _(x, inputs, pending, outputs, first_tap, second_tap, index, position, fold, block_taps=None):
     return inputs.new_empty(x.shape)
 

@@ -853,6 +853,9 @@ def test_conv_step_at_op_is_the_step_at_a_host_position(gen):
     with pytest.raises(ValueError, match="position must be in"):
         ops.conv_step_at_op(strided, case["inputs"], case["pending"], None, case["first_tap"], case["second_tap"],
                             index, case["inputs"].shape[-1], False, None)
+    # the schema's mutations, the fake kernel and the CPU kernel agree
+    assert set(torch.library.opcheck(ops.conv_step_at_op, (strided, *(case[n] for n in (
+        "inputs", "pending", "outputs", "first_tap", "second_tap")), torch.tensor(0), 4, True, None)).values()) == {"SUCCESS"}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the conv_step kernel needs a CUDA device")
