@@ -19,7 +19,7 @@ kernels' instructions from DRAM, as it does in a model whose other layers evict 
 binding reads the variable at each call), and prints both kernels' medians and their ratio.
 
 --env-ab NAME=A,B (repeatable: the settings are the combinations, in order) alternates the call
-with each setting of the variables, rep by rep in one process, and prints each kernel's median
+(with --backward, the training step) with each setting of the variables, rep by rep in one process, and prints each kernel's median
 per setting (a kernel's launches are told apart by their order: the calls alternate) and the
 call's wall time per setting (CUDA events around each call: what programmatic dependent launch
 changes shows there, not in a kernel's own time).
@@ -30,6 +30,7 @@ import argparse
 import collections
 import os
 import statistics
+from collections.abc import Callable
 
 import torch
 
@@ -57,21 +58,11 @@ def main() -> None:
             p.error("--env-ab and --fwd-uniform-pairs-ab: one A/B at a time")
         env_ab(args)
         return
-    b, c, length = (int(x) for x in args.shape.split("x"))
-    io_dtype = getattr(torch, args.io_dtype)
-    u = torch.randn(b, c, length, device="cuda", dtype=io_dtype, requires_grad=args.backward)
-    k = (torch.randn(c, length, device="cuda") / length**0.5).to(io_dtype).requires_grad_(args.backward)
-    g = torch.randn_like(u)
-    flush = None
-    if args.flush_l2:
-        flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size, dtype=torch.uint8, device="cuda")
+    run, flush, u, k = workload(args)
 
     def call():
-        if flush is not None:
-            flush.zero_()
-        y = mf.fftconv(u, k, precision=args.precision)
-        if args.backward:
-            torch.autograd.grad(y, (u, k), g)
+        flush()
+        run()
 
     # the settings each rep runs, in turn: the environment's, or both sides of the A/B
     settings = ("0", "1") if args.fwd_uniform_pairs_ab else (os.environ.get(FWD_UNIFORM_PAIRS_ENV),)
@@ -100,7 +91,7 @@ def main() -> None:
     set_uniform_pairs(settings[0] if not args.fwd_uniform_pairs_ab else None)  # as it was
     for event in prof.events():
         # the flush's fill kernel is not the call's
-        if event.device_type == torch.autograd.DeviceType.CUDA and not (flush is not None and "fill" in event.name.lower()):
+        if event.device_type == torch.autograd.DeviceType.CUDA and not (args.flush_l2 and "fill" in event.name.lower()):
             times[event.name].append(event.device_time)
     print(f"{args.shape} {args.io_dtype} I/O, {args.precision} {'fwd+bwd' if args.backward else 'fwd'}: "
           f"{mf.explain(u, k, precision=args.precision)['kernel']}{', L2 flushed before each call' if args.flush_l2 else ''}")
@@ -117,16 +108,36 @@ def main() -> None:
         forward_ab(times)
 
 
+def workload(args) -> tuple[Callable[[], torch.Tensor], Callable[[], None], torch.Tensor, torch.Tensor]:
+    """The timed call on fixed random inputs of --shape and --io-dtype (the forward, or with
+    --backward a training step; it returns y), the L2 flush to run before it (a no-op without
+    --flush-l2), and u and k."""
+    b, c, length = (int(x) for x in args.shape.split("x"))
+    io_dtype = getattr(torch, args.io_dtype)
+    u = torch.randn(b, c, length, device="cuda", dtype=io_dtype, requires_grad=args.backward)
+    k = (torch.randn(c, length, device="cuda") / length**0.5).to(io_dtype).requires_grad_(args.backward)
+    g = torch.randn_like(u)
+    buffer = None
+    if args.flush_l2:
+        buffer = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size, dtype=torch.uint8, device="cuda")
+
+    def run() -> torch.Tensor:
+        y = mf.fftconv(u, k, precision=args.precision)
+        if args.backward:
+            torch.autograd.grad(y, (u, k), g)
+        return y
+
+    def flush() -> None:
+        if buffer is not None:
+            buffer.zero_()
+
+    return run, flush, u, k
+
+
 def env_ab(args) -> None:
     """--env-ab: each setting (a combination of the variables' values) in turn, rep by rep."""
     import itertools
-    b, c, length = (int(x) for x in args.shape.split("x"))
-    io_dtype = getattr(torch, args.io_dtype)
-    u = torch.randn(b, c, length, device="cuda", dtype=io_dtype)
-    k = (torch.randn(c, length, device="cuda") / length**0.5).to(io_dtype)
-    flush = None
-    if args.flush_l2:
-        flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size, dtype=torch.uint8, device="cuda")
+    run, flush, _, _ = workload(args)
     names, values = [], []
     for spec in args.env_ab:
         name, _, vals = spec.partition("=")
@@ -137,9 +148,8 @@ def env_ab(args) -> None:
 
     def call(setting):
         os.environ.update(setting)
-        if flush is not None:
-            flush.zero_()
-        return mf.fftconv(u, k, precision=args.precision)
+        flush()
+        return run()
 
     outputs = [call(s) for s in settings]
     same = all(torch.equal(outputs[0], o) for o in outputs[1:])
@@ -152,12 +162,10 @@ def env_ab(args) -> None:
         for _ in range(args.reps):
             for i, s in enumerate(settings):
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                if flush is not None:
-                    os.environ.update(s)
-                    flush.zero_()
                 os.environ.update(s)
+                flush()
                 start.record()
-                mf.fftconv(u, k, precision=args.precision)
+                run()
                 end.record()
                 end.synchronize()
                 wall[i].append(start.elapsed_time(end) * 1e3)
@@ -169,9 +177,10 @@ def env_ab(args) -> None:
             os.environ[n] = v
     by_name = collections.defaultdict(list)
     for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA and not (flush is not None and "fill" in event.name.lower()):
+        if event.device_type == torch.autograd.DeviceType.CUDA and not (args.flush_l2 and "fill" in event.name.lower()):
             by_name[event.name].append((event.time_range.start, event.device_time))
-    print(f"{args.shape} {args.io_dtype} I/O, {args.precision} fwd, {len(settings)} settings alternating, "
+    print(f"{args.shape} {args.io_dtype} I/O, {args.precision} {'fwd+bwd' if args.backward else 'fwd'}, "
+          f"{len(settings)} settings alternating, "
           f"{args.reps} reps{', L2 flushed before each call' if args.flush_l2 else ''}; outputs bit-identical "
           f"across settings: {same}")
     for i, s in enumerate(settings):

@@ -383,10 +383,11 @@ class _GraphedSteps:
         at = self.index.view(1)
         fused = _fused_step(state.device)
         # fused, a Toeplitz level's block (q = 1 .. 3) goes into the same kernel
-        block_in_kernel = fused and q is not None and 0 < q < len(state.toeplitz)
+        block = _toeplitz_block(state, q) if fused else None
+        block_in_kernel = block is not None
         step_at = ops.conv_step_op if fused else ops.conv_step_reference
         y = step_at(self.x, state.inputs, state.pending, self.outputs, state.first_tap, state.second_tap, self.index,
-                    q == 0, state.toeplitz[q] if block_in_kernel else None)
+                    q == 0, block)
         # the middle levels by the kernel where it runs; the op's PyTorch form stands in on the CPU
         # (the tests' stand-in graphs), never on a GPU, where it would gather a (G, n, n) Toeplitz
         if MID_LEVELS_IN_KERNEL and q in _middle_levels(state.inputs.shape[-1]) and (fused or not state.inputs.is_cuda):
@@ -408,15 +409,20 @@ class _GraphedSteps:
         to_generate = state.inputs.shape[-1]
         q = _fold_level(i, to_generate)
         if DIRECT_STEP and self.step_kernel and (q is None or q < len(state.toeplitz)) and x_t.dtype == self.x.dtype:
-            block = state.toeplitz[q] if q is not None and q > 0 else None
             with torch.no_grad():
                 ops.conv_step_at_op(x_t, state.inputs, state.pending, self.outputs, state.first_tap,
-                                    state.second_tap, self.index, i, q == 0, block)
+                                    state.second_tap, self.index, i, q == 0, _toeplitz_block(state, q))
         else:
             _replay(self, x_t, i, to_generate)
         state.position += 1
         y = self.outputs[i]
         return y if y.dtype == x_t.dtype else y.to(x_t.dtype)
+
+
+def _toeplitz_block(state: ConvState, q: int | None) -> Tensor | None:
+    """The (G, n, n) taps of level q's block where the step kernel can fold it (the Toeplitz
+    levels q = 1 .. 3; level 0 is its `fold` flag), else None."""
+    return state.toeplitz[q] if q is not None and 0 < q < len(state.toeplitz) else None
 
 
 def _fused_step(device: torch.device) -> bool:

@@ -24,6 +24,8 @@ op                                                          CPU              CUD
                                                                              (four-step: two backwards)
 ``conv_step(x, inputs!, pending!, outputs!, ...) -> y``     PyTorch ops      one kernel (a generation step,
                                                                              a small level's block too)
+``conv_step_at(x, ..., index!, position, ...) -> y``        PyTorch ops      the conv_step kernel at a host
+                                                                             position (a direct step)
 ``conv_block(inputs, pending!, taps, index, n)``             PyTorch ops      one kernel (a middle level's
                                                                              block, a direct product)
 ``gated_fftconv(u, k, skip, pre, post, prec.) -> (y, z, S)``  the ops above    the spectrum kernel, the fp32

@@ -419,7 +419,6 @@ at::Tensor conv_step_checked(const at::Tensor& x, const at::Tensor& inputs, cons
   if (position >= 0) {
     TORCH_CHECK_VALUE(position < inputs.size(2), message("monarch_fftconv: ", op, "'s position must be in [0, ",
                                                          inputs.size(2), "), got ", position));
-    TORCH_CHECK_VALUE(index.is_contiguous(), message("monarch_fftconv: ", op, "'s index must be contiguous"));
   }
   std::vector<at::Tensor> values{inputs, pending, first_tap, second_tap};
   if (position < 0) values.push_back(x);

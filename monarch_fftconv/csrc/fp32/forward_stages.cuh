@@ -354,7 +354,8 @@ __device__ __forceinline__ void last_inverse_store(const float* re, const float*
     if (a.postgate != nullptr)
       apply_gate<T>(v, static_cast<const IO*>(a.postgate) + (b * a.C + c) * a.L, tx, NS, Lv);
   }
-  const bool direct_skip = ForwardIoChoices<LOGM, IO, GATED, UNIFORM_PAIRS>::kDirectSkip && a.skip != nullptr && !a.skip_fold;
+  using Choices = ForwardIoChoices<LOGM, IO, GATED, UNIFORM_PAIRS>;
+  const bool direct_skip = Choices::kDirectSkip && a.skip != nullptr && !a.skip_fold;
   const float sk = (direct_skip && valid) ? a.skip[c] : 0.f;
 #pragma unroll
   for (int q = 0; q < NB; ++q) {
