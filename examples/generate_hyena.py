@@ -313,7 +313,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "or as two FFTs and PyTorch ops (default: generation.MID_LEVELS_IN_KERNEL, on)")
     p.add_argument("--direct-step", action=argparse.BooleanOptionalAction, default=None,
                    help="with --cuda-graph: the tokens whose fold the step kernel does alone as one direct launch "
-                        "of it, or as a copy and a graph replay (default: generation.DIRECT_STEP, off)")
+                        "of it, or as a copy and a graph replay (default: generation.DIRECT_STEP, on)")
     args = p.parse_args(argv)
     if args.prompt is None:
         args.prompt = 0 if args.layer else 16

@@ -59,11 +59,13 @@ KERNEL_MAX_BLOCK = 256  # kConvBlockMaxBlock (fftconv.h)
 # Toeplitz levels: 15 tokens in 16) as one direct launch of that kernel (ops.conv_step_at: the
 # position from the host, x_t read where it lies, the device index left at i + 1 for the graphs
 # of the other levels) instead of a copy of x_t and a replay (a copy kernel, the step kernel and
-# the index increment: three kernels a token). Session 24's profile (H100, B16 C1024 L65536): 11.9
-# us of kernels a token, 28.5 us a token streamed; predicted ~12-15 us streamed with one kernel a
-# token. Where x_t is not in the compute dtype the replay stays (its copy casts). On the CPU
-# (the tests' stand-in graphs) the op's PyTorch form. Off until measured on a GPU.
-DIRECT_STEP = False
+# the index increment: three kernels a token). Where x_t is not in the compute dtype the replay
+# stays (its copy casts). On the CPU (the tests' stand-in graphs) the op's PyTorch form. On since
+# session 25 (H100, examples/generate_hyena.py --layer --cuda-graph --[no-]direct-step, back to
+# back): B16 C1024 L65536 streamed 2.11 -> 1.73 s, synchronised 3.23 -> 2.80 s (predicted ~1.0 s
+# streamed: the host's Python and dispatch, not the kernels, set a token's time); B16 C4096 L8192
+# 0.299 -> 0.212 s streamed; B1 C256 L8192 0.187 -> 0.177 s streamed.
+DIRECT_STEP = True
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -84,13 +86,22 @@ class _Watch:
         return cls(tensors, tuple(_version(t) for t in tensors))
 
     def check(self, tensors: Iterable[Tensor], what: str) -> None:
+        # Once a token: a plain loop (generators and a tuple of versions cost ~2 us a call). The
+        # same tensor object keeps its inference-ness, so a None version needs no new check.
         now = tuple(tensors)
-        if len(now) != len(self.tensors) or any(a is not b for a, b in zip(now, self.tensors)):
-            raise RuntimeError(f"{what} was replaced since prefill; step uses the parameters as they were at "
-                               "prefill (like a KV cache): call prefill again")
-        if tuple(_version(t) for t in now) != self.versions:
-            raise RuntimeError(f"{what} was modified in place since prefill; step uses the parameters as they "
-                               "were at prefill (like a KV cache): call prefill again")
+        if len(now) != len(self.tensors):
+            raise _replaced(what)
+        for t, kept, version in zip(now, self.tensors, self.versions):
+            if t is not kept:
+                raise _replaced(what)
+            if version is not None and t._version != version:
+                raise RuntimeError(f"{what} was modified in place since prefill; step uses the parameters as they "
+                                   "were at prefill (like a KV cache): call prefill again")
+
+
+def _replaced(what: str) -> RuntimeError:
+    return RuntimeError(f"{what} was replaced since prefill; step uses the parameters as they were at "
+                        "prefill (like a KV cache): call prefill again")
 
 
 def _version(t: Tensor) -> int | None:
@@ -409,9 +420,13 @@ class _GraphedSteps:
         to_generate = state.inputs.shape[-1]
         q = _fold_level(i, to_generate)
         if DIRECT_STEP and self.step_kernel and (q is None or q < len(state.toeplitz)) and x_t.dtype == self.x.dtype:
-            with torch.no_grad():
-                ops.conv_step_at_op(x_t, state.inputs, state.pending, self.outputs, state.first_tap,
-                                    state.second_tap, self.index, i, q == 0, _toeplitz_block(state, q))
+            args = (x_t, state.inputs, state.pending, self.outputs, state.first_tap, state.second_tap, self.index, i,
+                    q == 0, _toeplitz_block(state, q))
+            if torch.is_grad_enabled():  # the op has no autograd kernel; entering no_grad costs ~2 us a token
+                with torch.no_grad():
+                    ops.conv_step_at_op(*args)
+            else:
+                ops.conv_step_at_op(*args)
         else:
             _replay(self, x_t, i, to_generate)
         state.position += 1

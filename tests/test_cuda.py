@@ -379,59 +379,24 @@ def test_forward_uniform_pairs_give_the_same_bits(batch, channels, length, filte
         assert torch.equal(own_path, uniform)
 
 
-FWD_PREFETCH_ENV = "MONARCH_FFTCONV_FWD_PREFETCH"  # read by the binding at each fp32 forward call
-
-
-@pytest.mark.watchdog(GPU_WATCHDOG_S)  # a new route: a hang fails, not stalls
-@pytest.mark.parametrize("batch, channels, length", [(16, 8, 2048), (7, 37, 4096), (5, 3, 8191), (2, 3, 16384),
-                                                     (3, 5, 1001)])
-@pytest.mark.parametrize("io_dtype", [torch.bfloat16, torch.float16])
-def test_forward_without_the_u_prefetch_gives_the_same_bits(batch, channels, length, io_dtype, monkeypatch, gen):
-    """MONARCH_FFTCONV_FWD_PREFETCH=off (2-byte io: u read in p1 from global memory, no staging of
-    the next sequence, the occupancy without its buffer) against the default: the same values into
-    the same passes, so y bitwise equal, plain and gated; within the budget of float64."""
-    u = randn(gen, batch, channels, length, device=DEVICE).to(io_dtype)
-    gates = [randn(gen, batch, channels, length, device=DEVICE).to(io_dtype) for _ in range(2)]
-    k, D = randn(gen, channels, length, device=DEVICE) / length**0.5, randn(gen, channels, device=DEVICE)
-    spectrum = ops.filter_spectrum(k, length, "fp32")
-    runs = {}
-    for choice in ("auto", "off"):
-        monkeypatch.setenv(FWD_PREFETCH_ENV, choice)
-        runs[choice] = [ops.conv_forward_op(u, spectrum, D, "fp32"),
-                        ops.gated_conv_forward_op(u, spectrum, D, *gates, "fp32")]
-    for staged, unstaged in zip(runs["auto"], runs["off"]):
-        assert torch.isfinite(unstaged).all()
-        assert torch.equal(staged, unstaged)
-    assert rel_l2(runs["off"][0], reference(u, k, D)) <= 1e-2  # y rounded to the 2-byte io type
-    monkeypatch.setenv(FWD_PREFETCH_ENV, "no")
-    with pytest.raises(ValueError, match="MONARCH_FFTCONV_FWD_PREFETCH must be 'auto' or 'off'"):
-        ops.conv_forward_op(u, spectrum, D, "fp32")
-
-
-FILTER_CAST_ENV = "MONARCH_FFTCONV_FILTER_CAST"  # read by the binding at each filter_spectrum call
-
-
-@pytest.mark.watchdog(GPU_WATCHDOG_S)  # a new route: a hang fails, not stalls
+@pytest.mark.watchdog(GPU_WATCHDOG_S)
 @pytest.mark.parametrize("channels, filter_len, length", [(256, 4096, 4096), (7, 333, 1001), (5, 8191, 8192),
                                                           (3, 100, 100), (2, 9000, 16384)])  # the last: four-step
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_filter_read_in_the_spectrum_kernel_gives_the_same_bits(channels, filter_len, length, dtype, monkeypatch,
-                                                                      gen):
-    """MONARCH_FFTCONV_FILTER_CAST=kernel: a bf16/fp16 k goes to the radix spectrum kernel as it is
-    (each tap widened as it is loaded: exact) instead of an ATen cast first; the spectrum and a
-    bf16-I/O call's y are bitwise the cast route's (N = 32768 keeps the cast: four-step)."""
+def test_a_half_filter_gives_its_fp32_values_bits(channels, filter_len, length, dtype, gen):
+    """A bf16/fp16 k goes to the radix spectrum kernel as it is (each tap widened as it is
+    loaded: exact; N = 32768 casts first, four-step): the spectrum is bitwise that of the same
+    values in fp32 and of a strided half k (cast first), and so is a bf16-I/O call's y."""
     k = (randn(gen, channels, filter_len, device=DEVICE) / filter_len**0.5).to(dtype)
     u = randn(gen, 3, channels, length, device=DEVICE).to(dtype)
-    runs = {}
-    for choice in ("aten", "kernel"):
-        monkeypatch.setenv(FILTER_CAST_ENV, choice)
-        runs[choice] = (ops.filter_spectrum(k, length, "fp32"), mf.fftconv(u, k))
-    assert torch.equal(runs["aten"][0], runs["kernel"][0]) and torch.equal(runs["aten"][1], runs["kernel"][1])
-    assert torch.isfinite(runs["kernel"][0]).all()
-    assert rel_l2(runs["kernel"][1], reference(u, k)) <= 1e-2  # y rounded to the 2-byte io type
-    monkeypatch.setenv(FILTER_CAST_ENV, "yes")
-    with pytest.raises(ValueError, match="MONARCH_FFTCONV_FILTER_CAST must be 'aten' or 'kernel'"):
-        ops.filter_spectrum(k, length, "fp32")
+    spectrum = ops.filter_spectrum(k, length, "fp32")
+    assert torch.isfinite(spectrum).all()
+    assert torch.equal(spectrum, ops.filter_spectrum(k.float(), length, "fp32"))
+    strided = torch.stack([k, torch.zeros_like(k)], dim=-1)[..., 0]  # the same values, stride 2
+    assert torch.equal(spectrum, ops.filter_spectrum(strided, length, "fp32"))
+    y = mf.fftconv(u, k)
+    assert torch.equal(y, mf.fftconv(u, strided))
+    assert rel_l2(y, reference(u, k)) <= 1e-2  # y rounded to the 2-byte io type
 
 
 @pytest.mark.watchdog(GPU_WATCHDOG_S)  # a refused choice must not launch; if it did, a hang fails, not stalls

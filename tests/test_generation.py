@@ -455,9 +455,10 @@ def test_prefill_with_graphs_captures_then_fills(gen, simulated_graphs, middle_l
 
 @pytest.mark.parametrize("change", ["cleared", "full"])
 def test_graphed_step_refuses_once_the_plans_may_be_freed(gen, simulated_graphs, change):
-    """The graphs replay cuFFT plans the cache owns: a step after the cache was cleared (its size
-    below the capture's) or filled up (where it evicts) raises, for a functional state and a
-    HyenaOperator's; with the cache as it was, the step runs. Each read asks the cache again."""
+    """The graphs replay cuFFT plans the cache owns: a step that replays a graph after the cache
+    was cleared (its size below the capture's) or filled up (where it evicts) raises, for a
+    functional state and a HyenaOperator's; a direct step (DIRECT_STEP: no graph, no plan) before
+    it runs; with the cache as it was, the refused step runs. Each read asks the cache again."""
     length = 100  # levels up to 2^5: FFT levels beside the Toeplitz ones
     x, k = randn(gen, 1, 4, length), randn(gen, 2, length)
     torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
@@ -470,12 +471,22 @@ def test_graphed_step_refuses_once_the_plans_may_be_freed(gen, simulated_graphs,
         op.step(randn(gen, 1, 8), hyena)
         at_capture = plans.size
         plans.size = at_capture - 1 if change == "cleared" else plans.max_size
-        with pytest.raises(RuntimeError, match="cuFFT plan cache was cleared or filled up"):
-            generation.step(x[..., 4], state)
+        refused = None
+        for t in range(4, length):
+            try:
+                generation.step(x[..., t], state)
+            except RuntimeError as error:
+                assert "cuFFT plan cache was cleared or filled up" in str(error)
+                refused = t
+                break
+        assert refused is not None
+        q = generation._fold_level(refused - 3, length - 3)  # the generated index of position t: t - P
+        assert not (generation.DIRECT_STEP and (q is None or q < len(state.toeplitz)))  # a replayed level
+        assert state.position == refused  # refused before any write
         with pytest.raises(RuntimeError, match="cuFFT plan cache was cleared or filled up"):
             op.step(randn(gen, 1, 8), hyena)
         plans.size = at_capture
-        generation.step(x[..., 4], state)
+        generation.step(x[..., refused], state)
 
 
 def test_cuda_graph_needs_a_cuda_prompt(gen):
@@ -834,6 +845,26 @@ def test_direct_steps_are_the_replayed_steps(gen, simulated_graphs, middle_level
              if (q := generation._fold_level(i, to_generate)) is None or q < len(graphed.toeplitz)]
     assert direct == ([] if io_dtype == torch.bfloat16 else alone)
     assert int(graphed.graphed.index) == to_generate  # as the graphs' increments leave it
+
+
+@pytest.mark.parametrize("grad_mode", ["enable_grad", "no_grad", "inference_mode"])
+def test_direct_steps_in_every_grad_mode(gen, simulated_graphs, middle_levels_on_ffts, monkeypatch, grad_mode):
+    """DIRECT_STEP outside no_grad (the op enters it itself) and inside it or inference_mode
+    (called as it is): the eager steps' outputs bit for bit, no autograd history, even with a
+    filter that requires grad."""
+    monkeypatch.setattr(generation, "DIRECT_STEP", True)
+    length, prompt_len = 70, 5
+    x = randn(gen, 2, 3, length)
+    layer = mf.FFTConv(3, length)
+    with torch.no_grad():
+        layer.filter.copy_(randn(gen, 3, length))
+    mode = getattr(torch, grad_mode)
+    with mode():
+        _, eager = layer.prefill(x[..., :prompt_len], max_len=length)
+        _, graphed = layer.prefill(x[..., :prompt_len], max_len=length, cuda_graph=True)
+        for t in range(prompt_len, length):
+            y, _ = layer.step(x[..., t], graphed)
+            assert not y.requires_grad and torch.equal(y, layer.step(x[..., t], eager)[0]), t
 
 
 def test_conv_step_at_op_is_the_step_at_a_host_position(gen):

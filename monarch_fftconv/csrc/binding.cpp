@@ -181,8 +181,6 @@ at::Tensor conv_forward_gated_z(const at::Tensor& u_in, const at::Tensor& spectr
                                 const std::optional<at::Tensor>& postgate_in, c10::string_view precision,
                                 at::Tensor* z_out);
 bool forward_uniform_pairs_from_env();  // beside the other switches, below
-bool filter_read_in_kernel_from_env();
-bool forward_prefetch_off_from_env();
 mf::TensorCoreKernel tc_kernel_from_env();  // the same
 void engine_switches_from_env(mf::ConvForwardParams& p);  // the same
 
@@ -267,7 +265,6 @@ at::Tensor conv_forward_gated_z(const at::Tensor& u_in, const at::Tensor& spectr
   }
   if (p.precision == mf::Precision::kFP32) {
     p.uniform_pairs = forward_uniform_pairs_from_env();
-    p.u_prefetch_off = forward_prefetch_off_from_env();
     check_launch(mf::conv_forward_fp32(p, current_stream(u)));
   } else {
     p.tc_kernel = tc_kernel_from_env();
@@ -322,11 +319,11 @@ at::Tensor filter_spectrum(const at::Tensor& k_in, int64_t seq_len, c10::string_
                     message("monarch_fftconv: the filter must be (C, Lk) with 1 <= Lk <= L=", seq_len, ", got ",
                             k_in.sizes()));
   const Split split = split_for(2 * next_pow2(seq_len));
-  // A contiguous bf16/fp16 k goes to the radix spectrum kernel as it is, where the switch asks
-  // for it (the kernel widens each tap as it loads it: the same values); else one cast first.
+  // A contiguous bf16/fp16 k goes to the radix spectrum kernel as it is (the kernel widens each
+  // tap as it loads it: the same values; the ATen cast it replaces cost 18-20 us a call at
+  // 16x256xL on an H100, session 25); else one cast first.
   const bool half_k = k_in.scalar_type() == at::kBFloat16 || k_in.scalar_type() == at::kHalf;
-  const bool read_in_kernel = half_k && k_in.is_contiguous() && split.fft_size < mf::kFourStepMinSize &&
-                              filter_read_in_kernel_from_env();
+  const bool read_in_kernel = half_k && k_in.is_contiguous() && split.fft_size < mf::kFourStepMinSize;
   const at::Tensor k = read_in_kernel ? k_in : k_in.to(at::kFloat).contiguous();
   const c10::cuda::CUDAGuard guard(k.device());
   if (split.fft_size >= mf::kFourStepMinSize) {  // k as one batch of C sequences; 1/N folded in
@@ -639,20 +636,6 @@ bool grad_uniform_pairs_from_env() { return !env_switch("MONARCH_FFTCONV_GRAD_UN
 // 23: the forward kernel measured 1.06-1.15x faster on an H100, same bits), "0" (thread 0's own
 // path, for side-by-side benchmarks).
 bool forward_uniform_pairs_from_env() { return !env_switch("MONARCH_FFTCONV_FWD_UNIFORM_PAIRS", "1", "0"); }
-
-// Whether the fp32 forward kernel with 2-byte io leaves the next sequence's u unstaged
-// (ConvForwardParams::u_prefetch_off: the same bits), from MONARCH_FFTCONV_FWD_PREFETCH, read at
-// each call: unset or "auto" (staged where it costs no occupancy, the route), "off" (read in p1
-// from global memory, for side-by-side benchmarks: session 24's per-size choices moved where the
-// prefetch is issued; whether it still pays is to be measured).
-bool forward_prefetch_off_from_env() { return env_switch("MONARCH_FFTCONV_FWD_PREFETCH", "auto", "off"); }
-
-// Whether filter_spectrum hands a contiguous bf16/fp16 filter to the radix spectrum kernel as it
-// is (FilterSpectrumParams::filter_type) instead of casting it to fp32 first (one ATen launch,
-// 4-8 us at 16x256xL on an H100, session 24), from MONARCH_FFTCONV_FILTER_CAST, read at each call:
-// unset or "aten" (the cast), "kernel" (read in the kernel; the same values, so the same bits).
-// Not yet measured: off by default.
-bool filter_read_in_kernel_from_env() { return env_switch("MONARCH_FFTCONV_FILTER_CAST", "aten", "kernel"); }
 
 // The tensor-core kernel a 128 x 128 call takes (ConvForwardParams::tc_kernel), from
 // MONARCH_FFTCONV_TC_KERNEL, read at each tensor-core call: unset (the route), "engine" or "mma";

@@ -63,10 +63,6 @@ struct ConvForwardParams {
   // The fp32 kernel's mid-pass frequency pairs without thread 0's own code path (the same bits;
   // the default, MONARCH_FFTCONV_FWD_UNIFORM_PAIRS=0 turns it off). Other kernels ignore it.
   bool uniform_pairs;
-  // The fp32 kernel with 2-byte io reads each sequence's u from global memory in p1 instead of
-  // staging the next one in shared memory under the current one (the same bits;
-  // MONARCH_FFTCONV_FWD_PREFETCH=off, for side-by-side benchmarks). Other kernels ignore it.
-  bool u_prefetch_off;
   // The tensor-core kernel of a 128 x 128 call (TensorCoreKernel). Other kernels ignore it.
   TensorCoreKernel tc_kernel;
   // The tensor-core engine's fixed-cost switches (tc/engine_*.cuh; the binding reads them from

@@ -173,8 +173,6 @@ constexpr auto forward_kernel() {
 struct ForwardShape {
   int ctas_per_sm = 0, sms = 0, prefetch = 0;
   size_t smem = 0;
-  int ctas_per_sm_plain = 0;  // without the prefetch buffer (ConvForwardParams::u_prefetch_off)
-  size_t smem_plain = 0;
 };
 
 // Resident CTAs, SM count, the u prefetch decision and the smem size for one kernel instance
@@ -207,8 +205,6 @@ cudaError_t forward_shape(int n1, int n2, ForwardShape& shape) {
   shape.prefetch = (try_pf && occ_pf >= 1 && occ_pf >= occ) ? 1 : 0;
   shape.smem = shape.prefetch ? smem_pf : smem0;
   shape.ctas_per_sm = shape.prefetch ? occ_pf : occ;
-  shape.smem_plain = smem0;
-  shape.ctas_per_sm_plain = occ;
   shape.sms = sms;
   if (shape.ctas_per_sm < 1) return cudaErrorInvalidConfiguration;
   if (dev < kMaxDevices) cached[dev] = shape;
@@ -234,10 +230,9 @@ cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream) {
   ForwardShape shape;
   const cudaError_t err = forward_shape<LOGM, IO, GATED, UNIFORM_PAIRS>(p.n1, p.n2, shape);
   if (err != cudaSuccess) return err;
-  const bool prefetch = shape.prefetch && !p.u_prefetch_off;
-  a.prefetch = prefetch ? 1 : 0;
-  const int occ = prefetch ? shape.ctas_per_sm : shape.ctas_per_sm_plain, sms = shape.sms;
-  const size_t smem = prefetch ? shape.smem : shape.smem_plain;
+  a.prefetch = shape.prefetch;
+  const int occ = shape.ctas_per_sm, sms = shape.sms;
+  const size_t smem = shape.smem;
   auto kern = forward_kernel<LOGM, IO, GATED, UNIFORM_PAIRS>();
   const int64_t blocks_needed = (nseq + P::SPB - 1) / P::SPB;
   int64_t grid = (int64_t)occ * sms;
