@@ -100,9 +100,20 @@ def _(k: Tensor, seq_len: int, precision: str) -> Tensor:
 # --------------------------------------------------------------------------- refresh_filter_spectrum
 
 
-@torch.library.custom_op("monarch_fftconv::refresh_filter_spectrum", mutates_args=("source", "spectrum"),
-                         device_types="cpu")
-def refresh_filter_spectrum(k: Tensor, source: Tensor, spectrum: Tensor, seq_len: int, precision: str) -> None:
+# refresh_filter_spectrum runs once a call inside inference_cache(), and conv_step_at once a
+# token outside a graph (generation.DIRECT_STEP), so both are defined with the low-level library
+# API rather than custom_op: custom_op's Python autograd and ADInplaceOrView kernels run at each
+# call outside inference_mode (~50 us a call on the CPU here, session 24, against ~20 for the op
+# itself; the refresh's 30 us of host time against the forward op's 13 on an H100, session 25).
+# The C++ autograd fallback passes them through (their mutated buffers never require grad);
+# binding.cpp registers their CUDA kernels.
+_library = torch.library.Library("monarch_fftconv", "FRAGMENT")
+_library.define("refresh_filter_spectrum(Tensor k, Tensor(a!) source, Tensor(b!) spectrum, SymInt seq_len, "
+                "str precision) -> ()")
+
+
+def refresh_filter_spectrum_reference(k: Tensor, source: Tensor, spectrum: Tensor, seq_len: int,
+                                      precision: str) -> None:
     """Brings `spectrum`, computed from `source` (k's shape, in the compute dtype), up to date
     with k in place: the rows whose filter differs from source, bit for bit, are recomputed and
     source takes their values; the others are not touched. Radix layout only (N <= 32768).
@@ -116,6 +127,14 @@ def refresh_filter_spectrum(k: Tensor, source: Tensor, spectrum: Tensor, seq_len
     if rows.numel():
         spectrum[rows] = torch.view_as_real(portable.filter_spectrum(k[rows], plan, precision)).to(spectrum.dtype)
         source[rows] = k[rows]
+
+
+_library.impl("refresh_filter_spectrum", refresh_filter_spectrum_reference, "CPU")
+
+
+@torch.library.register_fake("monarch_fftconv::refresh_filter_spectrum")
+def _(k, source, spectrum, seq_len, precision):
+    return None
 
 
 def bits(t: Tensor) -> Tensor:
@@ -178,13 +197,8 @@ def conv_step_at_reference(x: Tensor, inputs: Tensor, pending: Tensor, outputs: 
     return y
 
 
-# conv_step_at runs once a token outside a graph (DIRECT_STEP), so it is defined with the
-# low-level library API rather than custom_op: custom_op's Python autograd and ADInplaceOrView
-# kernels run at each call outside inference_mode (~50 us a call on the CPU here, session 24,
-# against ~20 for the op itself). The C++ autograd fallback passes it through (its state buffers
-# never require grad); binding.cpp registers its CUDA kernel.
-_conv_step_at_library = torch.library.Library("monarch_fftconv", "FRAGMENT")
-_conv_step_at_library.define(
+# conv_step_at: defined as refresh_filter_spectrum is (above), for the same reason.
+_library.define(
     "conv_step_at(Tensor x, Tensor(a!) inputs, Tensor(b!) pending, Tensor(c!)? outputs, Tensor first_tap, "
     "Tensor second_tap, Tensor(d!) index, SymInt position, bool fold, Tensor? block_taps=None) -> Tensor")
 
@@ -197,7 +211,7 @@ def _conv_step_at_cpu(x: Tensor, inputs: Tensor, pending: Tensor, outputs: Tenso
     return conv_step_at_reference(x, inputs, pending, outputs, first_tap, second_tap, index, position, fold, block_taps)
 
 
-_conv_step_at_library.impl("conv_step_at", _conv_step_at_cpu, "CPU")
+_library.impl("conv_step_at", _conv_step_at_cpu, "CPU")
 
 
 @torch.library.register_fake("monarch_fftconv::conv_step_at")

@@ -311,20 +311,35 @@ def test_inference_cache_blocks_do_not_recompile_a_compiled_model(gen):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("channels, length", [(1, 100), (7, 1000), (37, 4097)])
-def test_refresh_recomputes_exactly_the_changed_rows(channels, length, device, gen):
-    """refresh_filter_spectrum (CPU: the reference of the CUDA kernel's contract): with nothing
-    changed the spectrum is not written at all (a poisoned one stays poisoned); after a write to
-    some rows, the spectrum equals a fresh one bit for bit and the source equals the filter."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_refresh_recomputes_exactly_the_changed_rows(channels, length, dtype, device, gen):
+    """refresh_filter_spectrum (CPU: the reference of the CUDA kernel's contract; CUDA: a bf16/fp16
+    filter read as it is, each tap widened): with nothing changed the spectrum is not written at
+    all (a poisoned one stays poisoned); after a write to some rows, the spectrum equals a fresh
+    one bit for bit and the fp32 source equals the filter's values."""
     from monarch_fftconv import ops
-    k = randn(gen, channels, length, device=device)
-    source = k.clone()
+    k = randn(gen, channels, length, device=device).to(dtype)
+    source = k.to(torch.float32, copy=True)
     spectrum = ops.filter_spectrum_op(k, length, "fp32")
     poisoned = torch.full_like(spectrum, float("nan"))
     ops.refresh_filter_spectrum_op(k, source, poisoned, length, "fp32")
     assert torch.isnan(poisoned).all(), "an unchanged filter's spectrum was rewritten"
     changed = torch.randperm(channels, generator=gen)[: max(1, channels // 3)].to(device)
-    k[changed] = randn(gen, len(changed), length, device=device)
+    k[changed] = randn(gen, len(changed), length, device=device).to(dtype)
     k[0, -1] = -0.0 if k[0, -1].item() == 0.0 else 0.0  # a change only the bits show, or a value
     ops.refresh_filter_spectrum_op(k, source, spectrum, length, "fp32")
-    assert torch.equal(source.view(torch.int32), k.view(torch.int32))
-    assert torch.equal(spectrum, ops.filter_spectrum_op(k, length, "fp32"))
+    assert torch.equal(source.view(torch.int32), k.float().view(torch.int32))
+    assert torch.equal(spectrum, ops.filter_spectrum_op(k.float(), length, "fp32"))
+
+
+def test_refresh_op_registration(gen):
+    """The refresh op's schema, fake kernel and CPU implementation agree (torch.library.opcheck),
+    and it records no autograd history of its own (the low-level library definition)."""
+    from monarch_fftconv import ops
+    k = randn(gen, 3, 50)
+    source, spectrum = torch.zeros_like(k), ops.filter_spectrum_op(torch.zeros_like(k), 50, "fp32")
+    checks = torch.library.opcheck(ops.refresh_filter_spectrum_op, (k, source, spectrum, 50, "fp32"),
+                                   test_utils=("test_schema", "test_faketensor"))
+    assert set(checks.values()) == {"SUCCESS"}
+    ops.refresh_filter_spectrum_op(k, source, spectrum, 50, "fp32")
+    assert torch.equal(source, k) and torch.equal(spectrum, ops.filter_spectrum_op(k, 50, "fp32"))

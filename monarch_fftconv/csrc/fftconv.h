@@ -123,13 +123,14 @@ struct ConvBackwardParams {
 // lag s and k_c[1][s] at lag -s = N - s, i.e. FFT_N(k_c[0]) + conj(FFT_N(k_c[1])).
 struct FilterSpectrumParams {
   const void* filter;   // (channels, filter_len), contiguous; (channels, 2, filter_len) if two_sided
-  // filter's element type: fp32, or (one-sided, no source) bf16/fp16, read and widened as the
-  // kernel loads it (exact), so a half-precision filter needs no cast launch before
+  // filter's element type: fp32, or (one-sided) bf16/fp16, read and widened as the kernel loads
+  // it (exact), so a half-precision filter needs no cast launch before
   IOType filter_type;
   float* spectrum;      // (channels, n1/2+1, n2, 2), contiguous
   // Null: compute every row. Otherwise a refresh of a cached spectrum: source (channels,
-  // filter_len) is the filter the rows were computed from; rows whose filter differs from it,
-  // bit for bit, are recomputed and their source rows updated, the others left as they are.
+  // filter_len) is the filter the rows were computed from (fp32: a half filter's widened values);
+  // rows whose filter differs from it, bit for bit, are recomputed and their source rows
+  // updated, the others left as they are.
   float* source;
   int64_t channels;
   int64_t filter_len;   // 1 <= filter_len <= fft_size / 2

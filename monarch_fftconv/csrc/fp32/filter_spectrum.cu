@@ -30,15 +30,18 @@ __device__ __forceinline__ void stage_frequency(float2* stage, int h, cf x, floa
 // (NaN payloads and -0.0 included), from the source row its cached spectrum was computed from.
 // If one does, every source row takes its filter's values, and the CTA recomputes all its rows
 // (an unchanged row's recomputation writes the bits it already holds: the kernel is
-// deterministic). Reading k and source costs 8 bytes a tap; the FFT it may skip, far more.
-__device__ __forceinline__ bool filter_rows_changed(const float* k, float* source, int64_t len, bool valid, int tx,
+// deterministic). Reading k and source costs 6-8 bytes a tap; the FFT it may skip, far more.
+// A bf16/fp16 k is compared widened (exact: the fp32 source holds the same widened values).
+template <typename KT>
+__device__ __forceinline__ bool filter_rows_changed(const KT* k, float* source, int64_t len, bool valid, int tx,
                                                     int threads) {
   int differs = 0;
   if (valid)
-    for (int64_t e = tx; e < len; e += threads) differs |= __float_as_uint(__ldg(k + e)) != __float_as_uint(source[e]);
+    for (int64_t e = tx; e < len; e += threads)
+      differs |= __float_as_uint(io_to_float(k[e])) != __float_as_uint(source[e]);
   if (!__syncthreads_or(differs)) return false;
   if (valid)
-    for (int64_t e = tx; e < len; e += threads) source[e] = __ldg(k + e);
+    for (int64_t e = tx; e < len; e += threads) source[e] = io_to_float(k[e]);
   return true;
 }
 
@@ -73,7 +76,7 @@ __device__ __forceinline__ void two_sided_forward_passes(float* re, float* im, i
   forward_p1_butterflies_and_p2<LOGM, false>(re, im, tx, twFP2, v);
 }
 
-// KT: the filter's element type (float; or, one-sided without a refresh, bf16/fp16).
+// KT: the filter's element type (float; or, one-sided, bf16/fp16).
 template <int LOGM, bool TWO_SIDED, typename KT = float>
 __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) filter_spectrum_kernel(const KArgs a,
                                                                                                float2* spectrum,
@@ -91,9 +94,7 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) fil
   if constexpr (TWO_SIDED) {  // row c: the causal taps, then the anti-causal ones (ucs = 2L)
     two_sided_forward_passes<LOGM>(slot.re, slot.im, tx, slot.fp2(), k, k + a.L, valid ? (int)a.L : 0);
   } else {
-    if constexpr (std::is_same_v<KT, float>) {  // a refresh compares fp32 rows (the launch refuses others)
-      if (source && !filter_rows_changed(k, source + (valid ? c : 0) * a.ucs, a.L, valid, tx, P::T)) return;
-    }
+    if (source && !filter_rows_changed(k, source + (valid ? c : 0) * a.ucs, a.L, valid, tx, P::T)) return;
     forward_passes<LOGM, KT>(slot.re, slot.im, tx, slot.fp2(), k, valid ? (int)a.L : 0);
   }
   cf A[16], Bv[16], A2[16], B2[16];
@@ -157,7 +158,7 @@ cudaError_t filter_spectrum_fp32(const FilterSpectrumParams& p, cudaStream_t str
   const bool valid = covers_radix_split(p.n1, p.n2) && p.n1 * p.n2 == p.fft_size && p.filter && p.spectrum &&
                      p.channels > 0 && 1 <= p.filter_len && 2 * p.filter_len <= p.fft_size &&
                      reinterpret_cast<uintptr_t>(p.spectrum) % 8 == 0 && !(p.two_sided && p.source) &&
-                     (p.filter_type == IOType::kFloat32 || !(p.two_sided || p.source));
+                     (p.filter_type == IOType::kFloat32 || !p.two_sided);
   if (!valid) return cudaErrorInvalidValue;
   return with_plan(p.fft_size, cudaErrorInvalidValue, [&](auto logm) { return launch_spectrum<decltype(logm)::value>(p, stream); });
 }
