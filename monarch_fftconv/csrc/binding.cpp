@@ -519,7 +519,8 @@ void conv_block(const at::Tensor& inputs, const at::Tensor& pending, const at::T
 }
 
 // A cached spectrum brought up to date with k, in place and in one launch, with no host
-// sync: the rows whose filter differs from `source` (the fp32 filter they were computed from)
+// sync: the rows whose filter differs from `source` (the fp32 filter, or a half filter's
+// widened values, they were computed from)
 // are recomputed and source takes their values. The radix layout only (N <= 32768): the
 // four-step spectrum has no refresh, its callers do not cache.
 void refresh_filter_spectrum(const at::Tensor& k_in, const at::Tensor& source, const at::Tensor& spectrum,
