@@ -152,8 +152,9 @@ def prefill(x: Tensor, k: Tensor, max_len: int, *, precision: str | None = None,
     (a shorter filter is zero past Lk). `precision` is that of the two prefill `fftconv` calls;
     steps compute in fp32 (fp64 for fp64 inputs). The state derives from k as it is now.
     cuda_graph (CUDA only): capture each block level's step as a CUDA graph here, so that a
-    step is one copy and one graph launch (`_GraphedSteps`); its y_t is then a view of the
-    state's output history, position by position."""
+    step is one copy and one graph launch (`_GraphedSteps`), or, for the 15 tokens in 16 that
+    fold no larger level, one launch of the step kernel (DIRECT_STEP); its y_t is then a view
+    of the state's output history, position by position."""
     state = start(x, k, max_len, precision=precision, cuda_graph=cuda_graph)
     length = x.shape[-1]
     if length == 0:

@@ -104,7 +104,7 @@ def _(k: Tensor, seq_len: int, precision: str) -> Tensor:
 # token outside a graph (generation.DIRECT_STEP), so both are defined with the low-level library
 # API rather than custom_op: custom_op's Python autograd and ADInplaceOrView kernels run at each
 # call outside inference_mode (~50 us a call on the CPU here, session 24, against ~20 for the op
-# itself; the refresh's 30 us of host time against the forward op's 13 on an H100, session 25).
+# itself; the refresh's 31 us of host time against the forward op's 13 on an H100, session 25).
 # The C++ autograd fallback passes them through (their mutated buffers never require grad);
 # binding.cpp registers their CUDA kernels.
 _library = torch.library.Library("monarch_fftconv", "FRAGMENT")
@@ -122,11 +122,12 @@ def refresh_filter_spectrum_reference(k: Tensor, source: Tensor, spectrum: Tenso
     plan = plan_for(seq_len)
     if fourstep.covers(plan.fft_size):
         raise ValueError(f"refresh_filter_spectrum: no refresh at N={plan.fft_size} (four-step layout)")
-    k = k.to(source.dtype)
-    rows = (bits(k) != bits(source)).any(dim=1).nonzero().squeeze(1)
-    if rows.numel():
-        spectrum[rows] = torch.view_as_real(portable.filter_spectrum(k[rows], plan, precision)).to(spectrum.dtype)
-        source[rows] = k[rows]
+    with torch.no_grad():  # no autograd layer above it (the low-level definition): record nothing
+        k = k.to(source.dtype)
+        rows = (bits(k) != bits(source)).any(dim=1).nonzero().squeeze(1)
+        if rows.numel():
+            spectrum[rows] = torch.view_as_real(portable.filter_spectrum(k[rows], plan, precision)).to(spectrum.dtype)
+            source[rows] = k[rows]
 
 
 _library.impl("refresh_filter_spectrum", refresh_filter_spectrum_reference, "CPU")

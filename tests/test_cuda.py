@@ -381,12 +381,13 @@ def test_forward_uniform_pairs_give_the_same_bits(batch, channels, length, filte
 
 @pytest.mark.watchdog(GPU_WATCHDOG_S)
 @pytest.mark.parametrize("channels, filter_len, length", [(256, 4096, 4096), (7, 333, 1001), (5, 8191, 8192),
-                                                          (3, 100, 100), (2, 9000, 16384)])  # the last: four-step
+                                                          (3, 100, 100), (2, 9000, 16384), (2, 9000, 40000)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_a_half_filter_gives_its_fp32_values_bits(channels, filter_len, length, dtype, gen):
     """A bf16/fp16 k goes to the radix spectrum kernel as it is (each tap widened as it is
-    loaded: exact; N = 32768 casts first, four-step): the spectrum is bitwise that of the same
-    values in fp32 and of a strided half k (cast first), and so is a bf16-I/O call's y."""
+    loaded: exact; N <= 32768, the radix sizes), or is cast first (N = 131072, four-step): the
+    spectrum is bitwise that of the same values in fp32 and of a strided half k (cast first), and
+    so is a bf16-I/O call's y."""
     k = (randn(gen, channels, filter_len, device=DEVICE) / filter_len**0.5).to(dtype)
     u = randn(gen, 3, channels, length, device=DEVICE).to(dtype)
     spectrum = ops.filter_spectrum(k, length, "fp32")

@@ -341,5 +341,7 @@ def test_refresh_op_registration(gen):
     checks = torch.library.opcheck(ops.refresh_filter_spectrum_op, (k, source, spectrum, 50, "fp32"),
                                    test_utils=("test_schema", "test_faketensor"))
     assert set(checks.values()) == {"SUCCESS"}
-    ops.refresh_filter_spectrum_op(k, source, spectrum, 50, "fp32")
+    ops.refresh_filter_spectrum_op(k.requires_grad_(), source, spectrum, 50, "fp32")
+    assert not (source.requires_grad or spectrum.requires_grad)
+    k = k.detach()
     assert torch.equal(source, k) and torch.equal(spectrum, ops.filter_spectrum_op(k, 50, "fp32"))

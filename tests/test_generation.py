@@ -849,12 +849,13 @@ def test_direct_steps_are_the_replayed_steps(gen, simulated_graphs, middle_level
 
 @pytest.mark.parametrize("grad_mode", ["enable_grad", "no_grad", "inference_mode"])
 def test_direct_steps_in_every_grad_mode(gen, simulated_graphs, middle_levels_on_ffts, monkeypatch, grad_mode):
-    """DIRECT_STEP outside no_grad (the op enters it itself) and inside it or inference_mode
-    (called as it is): the eager steps' outputs bit for bit, no autograd history, even with a
-    filter that requires grad."""
+    """DIRECT_STEP outside no_grad (the step enters it itself) and inside it or inference_mode
+    (called as it is): the eager steps' outputs bit for bit, and no autograd history, with
+    inputs and a filter that require grad (the op has no autograd kernel of its own)."""
     monkeypatch.setattr(generation, "DIRECT_STEP", True)
     length, prompt_len = 70, 5
     x = randn(gen, 2, 3, length)
+    steps = [x[..., t].clone().requires_grad_() for t in range(length)]
     layer = mf.FFTConv(3, length)
     with torch.no_grad():
         layer.filter.copy_(randn(gen, 3, length))
@@ -863,8 +864,9 @@ def test_direct_steps_in_every_grad_mode(gen, simulated_graphs, middle_levels_on
         _, eager = layer.prefill(x[..., :prompt_len], max_len=length)
         _, graphed = layer.prefill(x[..., :prompt_len], max_len=length, cuda_graph=True)
         for t in range(prompt_len, length):
-            y, _ = layer.step(x[..., t], graphed)
-            assert not y.requires_grad and torch.equal(y, layer.step(x[..., t], eager)[0]), t
+            y, _ = layer.step(steps[t], graphed)
+            assert not y.requires_grad and torch.equal(y, layer.step(steps[t], eager)[0]), t
+    assert not any(buffer.requires_grad for buffer in (graphed.inputs, graphed.pending, graphed.graphed.outputs))
 
 
 def test_conv_step_at_op_is_the_step_at_a_host_position(gen):
