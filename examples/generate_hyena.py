@@ -23,7 +23,8 @@ timed positions times the number of tokens, and the table says so; each baseline
 untimed first, so that a one-off cost (a BLAS handle, an FFT plan) is not counted once per
 stride. In layer mode the naive
 and prefill/step loops also run once more with every token's call enqueued back to back and
-one synchronisation at the end ("streamed total"): a serving loop's own time, where the
+one synchronisation at the end ("streamed total"): a serving loop's own time (each y_t kept,
+not stacked: since session 25 the stack for the comparison is outside the time), where the
 per-token total above adds a synchronisation (and the GPU's idle launch latency) per token.
 The streamed outputs must equal the per-token run's bit for bit.
 
@@ -45,6 +46,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -58,6 +60,7 @@ from monarch_fftconv import generation  # noqa: E402
 from monarch_fftconv.nn import HyenaOperator  # noqa: E402
 
 METHODS = ("naive", "recompute", "prefill/step")
+T = TypeVar("T")
 
 
 # ---------------------------------------------------------------- the model
@@ -141,7 +144,7 @@ def naive_step(op: HyenaOperator, x_t: Tensor, cache: NaiveHyenaCache) -> Tensor
 
 # ---------------------------------------------------------------- timing
 
-def timed(fn: Callable[[], Tensor], device: torch.device) -> tuple[Tensor, float]:
+def timed(fn: Callable[[], T], device: torch.device) -> tuple[T, float]:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
@@ -247,11 +250,14 @@ def generate_layer(config: dict) -> dict:
         # The first state goes first: two at once would double the peak (tens of GB at L = 65536).
         del steps, state
         _, state = layer.prefill(x[..., :prompt_len], max_len, cuda_graph=config["cuda_graph"])
+        # Each loop keeps its y_t as a serving loop would; stacking them for the comparison is
+        # not generation and is left out of the time (at L = 65536, one torch.stack of 65,536
+        # (B, C) tensors: 4 GiB and a host pass over every input).
         streamed_steps, streamed_step_s = timed(
-            lambda: torch.stack([layer.step(x[..., t], state)[0] for t in range(prompt_len, max_len)], -1), device)
+            lambda: [layer.step(x[..., t], state)[0] for t in range(prompt_len, max_len)], device)
         streamed_naive, streamed_naive_s = timed(
-            lambda: torch.stack([history_dot(x[..., : t + 1], reversed_filter[:, max_len - 1 - t:])
-                                 for t in positions], -1), device)
+            lambda: [history_dot(x[..., : t + 1], reversed_filter[:, max_len - 1 - t:]) for t in positions], device)
+        streamed_steps, streamed_naive = torch.stack(streamed_steps, -1), torch.stack(streamed_naive, -1)
     reference = outputs["prefill/step"]
     strided = reference[..., :: config["baseline_stride"]]
     results = {}

@@ -102,8 +102,9 @@ class FFTConv(nn.Module):
         raises RuntimeError if `filter` was replaced or written in place since (its version
         counter; a `.data` write bypasses that check). Bidirectional layers raise ValueError.
         cuda_graph=True (CUDA only) captures the steps as CUDA graphs here, one per block level:
-        a step is then one copy and one graph launch (15 in 16: one launch of the step kernel,
-        `generation.DIRECT_STEP`), and its y_t a view of the state's output history. docs/design.md, "Generation: prefill and step"."""
+        a step is then one copy and one graph launch, its y_t a view of the state's output
+        history (15 steps in 16: one launch of the step kernel, `generation.DIRECT_STEP`, its
+        y_t the kernel's own). docs/design.md, "Generation: prefill and step"."""
         return generation.prefill_fftconv(self, x, max_len, cuda_graph)
 
     def step(self, x_t: Tensor, state: generation.ConvState) -> tuple[Tensor, generation.ConvState]:
