@@ -5,6 +5,12 @@ per token, and the loop's wall time (under the profiler: longer than a plain run
 
     python benchmarks/generation_profile.py --shape 16x1024x65536
     python benchmarks/generation_profile.py --shape 1x256x8192 --direct-step   # generation.DIRECT_STEP on
+    python benchmarks/generation_profile.py --shape 16x1024x65536 --host       # host time, no profiler
+
+--host times the host instead: FFTConv.step in a streamed loop (no profiler, one synchronisation
+at the end), then each piece of a direct step's host path in isolation (the op, a one-element
+add_ as the floor of any PyTorch CUDA op, the checks, x[..., t]), then cProfile over a quarter of
+the tokens. Session 25 (H200): 18.5 µs a token; the op 9.0, the floor 6.4.
 
 Session 24 (H100, B16 C1024 L65536): 11.9 µs of kernels a token, of which the step kernel 3.65,
 the copy of x_t 3.42 (two kernels: the example's x is a 4 GiB tensor, so TensorIterator splits the
@@ -28,7 +34,8 @@ def main() -> None:
                    help="generation.DIRECT_STEP for the run (default: as it is)")
     p.add_argument("--mid-levels-in-kernel", action=argparse.BooleanOptionalAction, default=None,
                    help="generation.MID_LEVELS_IN_KERNEL for the run (default: as it is)")
-    p.add_argument("--top", type=int, default=25, help="kernels listed")
+    p.add_argument("--top", type=int, default=25, help="kernels (or, with --host, Python frames) listed")
+    p.add_argument("--host", action="store_true", help="the host's time a token and its pieces, no profiler")
     args = p.parse_args()
     b, c, length = (int(v) for v in args.shape.split("x"))
     if args.direct_step is not None:
@@ -36,6 +43,8 @@ def main() -> None:
     if args.mid_levels_in_kernel is not None:
         generation.MID_LEVELS_IN_KERNEL = args.mid_levels_in_kernel
     torch.manual_seed(0)
+    if args.host:
+        return host_time(b, c, length, args.top)
     x = torch.randn(b, c, length, device="cuda")
     k = torch.randn(c, length, device="cuda") / length**0.5
     with torch.inference_mode():
@@ -59,6 +68,57 @@ def main() -> None:
           f"{total / length:.2f} µs a token")
     for name, t in sorted(times.items(), key=lambda kv: -kv[1])[:args.top]:
         print(f"  {t / length:8.3f} µs/token  {launches[name]:7d} launches  {t / launches[name]:9.2f} µs each  {name[:100]}")
+
+
+def host_time(b: int, c: int, length: int, top: int) -> None:
+    """FFTConv.step's host time a token, streamed, and the pieces of a direct step's host path."""
+    import cProfile
+    import io
+    import pstats
+    import timeit
+
+    from monarch_fftconv import FFTConv, ops
+
+    layer = FFTConv(c, length, device="cuda")
+    x = torch.randn(b, c, length, device="cuda")
+    quarter = length // 4
+    with torch.inference_mode():
+        _, state = layer.prefill(x[..., :0], max_len=length, cuda_graph=True)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for t in range(quarter):
+            layer.step(x[..., t], state)
+        torch.cuda.synchronize()
+        per_token = (time.perf_counter() - start) / quarter
+        print(f"B{b} C{c} L{length}, DIRECT_STEP={generation.DIRECT_STEP}: {per_token * 1e6:.2f} µs a token "
+              f"streamed (the first {quarter} tokens)")
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for t in range(quarter, 2 * quarter):
+            layer.step(x[..., t], state)
+        profiler.disable()
+        torch.cuda.synchronize()
+        graphed, x_t, position = state.graphed, x[..., 5], 2 * quarter + 2  # a position past the run's
+        one = torch.zeros(1, device="cuda")
+        pieces = {
+            "ops.conv_step_at_op, no fold": lambda: ops.conv_step_at_op(
+                x_t, state.inputs, state.pending, graphed.outputs, state.first_tap, state.second_tap, graphed.index,
+                position, False, None),
+            "a one-element add_ (any CUDA op's floor)": lambda: one.add_(1),
+            "torch.empty(B, C)": lambda: torch.empty(b, c, device="cuda"),
+            "x[..., t]": lambda: x[..., 17],
+            "the filter watch": lambda: state.watch.check([layer.filter], "filter"),
+            "generation._check_step": lambda: generation._check_step(x_t, state),
+        }
+        print("host µs a call, streamed (best of 3 runs of 5000):")
+        for name, call in pieces.items():
+            torch.cuda.synchronize()
+            micros = min(timeit.repeat(call, number=5000, repeat=3)) / 5000 * 1e6
+            print(f"  {name:44s} {micros:7.2f}")
+        torch.cuda.synchronize()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
+    print(f"== cProfile, tokens {quarter} .. {2 * quarter - 1}\n{out.getvalue()}")
 
 
 if __name__ == "__main__":

@@ -732,7 +732,7 @@ def test_tensor_core_rows_name_the_kernel_the_op_runs(bench, monkeypatch):
 
 @pytest.mark.parametrize("script, options", [("kernel_times.py", ("--shape", "--flush-l2")),
                                              ("host_overhead.py", ("--shape", "--profile")),
-                                             ("generation_profile.py", ("--shape", "--direct-step")),
+                                             ("generation_profile.py", ("--shape", "--direct-step", "--host")),
                                              ("bitwise_outputs.py", ("--save", "--compare"))])
 def test_gpu_timing_scripts_parse_their_options_on_the_cpu(script, options):
     """The GPU-only scripts (run on the device machine) import and parse their options here, so a
