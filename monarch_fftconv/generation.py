@@ -422,11 +422,9 @@ class _GraphedSteps:
         i = state.position - state.prompt_len  # `index` holds i too: every step of this state advances it
         to_generate = len(self.outputs)  # (T, B, C)
         q = _fold_level(i, to_generate)
-        toeplitz = state.toeplitz
-        if DIRECT_STEP and self.step_kernel and (q is None or q < len(toeplitz)) and x_t.dtype == self.x.dtype:
-            block = toeplitz[q] if q else None  # as _toeplitz_block: the Toeplitz levels 1 .. 3
+        if DIRECT_STEP and self.step_kernel and (q is None or q < len(state.toeplitz)) and x_t.dtype == self.x.dtype:
             args = (x_t, state.inputs, state.pending, self.outputs, state.first_tap, state.second_tap, self.index, i,
-                    q == 0, block)
+                    q == 0, _toeplitz_block(state, q))
             if torch.is_grad_enabled():  # the op has no autograd kernel; entering no_grad costs ~2 us a token
                 with torch.no_grad():
                     y = ops.conv_step_at_op(*args)

@@ -294,8 +294,17 @@ Split split_for(int64_t fft_size) {
   TORCH_CHECK_VALUE(false, message("monarch_fftconv: no CUDA kernel for N=", fft_size));
 }
 
-// The radix spectrum kernel on k (contiguous fp32, C >= 1 rows: (C, Lk), or (C, 2, Lk) two-sided)
-// into spectrum; with a source, a refresh (FilterSpectrumParams). The caller holds a device guard.
+// A one-sided filter as the radix spectrum kernel reads it: a contiguous bf16/fp16 k as it is
+// (the kernel widens each tap as it loads it: the same values; the ATen cast it replaces cost
+// 18-20 us a call at 16x256xL on an H100, session 25), anything else as a contiguous fp32 copy.
+at::Tensor radix_readable_filter(const at::Tensor& k) {
+  const bool half_k = k.scalar_type() == at::kBFloat16 || k.scalar_type() == at::kHalf;
+  return half_k && k.is_contiguous() ? k : k.to(at::kFloat).contiguous();
+}
+
+// The radix spectrum kernel on k (contiguous: fp32, or one-sided bf16/fp16; C >= 1 rows: (C, Lk),
+// or (C, 2, Lk) two-sided) into spectrum; with a source, a refresh (FilterSpectrumParams). The
+// caller holds a device guard.
 void launch_radix_spectrum(const at::Tensor& k, const at::Tensor& spectrum, float* source, const Split& split) {
   mf::FilterSpectrumParams p{};
   p.filter = k.data_ptr();
@@ -319,12 +328,8 @@ at::Tensor filter_spectrum(const at::Tensor& k_in, int64_t seq_len, c10::string_
                     message("monarch_fftconv: the filter must be (C, Lk) with 1 <= Lk <= L=", seq_len, ", got ",
                             k_in.sizes()));
   const Split split = split_for(2 * next_pow2(seq_len));
-  // A contiguous bf16/fp16 k goes to the radix spectrum kernel as it is (the kernel widens each
-  // tap as it loads it: the same values; the ATen cast it replaces cost 18-20 us a call at
-  // 16x256xL on an H100, session 25); else one cast first.
-  const bool half_k = k_in.scalar_type() == at::kBFloat16 || k_in.scalar_type() == at::kHalf;
-  const bool read_in_kernel = half_k && k_in.is_contiguous() && split.fft_size < mf::kFourStepMinSize;
-  const at::Tensor k = read_in_kernel ? k_in : k_in.to(at::kFloat).contiguous();
+  const at::Tensor k = split.fft_size < mf::kFourStepMinSize ? radix_readable_filter(k_in)
+                                                              : k_in.to(at::kFloat).contiguous();
   const c10::cuda::CUDAGuard guard(k.device());
   if (split.fft_size >= mf::kFourStepMinSize) {  // k as one batch of C sequences; 1/N folded in
     at::Tensor spectrum;
@@ -532,10 +537,7 @@ void refresh_filter_spectrum(const at::Tensor& k_in, const at::Tensor& source, c
   const Split split = split_for(2 * next_pow2(seq_len));
   TORCH_CHECK_VALUE(split.fft_size < mf::kFourStepMinSize,
                     message("monarch_fftconv: no spectrum refresh at N=", split.fft_size));
-  // A contiguous bf16/fp16 k is read as it is, compared and transformed widened (an ATen cast
-  // first cost 18 us of host time a call on an H100, session 25); else one cast first.
-  const bool half_k = k_in.scalar_type() == at::kBFloat16 || k_in.scalar_type() == at::kHalf;
-  const at::Tensor k = half_k && k_in.is_contiguous() ? k_in : k_in.to(at::kFloat).contiguous();
+  const at::Tensor k = radix_readable_filter(k_in);  // a half filter compared and transformed widened
   const auto is = [&](const at::Tensor& t, at::IntArrayRef shape) {
     return t.scalar_type() == at::kFloat && t.is_contiguous() && t.device() == k.device() && t.sizes() == shape;
   };
