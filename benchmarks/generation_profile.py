@@ -34,6 +34,8 @@ def main() -> None:
                    help="generation.DIRECT_STEP for the run (default: as it is)")
     p.add_argument("--mid-levels-in-kernel", action=argparse.BooleanOptionalAction, default=None,
                    help="generation.MID_LEVELS_IN_KERNEL for the run (default: as it is)")
+    p.add_argument("--direct-stepper", action=argparse.BooleanOptionalAction, default=None,
+                   help="generation.DIRECT_STEPPER for the run (default: as it is; --host only: the layer's steps)")
     p.add_argument("--top", type=int, default=25, help="kernels (or, with --host, Python frames) listed")
     p.add_argument("--host", action="store_true", help="the host's time a token and its pieces, no profiler")
     args = p.parse_args()
@@ -42,6 +44,8 @@ def main() -> None:
         generation.DIRECT_STEP = args.direct_step
     if args.mid_levels_in_kernel is not None:
         generation.MID_LEVELS_IN_KERNEL = args.mid_levels_in_kernel
+    if args.direct_stepper is not None:
+        generation.DIRECT_STEPPER = args.direct_stepper
     torch.manual_seed(0)
     if args.host:
         return host_time(b, c, length, args.top)
@@ -90,7 +94,8 @@ def host_time(b: int, c: int, length: int, top: int) -> None:
             layer.step(x[..., t], state)
         torch.cuda.synchronize()
         per_token = (time.perf_counter() - start) / quarter
-        print(f"B{b} C{c} L{length}, DIRECT_STEP={generation.DIRECT_STEP}: {per_token * 1e6:.2f} µs a token "
+        print(f"B{b} C{c} L{length}, DIRECT_STEP={generation.DIRECT_STEP}, DIRECT_STEPPER="
+              f"{generation.DIRECT_STEPPER} (stepper made: {state.direct is not None}): {per_token * 1e6:.2f} µs a token "
               f"streamed (the first {quarter} tokens)")
         profiler = cProfile.Profile()
         profiler.enable()
@@ -104,6 +109,8 @@ def host_time(b: int, c: int, length: int, top: int) -> None:
             "ops.conv_step_at_op, no fold": lambda: ops.conv_step_at_op(
                 x_t, state.inputs, state.pending, graphed.outputs, state.first_tap, state.second_tap, graphed.index,
                 position, False, None),
+            "the DirectStepper's step (level 0's fold)": lambda: state.direct.step(x_t, position, layer.filter),
+            "FFTConv.step through the stepper (no fold)": lambda: _last_token(layer, x_t, state, length),
             "a one-element add_ (any CUDA op's floor)": lambda: one.add_(1),
             "torch.empty(B, C)": lambda: torch.empty(b, c, device="cuda"),
             "x[..., t]": lambda: x[..., 17],
@@ -112,6 +119,8 @@ def host_time(b: int, c: int, length: int, top: int) -> None:
         }
         print("host µs a call, streamed (best of 3 runs of 5000):")
         for name, call in pieces.items():
+            if "stepper" in name and state.direct is None:
+                continue
             torch.cuda.synchronize()
             micros = min(timeit.repeat(call, number=5000, repeat=3)) / 5000 * 1e6
             print(f"  {name:44s} {micros:7.2f}")
@@ -119,6 +128,12 @@ def host_time(b: int, c: int, length: int, top: int) -> None:
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
     print(f"== cProfile, tokens {quarter} .. {2 * quarter - 1}\n{out.getvalue()}")
+
+
+def _last_token(layer, x_t, state, length: int):
+    """FFTConv.step at the last position (no fold) over and over: the layer's whole call."""
+    state.position = length - 1
+    return layer.step(x_t, state)
 
 
 if __name__ == "__main__":

@@ -320,6 +320,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--direct-step", action=argparse.BooleanOptionalAction, default=None,
                    help="with --cuda-graph: the tokens whose fold the step kernel does alone as one direct launch "
                         "of it, or as a copy and a graph replay (default: generation.DIRECT_STEP, on)")
+    p.add_argument("--direct-stepper", action=argparse.BooleanOptionalAction, default=None,
+                   help="with --cuda-graph: an FFTConv's direct steps through the extension's C++ stepper, or "
+                        "(--no-direct-stepper) through the Python step and the conv_step_at op (default: "
+                        "generation.DIRECT_STEPPER)")
     args = p.parse_args(argv)
     if args.prompt is None:
         args.prompt = 0 if args.layer else 16
@@ -333,6 +337,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--mid-levels-in-kernel needs --cuda-graph")
     if args.direct_step is not None and not args.cuda_graph:
         p.error("--direct-step needs --cuda-graph")
+    if args.direct_stepper is not None and not args.cuda_graph:
+        p.error("--direct-stepper needs --cuda-graph")
     return args
 
 
@@ -341,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     config = vars(args)
     threads = torch.get_num_threads()
     switches = {"FUSED_STEP": args.fused_step, "MID_LEVELS_IN_KERNEL": args.mid_levels_in_kernel,
-                "DIRECT_STEP": args.direct_step}  # generation's module switches; None: as they are
+                "DIRECT_STEP": args.direct_step, "DIRECT_STEPPER": args.direct_stepper}  # None: as they are
     saved = {name: getattr(generation, name) for name in switches}
     chosen = {name: saved[name] if value is None else value for name, value in switches.items()}
     torch.set_num_threads(args.threads)
@@ -357,7 +363,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             else f"Hyena LM width={args.width} layers={args.layers} B={args.batch}")
     parts = [what for what, on in (("per-token part fused", chosen["FUSED_STEP"]),
                                    ("middle levels in a kernel", chosen["MID_LEVELS_IN_KERNEL"]),
-                                   ("direct steps", chosen["DIRECT_STEP"])) if on]
+                                   ("direct steps", chosen["DIRECT_STEP"]),
+                                   ("the C++ stepper", chosen["DIRECT_STEP"] and chosen["DIRECT_STEPPER"])) if on]
     graphs = (", steps as CUDA graphs" + (f" ({', '.join(parts)})" if parts else "")) if args.cuda_graph else ""
     print(f"{what}, L={args.seq_len}, prompt {args.prompt}, {args.device}{graphs}, {args.threads} CPU thread(s)")
     print(table(results))

@@ -8,7 +8,8 @@ Nothing happens at import. The first CUDA call asks `coverage()`, which, once pe
 
 Loading registers the CUDA implementation of `monarch_fftconv::conv_forward` and the
 `monarch_fftconv::_kernel_coverage` query, which is read here once. `coverage(build=False)`
-never builds: `explain()` asks that way.
+never builds: `explain()` asks that way. The same library is also a Python module, for the one
+class it binds (generation's DirectStepper): `python_module()` imports it once it is loaded.
 """
 
 from __future__ import annotations
@@ -118,14 +119,14 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def build(verbose: bool = False) -> None:
-    """JIT-build and load the extension (raises on a compile error)."""
+def build(verbose: bool = False) -> str:
+    """JIT-build and load the extension (raises on a compile error); returns its path."""
     from torch.utils.cpp_extension import load as jit_load
 
     build_dir = os.environ.get(BUILD_DIR_ENV)
     if build_dir:
         Path(build_dir).mkdir(parents=True, exist_ok=True)
-    jit_load(
+    return jit_load(
         name=EXTENSION_NAME,
         sources=[str(p) for p in binding_sources()],
         extra_include_paths=[str(CSRC), *cutlass_include_dirs()],
@@ -149,6 +150,8 @@ def _pairs(flat: list[int]) -> frozenset[tuple[int, int]]:
 
 _lock = threading.Lock()
 _result: Coverage | str | None = None  # set once per process: the coverage, or why there is none
+_library: tuple[str, str] | None = None  # the loaded library: (module name, path)
+_module: object = None  # python_module()'s answer once asked: the module, or False
 
 
 def coverage(build: bool = True) -> Coverage | str | None:
@@ -174,13 +177,38 @@ def _load() -> Coverage | str:
     reason = unavailable_reason()
     if reason is None:
         aot = _aot_library()
+        global _library
         try:
             if aot is not None:
-                torch.ops.load_library(aot)  # a TORCH_LIBRARY library: no module init to import
+                torch.ops.load_library(aot)  # its ops: registered by loading, no module init needed
+                _library = (AOT_MODULE, aot)
             else:
-                build()
+                _library = (EXTENSION_NAME, build())
             return _read_coverage()
         except Exception as exc:  # a failed build must not take the fallback path down with it
             reason = f"{'loading ' + aot if aot else 'building the CUDA extension'} failed: {exc}"
     warnings.warn(f"monarch_fftconv: CUDA kernels unavailable ({reason}); using torch.fft", stacklevel=5)
     return reason
+
+
+def python_module() -> object | None:
+    """The loaded library as a Python module (its pybind11 classes), or None: not loaded (this
+    never builds), or a library without the module's init (an older build)."""
+    global _module
+    if _module is None and _library is not None:
+        with _lock:
+            if _module is None:
+                _module = _import_library(*_library) or False
+    return _module or None
+
+
+def _import_library(name: str, path: str) -> object | None:
+    try:
+        if name == AOT_MODULE:
+            return importlib.import_module(name)
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    except ImportError:
+        return None

@@ -66,6 +66,12 @@ KERNEL_MAX_BLOCK = 256  # kConvBlockMaxBlock (fftconv.h)
 # streamed: the host's Python and dispatch, not the kernels, set a token's time); B16 C4096 L8192
 # 0.299 -> 0.212 s streamed; B1 C256 L8192 0.187 -> 0.177 s streamed.
 DIRECT_STEP = True
+# With DIRECT_STEP, an FFTConv's direct tokens through the extension's DirectStepper (a C++ object
+# made at prefill with the state's tensors: a token's checks, level and launch in one Python call,
+# y_t the view outputs[i]) instead of the Python step and the conv_step_at op, whose dispatch cost
+# 9 of a token's 18.5 us of host time (session 25). Read at prefill(cuda_graph=True) and each step.
+# Written in session 26; see docs/performance.md for its measurement.
+DIRECT_STEPPER = True
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -135,6 +141,7 @@ class ConvState:
     pending: Tensor            # (B, C, T + tail): each generated position's sum over the inputs folded in so far
     watch: _Watch | None = field(default=None, repr=False)
     graphed: _GraphedSteps | None = field(default=None, repr=False)  # prefill(..., cuda_graph=True)
+    direct: Any = field(default=None, repr=False)  # FFTConv.prefill(cuda_graph=True): its DirectStepper, or None
 
     @property
     def nbytes(self) -> int:
@@ -621,12 +628,35 @@ def prefill_fftconv(layer: FFTConv, x: Tensor, max_len: int, cuda_graph: bool = 
         raise ValueError(f"the prompt has {x.shape[1]} channels, the layer {layer.channels}")
     state = start(x, layer.filter[..., :max_len], max_len, precision=layer.precision, cuda_graph=cuda_graph)
     state.watch = _Watch.of([layer.filter])
+    state.direct = _direct_stepper(state, layer.filter)
     y = layer(x) if x.shape[-1] else x.new_empty(x.shape)
     return y, state
 
 
+def _direct_stepper(state: ConvState, filt: Tensor) -> Any:
+    """The extension's DirectStepper for a graphed CUDA state whose direct steps can run (the
+    step kernel there, x_t in the compute dtype: the prefill's dtype is it), or None."""
+    graphed = state.graphed
+    if not (DIRECT_STEPPER and graphed is not None and graphed.step_kernel and state.inputs.is_cuda
+            and graphed.outputs is not None and state.dtype == state.inputs.dtype):
+        return None
+    module = _extension.python_module()
+    if module is None or not hasattr(module, "DirectStepper"):
+        return None
+    return module.DirectStepper(state.inputs, state.pending, graphed.outputs, state.first_tap, state.second_tap,
+                                graphed.index, state.toeplitz, state.prompt_len, filt)
+
+
 def step_fftconv(layer: FFTConv, x_t: Tensor, state: ConvState) -> tuple[Tensor, ConvState]:
-    """`FFTConv.step`: `step`, once the layer's filter is checked to be the prefill's."""
+    """`FFTConv.step`: `step`, once the layer's filter is checked to be the prefill's. A direct
+    token goes to the state's DirectStepper first, which answers None for anything but the plain
+    case (then this path takes it: its checks raise what they raise)."""
+    direct = state.direct
+    if direct is not None and DIRECT_STEP and DIRECT_STEPPER:
+        y = direct.step(x_t, state.position, layer.filter)
+        if y is not None:
+            state.position += 1
+            return y, state
     if state.watch is None:
         raise ValueError("this state was not made by FFTConv.prefill")
     state.watch.check([layer.filter], "FFTConv.filter")

@@ -929,3 +929,119 @@ def test_cuda_direct_steps_are_the_replayed_steps(gen, monkeypatch, dtype):
     with pytest.raises(ValueError, match="conv_step_at"):
         ops.conv_step_at_op(case["x"], case["inputs"], case["pending"], None, case["first_tap"], case["second_tap"],
                             index.float(), 3, False, None)
+
+
+# --------------------------------------------------------------------------- the DirectStepper (DIRECT_STEPPER)
+
+class _CountingStepper:
+    """A state's stepper wrapped to count the tokens it took (returned y_t) and those it left."""
+
+    def __init__(self, inner):
+        self.inner, self.taken, self.left = inner, [], []
+
+    def step(self, x_t, position, filt):
+        y = self.inner.step(x_t, position, filt)
+        (self.left if y is None else self.taken).append(position)
+        return y
+
+
+def test_step_fftconv_takes_the_steppers_y_and_falls_back_on_none(gen, simulated_graphs, middle_levels_on_ffts):
+    """The glue, on the CPU: FFTConv.step takes a token's y_t from the state's stepper where it
+    answers (and advances the position once), and runs its own path where it answers None, with
+    the same outputs as a state without one; the stepper sees the layer's filter."""
+    length, prompt_len = 70, 5
+    layer = mf.FFTConv(6, length, groups=3)
+    x = randn(gen, 2, 6, length)
+    outs = {}
+    for with_stepper in (False, True):
+        _, state = layer.prefill(x[..., :prompt_len], length, cuda_graph=True)
+        assert state.direct is None  # a CPU state has none of its own
+        seen = []
+        if with_stepper:
+            class StandIn:  # the Python path's own step for odd positions, None otherwise
+                def step(self, x_t, position, filt):
+                    seen.append(filt is layer.filter)
+                    if position % 2:
+                        return None
+                    before = state.position
+                    state.direct = None
+                    try:
+                        return generation.step_fftconv(layer, x_t, state)[0]
+                    finally:
+                        state.direct = self
+                        state.position = before
+            state.direct = StandIn()
+        outs[with_stepper] = torch.stack([layer.step(x[..., t], state)[0] for t in range(prompt_len, length)], -1)
+        assert state.position == length
+        assert seen == ([True] * (length - prompt_len) if with_stepper else [])
+    assert torch.equal(outs[True], outs[False])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the DirectStepper needs a CUDA device")
+@pytest.mark.watchdog(300)
+@pytest.mark.parametrize("dtype, groups, prompt_len, inference", [(torch.float32, 4, 0, True),
+                                                                   (torch.float32, 1, 37, False),
+                                                                   (torch.float64, 2, 5, True)])
+def test_cuda_direct_stepper_is_the_python_direct_step(gen, monkeypatch, dtype, groups, prompt_len, inference):
+    """DIRECT_STEPPER on a GPU: FFTConv.step's direct tokens through the C++ stepper give the
+    Python direct steps' outputs and state bit for bit through every level (x_t strided, y_t views
+    of the history that later steps leave alone); it takes exactly the direct tokens; every
+    refusal (dtype, shape, the stream full, the filter written or replaced, an inference state
+    outside inference mode, not a tensor) raises the Python path's error."""
+    import contextlib
+    from monarch_fftconv import _extension
+    assert not isinstance(_extension.coverage(True), str)
+    length, channels = 1300, 12
+    layer = mf.FFTConv(channels, length, groups=groups, device="cuda", dtype=dtype)
+    x = randn(gen, 3, channels, length, dtype=dtype, device="cuda")
+    mode = torch.inference_mode if inference else contextlib.nullcontext
+    outs, states, kept = {}, {}, {}
+    for on in (False, True):
+        monkeypatch.setattr(generation, "DIRECT_STEPPER", on)
+        with mode():
+            _, state = layer.prefill(x[..., :prompt_len], length, cuda_graph=True)
+            assert (state.direct is not None) == on
+            if on:
+                state.direct = _CountingStepper(state.direct)
+            ys = [layer.step(x[..., t], state)[0] for t in range(prompt_len, length)]
+        kept[on] = [y.clone() for y in ys]
+        outs[on], states[on] = torch.stack(ys), state
+    to_generate = length - prompt_len
+    direct = [prompt_len + i for i in range(to_generate)
+              if (q := generation._fold_level(i, to_generate)) is None or q < len(states[True].toeplitz)]
+    assert states[True].direct.taken == direct
+    assert len(states[True].direct.left) == to_generate - len(direct)
+    assert torch.equal(outs[True], outs[False]) and all(torch.equal(a, b) for a, b in zip(kept[True], outs[True]))
+    assert torch.equal(states[True].pending, states[False].pending)
+    assert int(states[True].graphed.index) == int(states[False].graphed.index) == to_generate
+    budget = ERROR_BUDGETS["fp32"] if dtype == torch.float32 else 1e-10
+    assert rel_l2(outs[True], reference_full(x, layer.filter.detach())[..., prompt_len:].permute(2, 0, 1)) < budget
+
+    monkeypatch.setattr(generation, "DIRECT_STEPPER", True)
+    with mode():
+        _, state = layer.prefill(x[..., :prompt_len], length, cuda_graph=True)
+        x_t = x[..., prompt_len]
+        with pytest.raises(ValueError, match="x_t must be"):
+            layer.step(x_t.float() if dtype == torch.float64 else x_t.double(), state)
+        with pytest.raises(ValueError, match="shape"):
+            layer.step(x_t[:2], state)
+        with pytest.raises(TypeError, match="x_t must be a torch.Tensor"):
+            layer.step(x_t.tolist(), state)
+        assert state.position == prompt_len  # nothing taken
+        layer.step(x_t, state)
+        state.position = length
+        with pytest.raises(RuntimeError, match="the stream is full"):
+            layer.step(x_t, state)
+    if inference:
+        with pytest.raises(RuntimeError, match="inference_mode"):
+            layer.step(x_t, state)
+    else:
+        _, state = layer.prefill(x[..., :prompt_len], length, cuda_graph=True)
+        with torch.no_grad():
+            layer.filter.mul_(1.0)
+        with pytest.raises(RuntimeError, match="modified in place"):
+            layer.step(x_t, state)
+        _, state = layer.prefill(x[..., :prompt_len], length, cuda_graph=True)
+        layer.filter = torch.nn.Parameter(layer.filter.detach().clone())
+        with pytest.raises(RuntimeError, match="replaced"):
+            layer.step(x_t, state)

@@ -5,14 +5,19 @@
 // kernels' coverage, which Python reads once when it loads this library.
 //
 // Per-op ATen headers, c10 CUDA and the autograd Function header only (no torch/all.h):
-// keeps the JIT build fast.
+// keeps the JIT build fast. One Python class, DirectStepper, is bound through pybind11 (the
+// library is also importable as a module for it): generation's per-token call, where the
+// dispatcher's own cost is most of the work.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
 
 #include <cstdlib>
@@ -471,6 +476,101 @@ at::Tensor conv_step_at(const at::Tensor& x, const at::Tensor& inputs, const at:
   return conv_step_checked(x, inputs, pending, outputs, first_tap, second_tap, index, position, fold, block_taps,
                            "conv_step_at");
 }
+
+// ------------------------------------------------------------------ DirectStepper
+// FFTConv.step's direct tokens without the dispatcher (generation.DIRECT_STEPPER). Session 25 (an
+// H200 host): of a direct token's 18.5 us of host time the conv_step_at op took 9.0, its schema's
+// parsing and dispatch more than the launch, and the step's Python checks ~5. A stepper is made
+// once at prefill with the state's tensors (checked then, as conv_step_at checks them each call);
+// a token is then one Python call: the cheap checks, the fold level, one launch of the step
+// kernel, y_t as the view outputs[i] (the kernel writes y there, once). It serves the plain case
+// only and returns None for anything else (not a tensor, another shape, dtype or device, the
+// stream full, the filter replaced or written, an inference state outside inference mode, a
+// level the kernel does not fold alone): generation.py's path then takes the token, with its
+// checks, its one home for every error message, and its graph replays.
+class DirectStepper {
+ public:
+  DirectStepper(at::Tensor inputs, at::Tensor pending, at::Tensor outputs, at::Tensor first_tap, at::Tensor second_tap,
+                at::Tensor index, std::vector<at::Tensor> toeplitz, int64_t prompt_len, at::Tensor filter)
+      : inputs_(std::move(inputs)), pending_(std::move(pending)), outputs_(std::move(outputs)),
+        first_tap_(std::move(first_tap)), second_tap_(std::move(second_tap)), index_(std::move(index)),
+        toeplitz_(std::move(toeplitz)), filter_(std::move(filter)), prompt_len_(prompt_len) {
+    const auto dtype = inputs_.scalar_type();
+    TORCH_CHECK_VALUE(inputs_.is_cuda() && (dtype == at::kFloat || dtype == at::kDouble) && inputs_.dim() == 3 &&
+                          prompt_len_ >= 0 && !toeplitz_.empty(),
+                      message("monarch_fftconv: DirectStepper takes a CUDA state in float32 or float64, a prompt "
+                              "length >= 0 and level 0's Toeplitz block at least; got inputs ",
+                              inputs_.sizes(), " ", dtype));
+    const int64_t batch = inputs_.size(0), channels = inputs_.size(1), to_generate = inputs_.size(2);
+    TORCH_CHECK_VALUE(pending_.dim() == 3 && pending_.size(0) == batch && pending_.size(1) == channels &&
+                          pending_.size(2) >= to_generate && outputs_.dim() == 3 && outputs_.size(0) == to_generate &&
+                          outputs_.size(1) == batch && outputs_.size(2) == channels &&
+                          first_tap_.sizes() == at::IntArrayRef{channels} && second_tap_.sizes() == first_tap_.sizes() &&
+                          index_.numel() == 1 && index_.scalar_type() == at::kLong && index_.device() == inputs_.device(),
+                      message("monarch_fftconv: DirectStepper takes inputs (B, C, T), pending (B, C, >= T), outputs "
+                              "(T, B, C), taps (C,) and an int64 index; got ", inputs_.sizes(), ", ",
+                              pending_.sizes(), ", ", outputs_.sizes(), ", ", first_tap_.sizes(), ", ", index_.sizes()));
+    std::vector<at::Tensor> values{pending_, outputs_, first_tap_, second_tap_};
+    int64_t n = 1;  // level q's block: n = 2^q
+    for (size_t q = 0; q < toeplitz_.size(); ++q, n *= 2) {
+      const at::Tensor& block = toeplitz_[q];
+      TORCH_CHECK_VALUE(n <= mf::kConvStepMaxBlock && block.dim() == 3 && block.size(1) == n && block.size(2) == n &&
+                            block.size(0) >= 1 && channels % block.size(0) == 0,
+                        message("monarch_fftconv: DirectStepper's Toeplitz block of level ", q, " must be (G, ", n,
+                                ", ", n, ") with G dividing C=", channels, " and n <= ", mf::kConvStepMaxBlock,
+                                "; got ", block.sizes()));
+      values.push_back(block);
+    }
+    for (const at::Tensor& t : values) {
+      TORCH_CHECK_VALUE(inputs_.is_contiguous() && t.is_contiguous() && t.device() == inputs_.device() &&
+                            t.scalar_type() == dtype,
+                        message("monarch_fftconv: DirectStepper's tensors must be contiguous, on one device, in "
+                                "the inputs' dtype"));
+    }
+    filter_is_inference_ = filter_.is_inference();
+    filter_version_ = filter_is_inference_ ? 0 : filter_._version();
+  }
+
+  // y_t (a view of outputs[i]) for the token x_t at `position`, with `filter` the layer's filter
+  // as it is now; or None: generation.py takes the token.
+  py::object step(py::handle x_object, int64_t position, py::handle filter_object) const {
+    if (!THPVariable_Check(x_object.ptr()) || !THPVariable_Check(filter_object.ptr())) return py::none();
+    const at::Tensor& x = THPVariable_Unpack(x_object.ptr());
+    const int64_t i = position - prompt_len_, to_generate = inputs_.size(2);
+    if (i < 0 || i >= to_generate || !filter_unchanged(THPVariable_Unpack(filter_object.ptr())) || x.dim() != 2 ||
+        x.size(0) != inputs_.size(0) || x.size(1) != inputs_.size(1) || x.scalar_type() != inputs_.scalar_type() ||
+        x.device() != inputs_.device() || (inputs_.is_inference() && !c10::InferenceMode::is_enabled())) {
+      return py::none();
+    }
+    // The fold after step i is level q = log2 of the largest power of two dividing i + 1 (none
+    // after the last step): levels below the Toeplitz blocks' count are the kernel's alone.
+    const bool folds = i + 1 < to_generate;
+    const int q = folds ? __builtin_ctzll(static_cast<unsigned long long>(i + 1)) : -1;
+    if (q >= static_cast<int>(toeplitz_.size())) return py::none();
+    const c10::cuda::CUDAGuard guard(inputs_.device());
+    at::Tensor y = outputs_.select(0, i);
+    const std::optional<at::Tensor> block = q > 0 ? std::optional<at::Tensor>(toeplitz_[q]) : std::nullopt;
+    if (inputs_.scalar_type() == at::kFloat)
+      launch_conv_step<float>(x, inputs_, pending_, std::nullopt, y, first_tap_, second_tap_, index_, i, q == 0, block);
+    else
+      launch_conv_step<double>(x, inputs_, pending_, std::nullopt, y, first_tap_, second_tap_, index_, i, q == 0, block);
+    return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(y)));
+  }
+
+ private:
+  // generation._Watch's check: the same tensor, and (where it keeps one) the same version.
+  bool filter_unchanged(const at::Tensor& filter) const {
+    return filter.unsafeGetTensorImpl() == filter_.unsafeGetTensorImpl() &&
+           (filter_is_inference_ || filter._version() == filter_version_);
+  }
+
+  at::Tensor inputs_, pending_, outputs_, first_tap_, second_tap_, index_;
+  std::vector<at::Tensor> toeplitz_;  // level q's (G, 2^q, 2^q) block: the levels the kernel folds alone
+  at::Tensor filter_;
+  int64_t prompt_len_;
+  bool filter_is_inference_ = false;
+  int64_t filter_version_ = 0;
+};
 
 // A middle fold level's block: pending[:, :, i+1 .. i+n] += the direct Toeplitz product of the
 // last n inputs (inputs[:, :, i+1-n .. i]) with the group's taps k[1 .. 2n-1] (taps (G, >= 2n)),
@@ -938,4 +1038,15 @@ TORCH_LIBRARY_IMPL(monarch_fftconv, CUDA, m) {
 TORCH_LIBRARY_IMPL(monarch_fftconv, AutogradCUDA, m) {
   m.impl("fftconv", &fftconv_autograd);
   m.impl("conv_forward", &conv_forward_autograd);
+}
+
+// The library as a Python module (generation.py imports it for this class; the ops above need no
+// import). TORCH_EXTENSION_NAME: the JIT build's name, or `_C` for the ahead-of-time one.
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
+  py::class_<DirectStepper>(module, "DirectStepper", py::module_local())
+      .def(py::init<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, std::vector<at::Tensor>,
+                    int64_t, at::Tensor>(),
+           py::arg("inputs"), py::arg("pending"), py::arg("outputs"), py::arg("first_tap"), py::arg("second_tap"),
+           py::arg("index"), py::arg("toeplitz"), py::arg("prompt_len"), py::arg("filter"))
+      .def("step", &DirectStepper::step, py::arg("x_t"), py::arg("position"), py::arg("filter"));
 }
