@@ -266,11 +266,22 @@ def generate_layer(config: dict) -> dict:
         results[method] = summary(latencies[method], max_len - prompt_len)
         results[method]["max_rel_diff"] = ((outputs[method] - compared).norm() / compared.norm()).item()
     tokens = max_len - prompt_len
+    results["prefill/step"]["by_level"] = by_level(latencies["prefill/step"], tokens)
     results["prefill/step"]["streamed_total_s"] = streamed_step_s
     results["naive"]["streamed_total_s"] = streamed_naive_s * tokens / len(positions)
     results["prefill/step"]["streamed_equal"] = torch.equal(streamed_steps, reference)
     results["naive"]["streamed_equal"] = torch.equal(streamed_naive, outputs["naive"])
     return {"config": config, "methods": results, "state_bytes": state.nbytes}
+
+
+def by_level(seconds: list[float], tokens: int) -> dict[str, list[float]]:
+    """Each fold level's (token count, median ms) over the generated tokens: which level a slow
+    percentile comes from (level q folds after one token in 2^(q+1); "last" folds nothing)."""
+    grouped: dict[str, list[float]] = {}
+    for i, s in enumerate(seconds):
+        q = generation._fold_level(i, tokens)
+        grouped.setdefault("last" if q is None else f"q{q}", []).append(s)
+    return {name: [len(v), statistics.median(v) * 1e3] for name, v in grouped.items()}
 
 
 def table(results: dict) -> str:
@@ -287,6 +298,10 @@ def table(results: dict) -> str:
         lines.append(f"| {method} | {r['tokens']} ({r['timed']}) | {r['median_ms']:.3f} | {r['p99_ms']:.3f} | "
                      f"{r['max_ms']:.3f} | {r['total_s']:.3f}{estimated} | {r['tokens_per_s']:.1f} | {streamed} | "
                      f"{r[diff]:.1e} |")
+    levels = results["methods"].get("prefill/step", {}).get("by_level")
+    if levels:
+        lines.append("prefill/step median ms by fold level (tokens): " + ", ".join(
+            f"{name} {ms:.3f} ({count})" for name, (count, ms) in levels.items()))
     note = f"state: {results['state_bytes'] / 2**20:.2f} MiB"
     if stride > 1:
         note += f"; naive and recompute timed at every {stride}th position, totals (est.) = mean × tokens"
