@@ -69,8 +69,11 @@ DIRECT_STEP = True
 # With DIRECT_STEP, an FFTConv's direct tokens through the extension's DirectStepper (a C++ object
 # made at prefill with the state's tensors: a token's checks, level and launch in one Python call,
 # y_t the view outputs[i]) instead of the Python step and the conv_step_at op, whose dispatch cost
-# 9 of a token's 18.5 us of host time (session 25). Read at prefill(cuda_graph=True) and each step.
-# Written in session 26; see docs/performance.md for its measurement.
+# 9 of a token's 18.5 us of host time (session 25); also the middle levels' replays (their graphs
+# launched from C++). Read at prefill(cuda_graph=True) and each step. On since session 26 (H100,
+# examples/generate_hyena.py --layer --cuda-graph --[no-]direct-stepper, direct tokens only):
+# B16 C1024 L65536 streamed 1.408 -> 0.804 s (60x naive streamed), 18.5 -> 9.75 us a token;
+# B16 C4096 L8192 0.186 -> 0.158 s; B1 C256 L8192 0.134 -> 0.081 s.
 DIRECT_STEPPER = True
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -360,6 +363,7 @@ class _GraphedSteps:
     pool_bytes: int = 0             # the graphs' private memory pool, as the allocator reserved it
     plans: _PlanWatch | None = None  # the cuFFT plans the graphs replay (None: no FFT level)
     step_kernel: bool = False       # DIRECT_STEP can run: the step kernel is there (or the CPU's form)
+    kernel_levels: set[int] = field(default_factory=set)  # middle levels captured on ops.conv_block (no cuFFT)
 
     def tensors(self) -> list[Tensor]:
         kept = [] if self.outputs is None else [self.outputs]
@@ -412,6 +416,8 @@ class _GraphedSteps:
         if MID_LEVELS_IN_KERNEL and q in _middle_levels(state.inputs.shape[-1]) and (fused or not state.inputs.is_cuda):
             block_at = ops.conv_block_op if fused else ops.conv_block_reference
             block_at(state.inputs, state.pending, state.middle_taps, self.index, 1 << q)
+            if fused:
+                self.kernel_levels.add(q)
         elif q is not None and q > 0 and not block_in_kernel:
             sources, targets = at + self.behind[q], at + self.ahead[q]  # i + 1 - n .. i; i + 1 .. i + n
             for rows in _batch_chunks(state, q):
@@ -643,8 +649,14 @@ def _direct_stepper(state: ConvState, filt: Tensor) -> Any:
     module = _extension.python_module()
     if module is None or not hasattr(module, "DirectStepper"):
         return None
+    # The middle levels' graphs (conv_block: no cuFFT plan to watch) are the stepper's to launch
+    # too, where this torch exposes a graph's executable; the FFT levels stay with _replay.
+    replayed = {q: g for q, g in graphed.graphs.items()
+                if q in graphed.kernel_levels and hasattr(g, "raw_cuda_graph_exec")}
+    execs = [replayed[q].raw_cuda_graph_exec() if q in replayed else 0 for q in range(max(replayed, default=-1) + 1)]
     return module.DirectStepper(state.inputs, state.pending, graphed.outputs, state.first_tap, state.second_tap,
-                                graphed.index, state.toeplitz, state.prompt_len, filt)
+                                graphed.index, state.toeplitz, state.prompt_len, filt, graphed.x, execs,
+                                list(replayed.values()))
 
 
 def step_fftconv(layer: FFTConv, x_t: Tensor, state: ConvState) -> tuple[Tensor, ConvState]:

@@ -983,9 +983,9 @@ def test_step_fftconv_takes_the_steppers_y_and_falls_back_on_none(gen, simulated
                                                                    (torch.float32, 1, 37, False),
                                                                    (torch.float64, 2, 5, True)])
 def test_cuda_direct_stepper_is_the_python_direct_step(gen, monkeypatch, dtype, groups, prompt_len, inference):
-    """DIRECT_STEPPER on a GPU: FFTConv.step's direct tokens through the C++ stepper give the
-    Python direct steps' outputs and state bit for bit through every level (x_t strided, y_t views
-    of the history that later steps leave alone); it takes exactly the direct tokens; every
+    """DIRECT_STEPPER on a GPU: FFTConv.step's direct tokens and middle levels' replays through the
+    C++ stepper give the Python path's outputs and state bit for bit through every level (x_t
+    strided, y_t views of the history that later steps leave alone); it takes exactly those; every
     refusal (dtype, shape, the stream full, the filter written or replaced, an inference state
     outside inference mode, not a tensor) raises the Python path's error."""
     import contextlib
@@ -1007,8 +1007,11 @@ def test_cuda_direct_stepper_is_the_python_direct_step(gen, monkeypatch, dtype, 
         kept[on] = [y.clone() for y in ys]
         outs[on], states[on] = torch.stack(ys), state
     to_generate = length - prompt_len
-    direct = [prompt_len + i for i in range(to_generate)
-              if (q := generation._fold_level(i, to_generate)) is None or q < len(states[True].toeplitz)]
+    # the stepper's: the direct tokens, and the middle levels' replays where torch gives it the graphs
+    replayed = states[True].graphed.kernel_levels if hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec") else set()
+    assert replayed == ({4, 5, 6, 7, 8} if replayed else set())
+    direct = [prompt_len + i for i in range(to_generate) if (q := generation._fold_level(i, to_generate)) is None
+              or q < len(states[True].toeplitz) or q in replayed]
     assert states[True].direct.taken == direct
     assert len(states[True].direct.left) == to_generate - len(direct)
     assert torch.equal(outs[True], outs[False]) and all(torch.equal(a, b) for a, b in zip(kept[True], outs[True]))
@@ -1033,6 +1036,7 @@ def test_cuda_direct_stepper_is_the_python_direct_step(gen, monkeypatch, dtype, 
         with pytest.raises(RuntimeError, match="the stream is full"):
             layer.step(x_t, state)
     if inference:
+        state.position = prompt_len + 1  # room left: the full stream's error comes first
         with pytest.raises(RuntimeError, match="inference_mode"):
             layer.step(x_t, state)
     else:

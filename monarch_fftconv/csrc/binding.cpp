@@ -483,18 +483,22 @@ at::Tensor conv_step_at(const at::Tensor& x, const at::Tensor& inputs, const at:
 // parsing and dispatch more than the launch, and the step's Python checks ~5. A stepper is made
 // once at prefill with the state's tensors (checked then, as conv_step_at checks them each call);
 // a token is then one Python call: the cheap checks, the fold level, one launch of the step
-// kernel, y_t as the view outputs[i] (the kernel writes y there, once). It serves the plain case
-// only and returns None for anything else (not a tensor, another shape, dtype or device, the
-// stream full, the filter replaced or written, an inference state outside inference mode, a
-// level the kernel does not fold alone): generation.py's path then takes the token, with its
-// checks, its one home for every error message, and its graph replays.
+// kernel, y_t as the view outputs[i] (the kernel writes y there, once); and for the levels whose
+// graphs Python hands it (the middle levels, on the conv_block kernel), the copy of x_t into the
+// graphs' input and one cudaGraphLaunch. It serves the plain case only and returns None for
+// anything else (not a tensor, another shape, dtype or device, the stream full, the filter
+// replaced or written, an inference state outside inference mode, an FFT level): generation.py's
+// path then takes the token, with its checks, its one home for every error message, and its
+// cuFFT plan check.
 class DirectStepper {
  public:
   DirectStepper(at::Tensor inputs, at::Tensor pending, at::Tensor outputs, at::Tensor first_tap, at::Tensor second_tap,
-                at::Tensor index, std::vector<at::Tensor> toeplitz, int64_t prompt_len, at::Tensor filter)
+                at::Tensor index, std::vector<at::Tensor> toeplitz, int64_t prompt_len, at::Tensor filter,
+                at::Tensor graph_input, std::vector<int64_t> graph_execs, py::object graphs)
       : inputs_(std::move(inputs)), pending_(std::move(pending)), outputs_(std::move(outputs)),
         first_tap_(std::move(first_tap)), second_tap_(std::move(second_tap)), index_(std::move(index)),
-        toeplitz_(std::move(toeplitz)), filter_(std::move(filter)), prompt_len_(prompt_len) {
+        toeplitz_(std::move(toeplitz)), filter_(std::move(filter)), graph_input_(std::move(graph_input)),
+        graph_execs_(std::move(graph_execs)), graphs_(std::move(graphs)), prompt_len_(prompt_len) {
     const auto dtype = inputs_.scalar_type();
     TORCH_CHECK_VALUE(inputs_.is_cuda() && (dtype == at::kFloat || dtype == at::kDouble) && inputs_.dim() == 3 &&
                           prompt_len_ >= 0 && !toeplitz_.empty(),
@@ -510,7 +514,9 @@ class DirectStepper {
                       message("monarch_fftconv: DirectStepper takes inputs (B, C, T), pending (B, C, >= T), outputs "
                               "(T, B, C), taps (C,) and an int64 index; got ", inputs_.sizes(), ", ",
                               pending_.sizes(), ", ", outputs_.sizes(), ", ", first_tap_.sizes(), ", ", index_.sizes()));
-    std::vector<at::Tensor> values{pending_, outputs_, first_tap_, second_tap_};
+    TORCH_CHECK_VALUE(graph_input_.dim() == 2 && graph_input_.size(0) == batch && graph_input_.size(1) == channels,
+                      message("monarch_fftconv: DirectStepper's graph input must be (B, C), got ", graph_input_.sizes()));
+    std::vector<at::Tensor> values{pending_, outputs_, first_tap_, second_tap_, graph_input_};
     int64_t n = 1;  // level q's block: n = 2^q
     for (size_t q = 0; q < toeplitz_.size(); ++q, n *= 2) {
       const at::Tensor& block = toeplitz_[q];
@@ -546,8 +552,18 @@ class DirectStepper {
     // after the last step): levels below the Toeplitz blocks' count are the kernel's alone.
     const bool folds = i + 1 < to_generate;
     const int q = folds ? __builtin_ctzll(static_cast<unsigned long long>(i + 1)) : -1;
-    if (q >= static_cast<int>(toeplitz_.size())) return py::none();
     const c10::cuda::CUDAGuard guard(inputs_.device());
+    if (q >= static_cast<int>(toeplitz_.size())) {
+      // A replayed level: the graph of level q (its step reads x from the graphs' input and
+      // writes y to outputs[i]), launched as CUDAGraph.replay launches it, where Python gave its
+      // executable (a level with no cuFFT plan: no plan check owed; no random numbers: no
+      // generator state to advance).
+      const int64_t exec = q < static_cast<int>(graph_execs_.size()) ? graph_execs_[q] : 0;
+      if (exec == 0) return py::none();
+      graph_input_.copy_(x);
+      check_launch(cudaGraphLaunch(reinterpret_cast<cudaGraphExec_t>(exec), current_stream(inputs_)));
+      return py::reinterpret_steal<py::object>(THPVariable_Wrap(outputs_.select(0, i)));
+    }
     at::Tensor y = outputs_.select(0, i);
     const std::optional<at::Tensor> block = q > 0 ? std::optional<at::Tensor>(toeplitz_[q]) : std::nullopt;
     if (inputs_.scalar_type() == at::kFloat)
@@ -567,6 +583,9 @@ class DirectStepper {
   at::Tensor inputs_, pending_, outputs_, first_tap_, second_tap_, index_;
   std::vector<at::Tensor> toeplitz_;  // level q's (G, 2^q, 2^q) block: the levels the kernel folds alone
   at::Tensor filter_;
+  at::Tensor graph_input_;              // (B, C): the input the graphs read
+  std::vector<int64_t> graph_execs_;    // level q's cudaGraphExec_t where C++ may replay it, else 0
+  py::object graphs_;                   // the CUDAGraph objects that own those executables, kept alive
   int64_t prompt_len_;
   bool filter_is_inference_ = false;
   int64_t filter_version_ = 0;
@@ -1045,8 +1064,9 @@ TORCH_LIBRARY_IMPL(monarch_fftconv, AutogradCUDA, m) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   py::class_<DirectStepper>(module, "DirectStepper", py::module_local())
       .def(py::init<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, std::vector<at::Tensor>,
-                    int64_t, at::Tensor>(),
+                    int64_t, at::Tensor, at::Tensor, std::vector<int64_t>, py::object>(),
            py::arg("inputs"), py::arg("pending"), py::arg("outputs"), py::arg("first_tap"), py::arg("second_tap"),
-           py::arg("index"), py::arg("toeplitz"), py::arg("prompt_len"), py::arg("filter"))
+           py::arg("index"), py::arg("toeplitz"), py::arg("prompt_len"), py::arg("filter"), py::arg("graph_input"),
+           py::arg("graph_execs"), py::arg("graphs"))
       .def("step", &DirectStepper::step, py::arg("x_t"), py::arg("position"), py::arg("filter"));
 }
