@@ -977,20 +977,32 @@ def test_step_fftconv_takes_the_steppers_y_and_falls_back_on_none(gen, simulated
     assert torch.equal(outs[True], outs[False])
 
 
+def test_stepper_middle_levels_switch_is_checked(gen, simulated_graphs, monkeypatch):
+    """generation.STEPPER_MIDDLE_LEVELS takes 'replay' or 'direct'; anything else fails at prefill,
+    on any device, instead of picking one silently."""
+    monkeypatch.setattr(generation, "STEPPER_MIDDLE_LEVELS", "graphs")
+    with pytest.raises(ValueError, match="STEPPER_MIDDLE_LEVELS must be 'replay' or 'direct'"):
+        mf.FFTConv(3, 40).prefill(randn(gen, 1, 3, 4), 40, cuda_graph=True)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the DirectStepper needs a CUDA device")
 @pytest.mark.watchdog(300)
 @pytest.mark.parametrize("dtype, groups, prompt_len, inference", [(torch.float32, 4, 0, True),
                                                                    (torch.float32, 1, 37, False),
                                                                    (torch.float64, 2, 5, True)])
-def test_cuda_direct_stepper_is_the_python_direct_step(gen, monkeypatch, dtype, groups, prompt_len, inference):
-    """DIRECT_STEPPER on a GPU: FFTConv.step's direct tokens and middle levels' replays through the
-    C++ stepper give the Python path's outputs and state bit for bit through every level (x_t
+@pytest.mark.parametrize("middle_levels", ["replay", "direct"])
+def test_cuda_direct_stepper_is_the_python_direct_step(gen, monkeypatch, dtype, groups, prompt_len, inference,
+                                                       middle_levels):
+    """DIRECT_STEPPER on a GPU: FFTConv.step's direct tokens and middle levels (replayed or launched
+    directly) through the C++ stepper give the Python path's outputs and state bit for bit through
+    every level (x_t
     strided, y_t views of the history that later steps leave alone); it takes exactly those; every
     refusal (dtype, shape, the stream full, the filter written or replaced, an inference state
     outside inference mode, not a tensor) raises the Python path's error."""
     import contextlib
     from monarch_fftconv import _extension
     assert not isinstance(_extension.coverage(True), str)
+    monkeypatch.setattr(generation, "STEPPER_MIDDLE_LEVELS", middle_levels)
     length, channels = 1300, 12
     layer = mf.FFTConv(channels, length, groups=groups, device="cuda", dtype=dtype)
     x = randn(gen, 3, channels, length, dtype=dtype, device="cuda")
@@ -1008,7 +1020,9 @@ def test_cuda_direct_stepper_is_the_python_direct_step(gen, monkeypatch, dtype, 
         outs[on], states[on] = torch.stack(ys), state
     to_generate = length - prompt_len
     # the stepper's: the direct tokens, and the middle levels' replays where torch gives it the graphs
-    replayed = states[True].graphed.kernel_levels if hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec") else set()
+    replayed = states[True].graphed.kernel_levels
+    if middle_levels == "replay" and not hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"):
+        replayed = set()
     assert replayed == ({4, 5, 6, 7, 8} if replayed else set())
     direct = [prompt_len + i for i in range(to_generate) if (q := generation._fold_level(i, to_generate)) is None
               or q < len(states[True].toeplitz) or q in replayed]

@@ -80,6 +80,14 @@ mf::Precision precision_of(c10::string_view name) {
 
 bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
+// 2^q for 0 <= q < 63 (a fold level's block size), else 0.
+int64_t power_of_two(int64_t q) {
+  if (q < 0 || q >= 63) return 0;
+  int64_t n = 1;
+  for (int64_t level = 0; level < q; ++level) n *= 2;
+  return n;
+}
+
 struct Split {
   int64_t n1, n2, fft_size;
 };
@@ -477,132 +485,19 @@ at::Tensor conv_step_at(const at::Tensor& x, const at::Tensor& inputs, const at:
                            "conv_step_at");
 }
 
-// ------------------------------------------------------------------ DirectStepper
-// FFTConv.step's direct tokens without the dispatcher (generation.DIRECT_STEPPER). Session 25 (an
-// H200 host): of a direct token's 18.5 us of host time the conv_step_at op took 9.0, its schema's
-// parsing and dispatch more than the launch, and the step's Python checks ~5. A stepper is made
-// once at prefill with the state's tensors (checked then, as conv_step_at checks them each call);
-// a token is then one Python call: the cheap checks, the fold level, one launch of the step
-// kernel, y_t as the view outputs[i] (the kernel writes y there, once); and for the levels whose
-// graphs Python hands it (the middle levels, on the conv_block kernel), the copy of x_t into the
-// graphs' input and one cudaGraphLaunch. It serves the plain case only and returns None for
-// anything else (not a tensor, another shape, dtype or device, the stream full, the filter
-// replaced or written, an inference state outside inference mode, an FFT level): generation.py's
-// path then takes the token, with its checks, its one home for every error message, and its
-// cuFFT plan check.
-class DirectStepper {
- public:
-  DirectStepper(at::Tensor inputs, at::Tensor pending, at::Tensor outputs, at::Tensor first_tap, at::Tensor second_tap,
-                at::Tensor index, std::vector<at::Tensor> toeplitz, int64_t prompt_len, at::Tensor filter,
-                at::Tensor graph_input, std::vector<int64_t> graph_execs, py::object graphs)
-      : inputs_(std::move(inputs)), pending_(std::move(pending)), outputs_(std::move(outputs)),
-        first_tap_(std::move(first_tap)), second_tap_(std::move(second_tap)), index_(std::move(index)),
-        toeplitz_(std::move(toeplitz)), filter_(std::move(filter)), graph_input_(std::move(graph_input)),
-        graph_execs_(std::move(graph_execs)), graphs_(std::move(graphs)), prompt_len_(prompt_len) {
-    const auto dtype = inputs_.scalar_type();
-    TORCH_CHECK_VALUE(inputs_.is_cuda() && (dtype == at::kFloat || dtype == at::kDouble) && inputs_.dim() == 3 &&
-                          prompt_len_ >= 0 && !toeplitz_.empty(),
-                      message("monarch_fftconv: DirectStepper takes a CUDA state in float32 or float64, a prompt "
-                              "length >= 0 and level 0's Toeplitz block at least; got inputs ",
-                              inputs_.sizes(), " ", dtype));
-    const int64_t batch = inputs_.size(0), channels = inputs_.size(1), to_generate = inputs_.size(2);
-    TORCH_CHECK_VALUE(pending_.dim() == 3 && pending_.size(0) == batch && pending_.size(1) == channels &&
-                          pending_.size(2) >= to_generate && outputs_.dim() == 3 && outputs_.size(0) == to_generate &&
-                          outputs_.size(1) == batch && outputs_.size(2) == channels &&
-                          first_tap_.sizes() == at::IntArrayRef{channels} && second_tap_.sizes() == first_tap_.sizes() &&
-                          index_.numel() == 1 && index_.scalar_type() == at::kLong && index_.device() == inputs_.device(),
-                      message("monarch_fftconv: DirectStepper takes inputs (B, C, T), pending (B, C, >= T), outputs "
-                              "(T, B, C), taps (C,) and an int64 index; got ", inputs_.sizes(), ", ",
-                              pending_.sizes(), ", ", outputs_.sizes(), ", ", first_tap_.sizes(), ", ", index_.sizes()));
-    TORCH_CHECK_VALUE(graph_input_.dim() == 2 && graph_input_.size(0) == batch && graph_input_.size(1) == channels,
-                      message("monarch_fftconv: DirectStepper's graph input must be (B, C), got ", graph_input_.sizes()));
-    std::vector<at::Tensor> values{pending_, outputs_, first_tap_, second_tap_, graph_input_};
-    int64_t n = 1;  // level q's block: n = 2^q
-    for (size_t q = 0; q < toeplitz_.size(); ++q, n *= 2) {
-      const at::Tensor& block = toeplitz_[q];
-      TORCH_CHECK_VALUE(n <= mf::kConvStepMaxBlock && block.dim() == 3 && block.size(1) == n && block.size(2) == n &&
-                            block.size(0) >= 1 && channels % block.size(0) == 0,
-                        message("monarch_fftconv: DirectStepper's Toeplitz block of level ", q, " must be (G, ", n,
-                                ", ", n, ") with G dividing C=", channels, " and n <= ", mf::kConvStepMaxBlock,
-                                "; got ", block.sizes()));
-      values.push_back(block);
-    }
-    for (const at::Tensor& t : values) {
-      TORCH_CHECK_VALUE(inputs_.is_contiguous() && t.is_contiguous() && t.device() == inputs_.device() &&
-                            t.scalar_type() == dtype,
-                        message("monarch_fftconv: DirectStepper's tensors must be contiguous, on one device, in "
-                                "the inputs' dtype"));
-    }
-    filter_is_inference_ = filter_.is_inference();
-    filter_version_ = filter_is_inference_ ? 0 : filter_._version();
-  }
-
-  // y_t (a view of outputs[i]) for the token x_t at `position`, with `filter` the layer's filter
-  // as it is now; or None: generation.py takes the token.
-  py::object step(py::handle x_object, int64_t position, py::handle filter_object) const {
-    if (!THPVariable_Check(x_object.ptr()) || !THPVariable_Check(filter_object.ptr())) return py::none();
-    const at::Tensor& x = THPVariable_Unpack(x_object.ptr());
-    const int64_t i = position - prompt_len_, to_generate = inputs_.size(2);
-    if (i < 0 || i >= to_generate || !filter_unchanged(THPVariable_Unpack(filter_object.ptr())) || x.dim() != 2 ||
-        x.size(0) != inputs_.size(0) || x.size(1) != inputs_.size(1) || x.scalar_type() != inputs_.scalar_type() ||
-        x.device() != inputs_.device() || (inputs_.is_inference() && !c10::InferenceMode::is_enabled())) {
-      return py::none();
-    }
-    // The fold after step i is level q = log2 of the largest power of two dividing i + 1 (none
-    // after the last step): levels below the Toeplitz blocks' count are the kernel's alone.
-    const bool folds = i + 1 < to_generate;
-    const int q = folds ? __builtin_ctzll(static_cast<unsigned long long>(i + 1)) : -1;
-    const c10::cuda::CUDAGuard guard(inputs_.device());
-    if (q >= static_cast<int>(toeplitz_.size())) {
-      // A replayed level: the graph of level q (its step reads x from the graphs' input and
-      // writes y to outputs[i]), launched as CUDAGraph.replay launches it, where Python gave its
-      // executable (a level with no cuFFT plan: no plan check owed; no random numbers: no
-      // generator state to advance).
-      const int64_t exec = q < static_cast<int>(graph_execs_.size()) ? graph_execs_[q] : 0;
-      if (exec == 0) return py::none();
-      graph_input_.copy_(x);
-      check_launch(cudaGraphLaunch(reinterpret_cast<cudaGraphExec_t>(exec), current_stream(inputs_)));
-      return py::reinterpret_steal<py::object>(THPVariable_Wrap(outputs_.select(0, i)));
-    }
-    at::Tensor y = outputs_.select(0, i);
-    const std::optional<at::Tensor> block = q > 0 ? std::optional<at::Tensor>(toeplitz_[q]) : std::nullopt;
-    if (inputs_.scalar_type() == at::kFloat)
-      launch_conv_step<float>(x, inputs_, pending_, std::nullopt, y, first_tap_, second_tap_, index_, i, q == 0, block);
-    else
-      launch_conv_step<double>(x, inputs_, pending_, std::nullopt, y, first_tap_, second_tap_, index_, i, q == 0, block);
-    return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(y)));
-  }
-
- private:
-  // generation._Watch's check: the same tensor, and (where it keeps one) the same version.
-  bool filter_unchanged(const at::Tensor& filter) const {
-    return filter.unsafeGetTensorImpl() == filter_.unsafeGetTensorImpl() &&
-           (filter_is_inference_ || filter._version() == filter_version_);
-  }
-
-  at::Tensor inputs_, pending_, outputs_, first_tap_, second_tap_, index_;
-  std::vector<at::Tensor> toeplitz_;  // level q's (G, 2^q, 2^q) block: the levels the kernel folds alone
-  at::Tensor filter_;
-  at::Tensor graph_input_;              // (B, C): the input the graphs read
-  std::vector<int64_t> graph_execs_;    // level q's cudaGraphExec_t where C++ may replay it, else 0
-  py::object graphs_;                   // the CUDAGraph objects that own those executables, kept alive
-  int64_t prompt_len_;
-  bool filter_is_inference_ = false;
-  int64_t filter_version_ = 0;
-};
-
 // A middle fold level's block: pending[:, :, i+1 .. i+n] += the direct Toeplitz product of the
 // last n inputs (inputs[:, :, i+1-n .. i]) with the group's taps k[1 .. 2n-1] (taps (G, >= 2n)),
 // i the generated index in `index` (device memory), n a power of two in [kConvBlockMinBlock,
 // kConvBlockMaxBlock].
 template <typename T>
 void launch_conv_block(const at::Tensor& inputs, const at::Tensor& pending, const at::Tensor& taps,
-                       const at::Tensor& index, int64_t n) {
+                       const at::Tensor& index, int64_t n, int64_t position = -1) {
   mf::ConvBlockParams<T> p{};
   p.inputs = inputs.data_ptr<T>();
   p.pending = pending.data_ptr<T>();
   p.taps = taps.data_ptr<T>();
   p.index = index.data_ptr<int64_t>();
+  p.position = position;
   p.batch = inputs.size(0);
   p.channels = inputs.size(1);
   p.to_generate = inputs.size(2);
@@ -641,6 +536,153 @@ void conv_block(const at::Tensor& inputs, const at::Tensor& pending, const at::T
   else
     launch_conv_block<double>(inputs, pending, taps, index, n);
 }
+
+// ------------------------------------------------------------------ DirectStepper
+// FFTConv.step's direct tokens without the dispatcher (generation.DIRECT_STEPPER). Session 25 (an
+// H200 host): of a direct token's 18.5 us of host time the conv_step_at op took 9.0, its schema's
+// parsing and dispatch more than the launch, and the step's Python checks ~5. A stepper is made
+// once at prefill with the state's tensors (checked then, as conv_step_at checks them each call);
+// a token is then one Python call: the cheap checks, the fold level, one launch of the step
+// kernel, y_t as the view outputs[i] (the kernel writes y there, once); and for the levels whose
+// graphs Python hands it (the middle levels, on the conv_block kernel), the copy of x_t into the
+// graphs' input and one cudaGraphLaunch. It serves the plain case only and returns None for
+// anything else (not a tensor, another shape, dtype or device, the stream full, the filter
+// replaced or written, an inference state outside inference mode, an FFT level): generation.py's
+// path then takes the token, with its checks, its one home for every error message, and its
+// cuFFT plan check.
+class DirectStepper {
+ public:
+  DirectStepper(at::Tensor inputs, at::Tensor pending, at::Tensor outputs, at::Tensor first_tap, at::Tensor second_tap,
+                at::Tensor index, std::vector<at::Tensor> toeplitz, int64_t prompt_len, at::Tensor filter,
+                at::Tensor graph_input, std::vector<int64_t> graph_execs, py::object graphs,
+                std::optional<at::Tensor> middle_taps, std::vector<int64_t> middle_levels)
+      : inputs_(std::move(inputs)), pending_(std::move(pending)), outputs_(std::move(outputs)),
+        first_tap_(std::move(first_tap)), second_tap_(std::move(second_tap)), index_(std::move(index)),
+        toeplitz_(std::move(toeplitz)), filter_(std::move(filter)), graph_input_(std::move(graph_input)),
+        graph_execs_(std::move(graph_execs)), graphs_(std::move(graphs)), middle_taps_(std::move(middle_taps)),
+        prompt_len_(prompt_len) {
+    const auto dtype = inputs_.scalar_type();
+    TORCH_CHECK_VALUE(inputs_.is_cuda() && (dtype == at::kFloat || dtype == at::kDouble) && inputs_.dim() == 3 &&
+                          prompt_len_ >= 0 && !toeplitz_.empty(),
+                      message("monarch_fftconv: DirectStepper takes a CUDA state in float32 or float64, a prompt "
+                              "length >= 0 and level 0's Toeplitz block at least; got inputs ",
+                              inputs_.sizes(), " ", dtype));
+    const int64_t batch = inputs_.size(0), channels = inputs_.size(1), to_generate = inputs_.size(2);
+    TORCH_CHECK_VALUE(pending_.dim() == 3 && pending_.size(0) == batch && pending_.size(1) == channels &&
+                          pending_.size(2) >= to_generate && outputs_.dim() == 3 && outputs_.size(0) == to_generate &&
+                          outputs_.size(1) == batch && outputs_.size(2) == channels &&
+                          first_tap_.sizes() == at::IntArrayRef{channels} && second_tap_.sizes() == first_tap_.sizes() &&
+                          index_.numel() == 1 && index_.scalar_type() == at::kLong && index_.device() == inputs_.device(),
+                      message("monarch_fftconv: DirectStepper takes inputs (B, C, T), pending (B, C, >= T), outputs "
+                              "(T, B, C), taps (C,) and an int64 index; got ", inputs_.sizes(), ", ",
+                              pending_.sizes(), ", ", outputs_.sizes(), ", ", first_tap_.sizes(), ", ", index_.sizes()));
+    TORCH_CHECK_VALUE(graph_input_.dim() == 2 && graph_input_.size(0) == batch && graph_input_.size(1) == channels,
+                      message("monarch_fftconv: DirectStepper's graph input must be (B, C), got ", graph_input_.sizes()));
+    std::vector<at::Tensor> values{pending_, outputs_, first_tap_, second_tap_, graph_input_};
+    int64_t n = 1;  // level q's block: n = 2^q
+    for (size_t q = 0; q < toeplitz_.size(); ++q, n *= 2) {
+      const at::Tensor& block = toeplitz_[q];
+      TORCH_CHECK_VALUE(n <= mf::kConvStepMaxBlock && block.dim() == 3 && block.size(1) == n && block.size(2) == n &&
+                            block.size(0) >= 1 && channels % block.size(0) == 0,
+                        message("monarch_fftconv: DirectStepper's Toeplitz block of level ", q, " must be (G, ", n,
+                                ", ", n, ") with G dividing C=", channels, " and n <= ", mf::kConvStepMaxBlock,
+                                "; got ", block.sizes()));
+      values.push_back(block);
+    }
+    for (const at::Tensor& t : values) {
+      TORCH_CHECK_VALUE(inputs_.is_contiguous() && t.is_contiguous() && t.device() == inputs_.device() &&
+                            t.scalar_type() == dtype,
+                        message("monarch_fftconv: DirectStepper's tensors must be contiguous, on one device, in "
+                                "the inputs' dtype"));
+    }
+    for (const int64_t q : middle_levels) {
+      const int64_t n = power_of_two(q);
+      TORCH_CHECK_VALUE(middle_taps_ && q >= 1 && n >= mf::kConvBlockMinBlock && n <= mf::kConvBlockMaxBlock &&
+                            middle_taps_->dim() == 2 && middle_taps_->size(1) >= 2 * n &&
+                            middle_taps_->size(0) >= 1 && channels % middle_taps_->size(0) == 0 &&
+                            middle_taps_->is_contiguous() && middle_taps_->device() == inputs_.device() &&
+                            middle_taps_->scalar_type() == dtype,
+                        message("monarch_fftconv: DirectStepper's middle level ", q, " needs taps (G, >= 2n) with n "
+                                "in [", mf::kConvBlockMinBlock, ", ", mf::kConvBlockMaxBlock, "] in the inputs' dtype"));
+      if (q >= static_cast<int64_t>(middle_.size())) middle_.resize(q + 1, false);
+      middle_[q] = true;
+    }
+    filter_is_inference_ = filter_.is_inference();
+    filter_version_ = filter_is_inference_ ? 0 : filter_._version();
+  }
+
+  // y_t (a view of outputs[i]) for the token x_t at `position`, with `filter` the layer's filter
+  // as it is now; or None: generation.py takes the token.
+  py::object step(py::handle x_object, int64_t position, py::handle filter_object) const {
+    if (!THPVariable_Check(x_object.ptr()) || !THPVariable_Check(filter_object.ptr())) return py::none();
+    const at::Tensor& x = THPVariable_Unpack(x_object.ptr());
+    const int64_t i = position - prompt_len_, to_generate = inputs_.size(2);
+    if (i < 0 || i >= to_generate || !filter_unchanged(THPVariable_Unpack(filter_object.ptr())) || x.dim() != 2 ||
+        x.size(0) != inputs_.size(0) || x.size(1) != inputs_.size(1) || x.scalar_type() != inputs_.scalar_type() ||
+        x.device() != inputs_.device() || (inputs_.is_inference() && !c10::InferenceMode::is_enabled())) {
+      return py::none();
+    }
+    // The fold after step i is level q = log2 of the largest power of two dividing i + 1 (none
+    // after the last step): levels below the Toeplitz blocks' count are the kernel's alone.
+    const bool folds = i + 1 < to_generate;
+    const int q = folds ? __builtin_ctzll(static_cast<unsigned long long>(i + 1)) : -1;
+    const c10::cuda::CUDAGuard guard(inputs_.device());
+    if (q >= static_cast<int>(toeplitz_.size()) && q < static_cast<int>(middle_.size()) && middle_[q]) {
+      // A middle level, launched directly: the step kernel as for a direct token (no fold of its
+      // own), then conv_block at the same host position, the graphs' two kernels in their order
+      // (the same arithmetic: the same bits), without the copy of x_t or a graph launch.
+      at::Tensor y = outputs_.select(0, i);
+      const int64_t n = power_of_two(q);
+      if (inputs_.scalar_type() == at::kFloat) {
+        launch_conv_step<float>(x, inputs_, pending_, std::nullopt, y, first_tap_, second_tap_, index_, i, false,
+                                std::nullopt);
+        launch_conv_block<float>(inputs_, pending_, *middle_taps_, index_, n, i);
+      } else {
+        launch_conv_step<double>(x, inputs_, pending_, std::nullopt, y, first_tap_, second_tap_, index_, i, false,
+                                 std::nullopt);
+        launch_conv_block<double>(inputs_, pending_, *middle_taps_, index_, n, i);
+      }
+      return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(y)));
+    }
+    if (q >= static_cast<int>(toeplitz_.size())) {
+      // A replayed level: the graph of level q (its step reads x from the graphs' input and
+      // writes y to outputs[i]), launched as CUDAGraph.replay launches it, where Python gave its
+      // executable (a level with no cuFFT plan: no plan check owed; no random numbers: no
+      // generator state to advance).
+      const int64_t exec = q < static_cast<int>(graph_execs_.size()) ? graph_execs_[q] : 0;
+      if (exec == 0) return py::none();
+      graph_input_.copy_(x);
+      check_launch(cudaGraphLaunch(reinterpret_cast<cudaGraphExec_t>(exec), current_stream(inputs_)));
+      return py::reinterpret_steal<py::object>(THPVariable_Wrap(outputs_.select(0, i)));
+    }
+    at::Tensor y = outputs_.select(0, i);
+    const std::optional<at::Tensor> block = q > 0 ? std::optional<at::Tensor>(toeplitz_[q]) : std::nullopt;
+    if (inputs_.scalar_type() == at::kFloat)
+      launch_conv_step<float>(x, inputs_, pending_, std::nullopt, y, first_tap_, second_tap_, index_, i, q == 0, block);
+    else
+      launch_conv_step<double>(x, inputs_, pending_, std::nullopt, y, first_tap_, second_tap_, index_, i, q == 0, block);
+    return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(y)));
+  }
+
+ private:
+  // generation._Watch's check: the same tensor, and (where it keeps one) the same version.
+  bool filter_unchanged(const at::Tensor& filter) const {
+    return filter.unsafeGetTensorImpl() == filter_.unsafeGetTensorImpl() &&
+           (filter_is_inference_ || filter._version() == filter_version_);
+  }
+
+  at::Tensor inputs_, pending_, outputs_, first_tap_, second_tap_, index_;
+  std::vector<at::Tensor> toeplitz_;  // level q's (G, 2^q, 2^q) block: the levels the kernel folds alone
+  at::Tensor filter_;
+  at::Tensor graph_input_;              // (B, C): the input the graphs read
+  std::vector<int64_t> graph_execs_;    // level q's cudaGraphExec_t where C++ may replay it, else 0
+  py::object graphs_;                   // the CUDAGraph objects that own those executables, kept alive
+  std::optional<at::Tensor> middle_taps_;  // (G, >= 2n): the middle levels' taps (ConvState.middle_taps)
+  std::vector<bool> middle_;            // level q is launched directly (conv_step, then conv_block)
+  int64_t prompt_len_;
+  bool filter_is_inference_ = false;
+  int64_t filter_version_ = 0;
+};
 
 // A cached spectrum brought up to date with k, in place and in one launch, with no host
 // sync: the rows whose filter differs from `source` (the fp32 filter, or a half filter's
@@ -1064,9 +1106,10 @@ TORCH_LIBRARY_IMPL(monarch_fftconv, AutogradCUDA, m) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   py::class_<DirectStepper>(module, "DirectStepper", py::module_local())
       .def(py::init<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, std::vector<at::Tensor>,
-                    int64_t, at::Tensor, at::Tensor, std::vector<int64_t>, py::object>(),
+                    int64_t, at::Tensor, at::Tensor, std::vector<int64_t>, py::object, std::optional<at::Tensor>,
+                    std::vector<int64_t>>(),
            py::arg("inputs"), py::arg("pending"), py::arg("outputs"), py::arg("first_tap"), py::arg("second_tap"),
            py::arg("index"), py::arg("toeplitz"), py::arg("prompt_len"), py::arg("filter"), py::arg("graph_input"),
-           py::arg("graph_execs"), py::arg("graphs"))
+           py::arg("graph_execs"), py::arg("graphs"), py::arg("middle_taps"), py::arg("middle_levels"))
       .def("step", &DirectStepper::step, py::arg("x_t"), py::arg("position"), py::arg("filter"));
 }

@@ -255,7 +255,8 @@ cudaError_t conv_step(const ConvStepParams<float>& params, cudaStream_t stream);
 cudaError_t conv_step(const ConvStepParams<double>& params, cudaStream_t stream);
 
 // A middle fold level's block of a streaming generation (generation/conv_step.cu), as a direct
-// Toeplitz product instead of two FFTs: with the generated index i = *index, for every stream
+// Toeplitz product instead of two FFTs: with the generated index i = *index (or `position`, from
+// the host, where it is >= 0: the C++ stepper's direct middle levels), for every stream
 // e = b·C + c and m < n, pending[e][i+1+m] += Σ_j inputs[e][i+1-n+j]·taps[g][n+m-j] (j ascending,
 // one fused multiply-add a term), g = c / (C / groups); taps (groups, taps_len) holds the filter's
 // k[0 .. taps_len) (k[0] unused), taps_len >= 2n. n is a power of two in [kConvBlockMinBlock,
@@ -267,7 +268,8 @@ struct ConvBlockParams {
   const T* inputs;        // (B, C, to_generate)
   T* pending;             // (B, C, pending_len)
   const T* taps;          // (groups, taps_len)
-  const int64_t* index;   // the generated index i, in device memory
+  const int64_t* index;   // the generated index i, in device memory (read where position < 0)
+  int64_t position;       // the generated index i from the host, or -1: *index
   int64_t batch;
   int64_t channels;
   int64_t to_generate;

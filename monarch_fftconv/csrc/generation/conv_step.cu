@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(ConvBlockTraits<N>::kWarps * 32) conv_block_ke
   using Traits = ConvBlockTraits<N>;
   constexpr int kPerWarp = Traits::kValuesPerWarp;
   __shared__ T smem[Traits::kWarps * kPerWarp];
-  const int64_t i = *p.index;
+  const int64_t i = p.position >= 0 ? p.position : *p.index;
   // The host checks the room before every step; a block with no room writes nothing.
   if (i + 1 < N || i >= p.to_generate || i + N >= p.pending_len) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
