@@ -614,8 +614,11 @@ class DirectStepper {
   // y_t (a view of outputs[i]) for the token x_t at `position`, with `filter` the layer's filter
   // as it is now; or None: generation.py takes the token.
   py::object step(py::handle x_object, int64_t position, py::handle filter_object) const {
-    if (!THPVariable_Check(x_object.ptr()) || !THPVariable_Check(filter_object.ptr())) return py::none();
+    // A plain tensor with storage only: subclasses (their __torch_function__) and wrappers without
+    // storage (functorch's, fake tensors) take the Python path, which dispatches them as they expect.
+    if (!THPVariable_CheckExact(x_object.ptr()) || !THPVariable_Check(filter_object.ptr())) return py::none();
     const at::Tensor& x = THPVariable_Unpack(x_object.ptr());
+    if (!x.has_storage() || x.layout() != at::kStrided) return py::none();
     const int64_t i = position - prompt_len_, to_generate = inputs_.size(2);
     if (i < 0 || i >= to_generate || !filter_unchanged(THPVariable_Unpack(filter_object.ptr())) || x.dim() != 2 ||
         x.size(0) != inputs_.size(0) || x.size(1) != inputs_.size(1) || x.scalar_type() != inputs_.scalar_type() ||
