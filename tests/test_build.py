@@ -769,3 +769,28 @@ def test_the_fill_rule_compiles_into_a_graph(monkeypatch):
     compiled = torch.compile(scaled, fullgraph=True, backend="eager")  # dynamo is what is tested
     assert compiled(torch.ones(16 * 256))[0].item() == 2.0
     assert compiled(torch.ones(15))[0].item() == 1.0
+
+
+# --------------------------------------------------------------------------- the library as a module
+
+def test_python_module_imports_the_loaded_library_once(tmp_path, monkeypatch):
+    """_extension.python_module(): None before a library is loaded (it never builds), the module
+    once one is (a JIT build by its path, under its own name), asked once; None, not an error,
+    for a library without the module's init (an older build), and asked once too."""
+    monkeypatch.setattr(_extension, "_library", None)
+    monkeypatch.setattr(_extension, "_module", None)
+    assert _extension.python_module() is None
+    good = tmp_path / "stand_in_library.py"  # any importable file stands in for the .so
+    good.write_text("MARK = 7\n")
+    monkeypatch.setattr(_extension, "_library", ("stand_in_library", str(good)))
+    module = _extension.python_module()
+    assert module is not None and module.MARK == 7
+    good.write_text("MARK = 8\n")
+    assert _extension.python_module() is module  # imported once
+    bad = tmp_path / "broken_library.py"
+    bad.write_text("raise ImportError('dynamic module does not define module export function')\n")
+    monkeypatch.setattr(_extension, "_library", ("broken_library", str(bad)))
+    monkeypatch.setattr(_extension, "_module", None)
+    assert _extension.python_module() is None
+    bad.unlink()
+    assert _extension.python_module() is None  # the answer is kept: not retried each call
