@@ -589,9 +589,9 @@ class DirectStepper {
                                 "; got ", block.sizes()));
       values.push_back(block);
     }
+    values.push_back(inputs_);
     for (const at::Tensor& t : values) {
-      TORCH_CHECK_VALUE(inputs_.is_contiguous() && t.is_contiguous() && t.device() == inputs_.device() &&
-                            t.scalar_type() == dtype,
+      TORCH_CHECK_VALUE(t.is_contiguous() && t.device() == inputs_.device() && t.scalar_type() == dtype,
                         message("monarch_fftconv: DirectStepper's tensors must be contiguous, on one device, in "
                                 "the inputs' dtype"));
     }
@@ -625,49 +625,52 @@ class DirectStepper {
         x.device() != inputs_.device() || (inputs_.is_inference() && !c10::InferenceMode::is_enabled())) {
       return py::none();
     }
-    // The fold after step i is level q = log2 of the largest power of two dividing i + 1 (none
-    // after the last step): levels below the Toeplitz blocks' count are the kernel's alone.
-    const bool folds = i + 1 < to_generate;
-    const int q = folds ? __builtin_ctzll(static_cast<unsigned long long>(i + 1)) : -1;
+    // The fold after step i is level q = log2 of the largest power of two dividing i + 1 (none,
+    // -1, after the last step). Levels below the Toeplitz blocks' count are the step kernel's
+    // alone; a middle level is the step kernel and conv_block, launched here or as its graph.
+    const int q = i + 1 < to_generate ? __builtin_ctzll(static_cast<unsigned long long>(i + 1)) : -1;
+    const bool alone = q < static_cast<int>(toeplitz_.size());
+    const bool middle = !alone && q < static_cast<int>(middle_.size()) && middle_[q];
+    const int64_t exec = alone || middle || q >= static_cast<int>(graph_execs_.size()) ? 0 : graph_execs_[q];
+    if (!alone && !middle && exec == 0) return py::none();  // an FFT level: _replay's, with its plan check
     const c10::cuda::CUDAGuard guard(inputs_.device());
-    if (q >= static_cast<int>(toeplitz_.size()) && q < static_cast<int>(middle_.size()) && middle_[q]) {
-      // A middle level, launched directly: the step kernel as for a direct token (no fold of its
-      // own), then conv_block at the same host position, the graphs' two kernels in their order
-      // (the same arithmetic: the same bits), without the copy of x_t or a graph launch.
-      at::Tensor y = outputs_.select(0, i);
-      const int64_t n = power_of_two(q);
-      if (inputs_.scalar_type() == at::kFloat) {
-        launch_conv_step<float>(x, inputs_, pending_, std::nullopt, y, first_tap_, second_tap_, index_, i, false,
-                                std::nullopt);
-        launch_conv_block<float>(inputs_, pending_, *middle_taps_, index_, n, i);
-      } else {
-        launch_conv_step<double>(x, inputs_, pending_, std::nullopt, y, first_tap_, second_tap_, index_, i, false,
-                                 std::nullopt);
-        launch_conv_block<double>(inputs_, pending_, *middle_taps_, index_, n, i);
-      }
-      return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(y)));
-    }
-    if (q >= static_cast<int>(toeplitz_.size())) {
-      // A replayed level: the graph of level q (its step reads x from the graphs' input and
-      // writes y to outputs[i]), launched as CUDAGraph.replay launches it, where Python gave its
-      // executable (a level with no cuFFT plan: no plan check owed; no random numbers: no
+    at::Tensor y = outputs_.select(0, i);  // the kernel (or the graph's) writes y there, once
+    if (alone) {
+      launch_step(x, y, i, q == 0, q > 0 ? std::optional<at::Tensor>(toeplitz_[q]) : std::nullopt);
+    } else if (middle) {
+      // The graph's two kernels in its order (the same arithmetic: the same bits), without the
+      // copy of x_t or a graph launch.
+      launch_step(x, y, i, false, std::nullopt);
+      launch_block(power_of_two(q), i);
+    } else {
+      // The level's graph (its step reads x from the graphs' input), launched as CUDAGraph.replay
+      // launches it: a graph with no cuFFT plan (no plan check owed) and no random numbers (no
       // generator state to advance).
-      const int64_t exec = q < static_cast<int>(graph_execs_.size()) ? graph_execs_[q] : 0;
-      if (exec == 0) return py::none();
       graph_input_.copy_(x);
       check_launch(cudaGraphLaunch(reinterpret_cast<cudaGraphExec_t>(exec), current_stream(inputs_)));
-      return py::reinterpret_steal<py::object>(THPVariable_Wrap(outputs_.select(0, i)));
     }
-    at::Tensor y = outputs_.select(0, i);
-    const std::optional<at::Tensor> block = q > 0 ? std::optional<at::Tensor>(toeplitz_[q]) : std::nullopt;
-    if (inputs_.scalar_type() == at::kFloat)
-      launch_conv_step<float>(x, inputs_, pending_, std::nullopt, y, first_tap_, second_tap_, index_, i, q == 0, block);
-    else
-      launch_conv_step<double>(x, inputs_, pending_, std::nullopt, y, first_tap_, second_tap_, index_, i, q == 0, block);
     return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(y)));
   }
 
  private:
+  // The step kernel at host position i: x read where it lies, y into outputs[i] (given as y),
+  // the device index left at i + 1.
+  void launch_step(const at::Tensor& x, const at::Tensor& y, int64_t i, bool fold,
+                   const std::optional<at::Tensor>& block) const {
+    if (inputs_.scalar_type() == at::kFloat)
+      launch_conv_step<float>(x, inputs_, pending_, std::nullopt, y, first_tap_, second_tap_, index_, i, fold, block);
+    else
+      launch_conv_step<double>(x, inputs_, pending_, std::nullopt, y, first_tap_, second_tap_, index_, i, fold, block);
+  }
+
+  // A middle level's block (n = 2^q) at host position i.
+  void launch_block(int64_t n, int64_t i) const {
+    if (inputs_.scalar_type() == at::kFloat)
+      launch_conv_block<float>(inputs_, pending_, *middle_taps_, index_, n, i);
+    else
+      launch_conv_block<double>(inputs_, pending_, *middle_taps_, index_, n, i);
+  }
+
   // generation._Watch's check: the same tensor, and (where it keeps one) the same version.
   bool filter_unchanged(const at::Tensor& filter) const {
     return filter.unsafeGetTensorImpl() == filter_.unsafeGetTensorImpl() &&
