@@ -183,7 +183,9 @@ def _load() -> Coverage | str:
                 torch.ops.load_library(aot)  # its ops: registered by loading, no module init needed
                 _library = (AOT_MODULE, aot)
             else:
-                _library = (EXTENSION_NAME, build())
+                built = build()
+                # the module's name is the file's stem: a rebuild in one process is named _v1, _v2, ...
+                _library = (Path(built).name.split(".")[0], built)
             return _read_coverage()
         except Exception as exc:  # a failed build must not take the fallback path down with it
             reason = f"{'loading ' + aot if aot else 'building the CUDA extension'} failed: {exc}"

@@ -81,6 +81,7 @@ DIRECT_STEPPER = True
 # copy of x_t or a graph launch (written in session 26 after its last GPU call: unmeasured,
 # predicted a middle level's token -7 to -10 us; docs/design.md, "The C++ stepper").
 STEPPER_MIDDLE_LEVELS = "replay"
+_DIRECT_STEPPER_ABI = 2  # binding.cpp's DIRECT_STEPPER_ABI: the DirectStepper signatures called below
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -530,11 +531,13 @@ def _replay(graphed: _GraphedSteps | _GraphedHyena, x_t: Tensor, i: int, to_gene
     """x_t into the graphs' input, then the graph of generated step i's fold level. No device
     context (3.4 us of a token's ~20 us of host time, H100): copy_ runs on its tensors' device and
     CUDAGraph.replay sets its capture's device, each on that device's current stream."""
-    if graphed.plans is not None:
+    q = _fold_level(i, to_generate)
+    # A middle level on conv_block replays no cuFFT plan (as the C++ stepper knows: both agree)
+    if graphed.plans is not None and q not in getattr(graphed, "kernel_levels", ()):
         graphed.plans.check()
     with torch.no_grad():
         graphed.x.copy_(x_t)
-    graphed.graphs[_fold_level(i, to_generate)].replay()
+    graphed.graphs[q].replay()
 
 
 def _graphed_bytes(graphed: _GraphedSteps | _GraphedHyena | None) -> int:
@@ -655,8 +658,8 @@ def _direct_stepper(state: ConvState, filt: Tensor) -> Any:
             and graphed.outputs is not None and state.dtype == state.inputs.dtype):
         return None
     module = _extension.python_module()
-    if module is None or not hasattr(module, "DirectStepper"):
-        return None
+    if getattr(module, "DIRECT_STEPPER_ABI", None) != _DIRECT_STEPPER_ABI:
+        return None  # no module, or a build whose stepper takes other arguments
     # The middle levels (conv_block: no cuFFT plan to watch) are the stepper's too: launched
     # directly, or as their graphs where this torch exposes a graph's executable. The FFT levels
     # stay with _replay.

@@ -1063,3 +1063,58 @@ def test_cuda_direct_stepper_is_the_python_direct_step(gen, monkeypatch, dtype, 
         layer.filter = torch.nn.Parameter(layer.filter.detach().clone())
         with pytest.raises(RuntimeError, match="replaced"):
             layer.step(x_t, state)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the DirectStepper needs a CUDA device")
+@pytest.mark.watchdog(300)
+@pytest.mark.parametrize("middle_levels", ["replay", "direct"])
+def test_cuda_direct_stepper_leaves_unusual_inputs_to_python(gen, monkeypatch, middle_levels):
+    """What the stepper must not read raw goes to the Python path, with the same outputs as plain
+    inputs: x_t with a lazy negation bit (a plain float tensor whose memory holds -x), x_t under a
+    TorchDispatchMode (which then sees the ops), x_t that requires grad (no history kept in the
+    graphs' input); and a state of a single token (no Toeplitz block) steps."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    monkeypatch.setattr(generation, "STEPPER_MIDDLE_LEVELS", middle_levels)
+    length, prompt_len, channels = 70, 3, 6
+    layer = mf.FFTConv(channels, length, groups=2, device="cuda")
+    x = randn(gen, 2, channels, length, device="cuda")
+    imag = randn(gen, 2, channels, length, device="cuda")
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    outs = {}
+    for how in ("plain", "negated", "mode", "grad"):
+        with torch.no_grad():
+            _, state = layer.prefill(x[..., :prompt_len], length, cuda_graph=True)
+        assert state.direct is not None
+        ys = []
+        for t in range(prompt_len, length):
+            x_t = x[..., t]
+            if how == "negated":
+                x_t = torch.complex(imag[..., t], -x_t).conj().imag  # lazily negated: -(-x_t)
+                assert x_t.is_neg()
+            if how == "mode":
+                with Seen() as seen:
+                    ys.append(layer.step(x_t, state)[0].clone())
+                assert seen.ops > 0
+                continue
+            if how == "grad":
+                x_t = x_t.clone().requires_grad_()
+            ys.append(layer.step(x_t, state)[0].detach().clone())
+        assert not state.graphed.x.requires_grad
+        outs[how] = torch.stack(ys)
+    for how in ("negated", "mode", "grad"):
+        assert torch.equal(outs[how], outs["plain"]), how
+    with torch.no_grad():
+        y0, state = layer.prefill(x[..., :length - 1], length, cuda_graph=True)
+        assert state.direct is not None and state.toeplitz == []
+        y_last = layer.step(x[..., length - 1], state)[0]
+    want = reference_full(x, layer.filter.detach())[..., length - 1]
+    assert rel_l2(y_last, want) < ERROR_BUDGETS["fp32"]

@@ -14,6 +14,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/InferenceMode.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -562,11 +563,11 @@ class DirectStepper {
         graph_execs_(std::move(graph_execs)), graphs_(std::move(graphs)), middle_taps_(std::move(middle_taps)),
         prompt_len_(prompt_len) {
     const auto dtype = inputs_.scalar_type();
+    // (No Toeplitz block at all is a state of one token: its one step folds nothing.)
     TORCH_CHECK_VALUE(inputs_.is_cuda() && (dtype == at::kFloat || dtype == at::kDouble) && inputs_.dim() == 3 &&
-                          prompt_len_ >= 0 && !toeplitz_.empty(),
-                      message("monarch_fftconv: DirectStepper takes a CUDA state in float32 or float64, a prompt "
-                              "length >= 0 and level 0's Toeplitz block at least; got inputs ",
-                              inputs_.sizes(), " ", dtype));
+                          prompt_len_ >= 0,
+                      message("monarch_fftconv: DirectStepper takes a CUDA state in float32 or float64 and a prompt "
+                              "length >= 0; got inputs ", inputs_.sizes(), " ", dtype));
     const int64_t batch = inputs_.size(0), channels = inputs_.size(1), to_generate = inputs_.size(2);
     TORCH_CHECK_VALUE(pending_.dim() == 3 && pending_.size(0) == batch && pending_.size(1) == channels &&
                           pending_.size(2) >= to_generate && outputs_.dim() == 3 && outputs_.size(0) == to_generate &&
@@ -614,11 +615,19 @@ class DirectStepper {
   // y_t (a view of outputs[i]) for the token x_t at `position`, with `filter` the layer's filter
   // as it is now; or None: generation.py takes the token.
   py::object step(py::handle x_object, int64_t position, py::handle filter_object) const {
-    // A plain tensor with storage only: subclasses (their __torch_function__) and wrappers without
-    // storage (functorch's, fake tensors) take the Python path, which dispatches them as they expect.
-    if (!THPVariable_CheckExact(x_object.ptr()) || !THPVariable_Check(filter_object.ptr())) return py::none();
+    // A plain tensor whose memory holds its values, outside any dispatch mode: subclasses (their
+    // __torch_function__), wrappers (functorch's, fake and functional tensors), lazy negation or
+    // conjugation, zero tensors and a TorchDispatchMode take the Python path, whose op resolves
+    // them as the dispatcher does.
+    if (!THPVariable_CheckExact(x_object.ptr()) || !THPVariable_Check(filter_object.ptr()) ||
+        c10::impl::TorchDispatchModeTLS::stack_len() > 0) {
+      return py::none();
+    }
     const at::Tensor& x = THPVariable_Unpack(x_object.ptr());
-    if (!x.has_storage() || x.layout() != at::kStrided) return py::none();
+    if (!x.has_storage() || x.layout() != at::kStrided || x.is_neg() || x.is_conj() || x._is_zerotensor() ||
+        x.key_set().has(c10::DispatchKey::Functionalize)) {
+      return py::none();
+    }
     const int64_t i = position - prompt_len_, to_generate = inputs_.size(2);
     if (i < 0 || i >= to_generate || !filter_unchanged(THPVariable_Unpack(filter_object.ptr())) || x.dim() != 2 ||
         x.size(0) != inputs_.size(0) || x.size(1) != inputs_.size(1) || x.scalar_type() != inputs_.scalar_type() ||
@@ -634,6 +643,7 @@ class DirectStepper {
     const int64_t exec = alone || middle || q >= static_cast<int>(graph_execs_.size()) ? 0 : graph_execs_[q];
     if (!alone && !middle && exec == 0) return py::none();  // an FFT level: _replay's, with its plan check
     const c10::cuda::CUDAGuard guard(inputs_.device());
+    if (!alone && capturing()) return py::none();  // a replay inside a user's capture: torch refuses it
     at::Tensor y = outputs_.select(0, i);  // the kernel (or the graph's) writes y there, once
     if (alone) {
       launch_step(x, y, i, q == 0, q > 0 ? std::optional<at::Tensor>(toeplitz_[q]) : std::nullopt);
@@ -646,6 +656,7 @@ class DirectStepper {
       // The level's graph (its step reads x from the graphs' input), launched as CUDAGraph.replay
       // launches it: a graph with no cuFFT plan (no plan check owed) and no random numbers (no
       // generator state to advance).
+      const at::NoGradGuard no_grad;  // as _replay: the graphs' input records no history of x_t
       graph_input_.copy_(x);
       check_launch(cudaGraphLaunch(reinterpret_cast<cudaGraphExec_t>(exec), current_stream(inputs_)));
     }
@@ -661,6 +672,15 @@ class DirectStepper {
       launch_conv_step<float>(x, inputs_, pending_, std::nullopt, y, first_tap_, second_tap_, index_, i, fold, block);
     else
       launch_conv_step<double>(x, inputs_, pending_, std::nullopt, y, first_tap_, second_tap_, index_, i, fold, block);
+  }
+
+  // Whether the current stream is being captured into a graph (the Python path replays through
+  // CUDAGraph.replay, which refuses then).
+  bool capturing() const {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    const cudaError_t error = cudaStreamIsCapturing(current_stream(inputs_), &status);
+    TORCH_CHECK(error == cudaSuccess, message("monarch_fftconv: cudaStreamIsCapturing failed: ", cudaGetErrorString(error)));
+    return status != cudaStreamCaptureStatusNone;
   }
 
   // A middle level's block (n = 2^q) at host position i.
@@ -1110,6 +1130,9 @@ TORCH_LIBRARY_IMPL(monarch_fftconv, AutogradCUDA, m) {
 // The library as a Python module (generation.py imports it for this class; the ops above need no
 // import). TORCH_EXTENSION_NAME: the JIT build's name, or `_C` for the ahead-of-time one.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
+  // DirectStepper's constructor and step signatures: generation.py asks for this value, so that a
+  // build with other signatures (an older ahead-of-time one) is not called.
+  module.attr("DIRECT_STEPPER_ABI") = 2;
   py::class_<DirectStepper>(module, "DirectStepper", py::module_local())
       .def(py::init<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, std::vector<at::Tensor>,
                     int64_t, at::Tensor, at::Tensor, std::vector<int64_t>, py::object, std::optional<at::Tensor>,
