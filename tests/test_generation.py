@@ -754,6 +754,32 @@ def test_conv_block_kernel_is_the_reference_block(gen, dtype, n, groups):
                           index=index, n=n)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the conv_block kernel needs a CUDA device")
+@pytest.mark.watchdog(120)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n, groups, batch", [(16, 1, 7), (64, 7, 5), (128, 1, 1), (256, 7, 6)])
+def test_conv_block_batch_rows_give_the_same_bits(gen, monkeypatch, dtype, n, groups, batch):
+    """MONARCH_FFTCONV_CONV_BLOCK=rows (a warp several batch rows of one channel, the taps read
+    once for them) against the default (a warp a stream): the same fma chain per stream, so the
+    same bits, with batches that leave a partial last group of rows; anything else is refused."""
+    from monarch_fftconv import _extension, ops
+    assert not isinstance(_extension.coverage(True), str)
+    case = conv_block_case(gen, "cuda", dtype, n, groups, batch=batch, channels=301 if groups == 7 else 300,
+                           to_generate=1024)
+    index = torch.tensor(767, device="cuda")
+    results = {}
+    for setting in ("streams", "rows"):
+        monkeypatch.setenv("MONARCH_FFTCONV_CONV_BLOCK", setting)
+        run = {name: t.clone() for name, t in case.items()}
+        ops.conv_block_op(**run, index=index, n=n)
+        results[setting] = run["pending"]
+    assert not torch.equal(results["rows"], case["pending"])  # it wrote
+    assert torch.equal(results["rows"], results["streams"])
+    monkeypatch.setenv("MONARCH_FFTCONV_CONV_BLOCK", "row")
+    with pytest.raises(ValueError, match="MONARCH_FFTCONV_CONV_BLOCK must be 'streams' or 'rows'"):
+        ops.conv_block_op(**case, index=index, n=n)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 @pytest.mark.watchdog(300)
 def test_cuda_graph_steps_with_middle_levels_in_the_kernel(gen, monkeypatch):

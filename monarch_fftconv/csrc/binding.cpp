@@ -490,6 +490,8 @@ at::Tensor conv_step_at(const at::Tensor& x, const at::Tensor& inputs, const at:
 // last n inputs (inputs[:, :, i+1-n .. i]) with the group's taps k[1 .. 2n-1] (taps (G, >= 2n)),
 // i the generated index in `index` (device memory), n a power of two in [kConvBlockMinBlock,
 // kConvBlockMaxBlock].
+bool env_switch(const char* name, const char* usual, const char* other);  // below
+
 template <typename T>
 void launch_conv_block(const at::Tensor& inputs, const at::Tensor& pending, const at::Tensor& taps,
                        const at::Tensor& index, int64_t n, int64_t position = -1) {
@@ -506,6 +508,10 @@ void launch_conv_block(const at::Tensor& inputs, const at::Tensor& pending, cons
   p.groups = taps.size(0);
   p.taps_len = taps.size(1);
   p.block_n = static_cast<int>(n);
+  // MONARCH_FFTCONV_CONV_BLOCK, read at each launch (a captured graph keeps its capture's):
+  // unset or "streams" (a warp a stream), "rows" (a warp several batch rows of one channel, the
+  // taps read once for them; the same bits; written in session 26, unmeasured).
+  p.batch_rows = env_switch("MONARCH_FFTCONV_CONV_BLOCK", "streams", "rows");
   check_launch(mf::conv_block(p, current_stream(inputs)));
 }
 

@@ -85,64 +85,98 @@ cudaError_t launch(const ConvStepParams<T>& p, cudaStream_t stream) {
 // 32 MB of pending sums take ~16 µs); and these levels are the top percent of token latencies.
 // Directly it is n² multiply-adds a stream (4,096 at n = 64): cheap beside the memory.
 //
-// A warp per stream: the block's n inputs and the group's 2n taps into the warp's shared
-// memory, then each lane sums the outputs m = lane, lane + 32, ... over j ascending (one fma a
-// term, the inputs broadcast, the taps read at consecutive addresses across the lanes).
-template <int N>
+// A warp per ROWS streams of one channel (ConvBlockParams::batch_rows; else ROWS = 1, a warp a
+// stream): the group's 2n taps and the ROWS blocks of n inputs into the warp's shared memory,
+// then each lane sums the outputs m = lane, lane + 32, ... of every row over j ascending (one fma
+// a term, the inputs broadcast, the taps read at consecutive addresses across the lanes). A
+// stream's sums are the same fma chain whatever ROWS is: the same bits. Why ROWS > 1: each fma
+// reads a tap from shared memory, one load a multiply-add, so the kernel is bound by the shared
+// memory pipe at a quarter of the fma rate (n = 256 at B·C = 65,536: ~560 µs against ~130 for
+// its multiply-adds, session 26); ROWS rows share each tap load.
+template <typename T, int N, int ROWS>
 struct ConvBlockTraits {
   static_assert(N >= kConvBlockMinBlock && N <= kConvBlockMaxBlock && (N & (N - 1)) == 0, "n: a power of two");
-  static constexpr int kWarps = 4;                                  // warps (streams) a CTA
+  static constexpr int kWarps = 4;                                  // warps a CTA
   static constexpr int kOutputsPerLane = N < 32 ? 1 : N / 32;
-  static constexpr int kValuesPerWarp = 3 * N;                      // shared: n inputs, 2n taps
+  static constexpr int kValuesPerWarp = 2 * N + ROWS * N;           // shared: 2n taps, ROWS rows of n inputs
+  static_assert(kWarps * kValuesPerWarp * sizeof(T) <= 48 * 1024, "static shared memory");
 };
+// Rows a warp shares a channel's taps across, with batch_rows: 4 in fp32, 2 in fp64 (the static
+// shared memory of n = 256).
+template <typename T>
+constexpr int kConvBlockBatchRows = sizeof(T) == 4 ? 4 : 2;
 
-template <typename T, int N>
-__global__ void __launch_bounds__(ConvBlockTraits<N>::kWarps * 32) conv_block_kernel(const ConvBlockParams<T> p) {
-  using Traits = ConvBlockTraits<N>;
-  constexpr int kPerWarp = Traits::kValuesPerWarp;
+template <typename T, int N, int ROWS>
+__global__ void __launch_bounds__(ConvBlockTraits<T, N, ROWS>::kWarps * 32)
+    conv_block_kernel(const ConvBlockParams<T> p) {
+  using Traits = ConvBlockTraits<T, N, ROWS>;
+  constexpr int kPerWarp = Traits::kValuesPerWarp, kOutputs = Traits::kOutputsPerLane;
   __shared__ T smem[Traits::kWarps * kPerWarp];
   const int64_t i = p.position >= 0 ? p.position : *p.index;
   // The host checks the room before every step; a block with no room writes nothing.
   if (i + 1 < N || i >= p.to_generate || i + N >= p.pending_len) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  T* block = smem + warp * kPerWarp;  // block[j] = inputs[e][i+1-N+j]
-  T* taps = block + N;                // taps[t] = k[t], t < 2N
-  const int64_t streams = p.batch * p.channels, group_size = p.channels / p.groups;
-  for (int64_t e = (int64_t)blockIdx.x * Traits::kWarps + warp; e < streams;
-       e += (int64_t)gridDim.x * Traits::kWarps) {
-    const T* in = p.inputs + e * p.to_generate + (i + 1 - N);
-    const T* k = p.taps + (e % p.channels) / group_size * p.taps_len;
-    for (int j = lane; j < N; j += 32) block[j] = in[j];
+  T* taps = smem + warp * kPerWarp;  // taps[t] = k[t], t < 2N
+  T* blocks = taps + 2 * N;          // blocks[r·N + j] = inputs[e_r][i+1-N+j], e_r = (b0 + r)·C + c
+  const int64_t chunks = (p.batch + ROWS - 1) / ROWS, items = chunks * p.channels;
+  const int64_t group_size = p.channels / p.groups;
+  // Item w: channel c = w mod C, rows b0 .. b0 + ROWS - 1 (with ROWS = 1, w is the stream e).
+  for (int64_t w = (int64_t)blockIdx.x * Traits::kWarps + warp; w < items; w += (int64_t)gridDim.x * Traits::kWarps) {
+    const int64_t c = w % p.channels, b0 = w / p.channels * ROWS;
+    const int rows = p.batch - b0 < ROWS ? (int)(p.batch - b0) : ROWS;
+    const T* k = p.taps + c / group_size * p.taps_len;
     for (int t = lane; t < 2 * N; t += 32) taps[t] = k[t];
+    for (int r = 0; r < rows; ++r) {
+      const T* in = p.inputs + ((b0 + r) * p.channels + c) * p.to_generate + (i + 1 - N);
+      for (int j = lane; j < N; j += 32) blocks[r * N + j] = in[j];
+    }
     __syncwarp();
-    T sum[Traits::kOutputsPerLane];
+    T sum[ROWS][kOutputs];
 #pragma unroll
-    for (int r = 0; r < Traits::kOutputsPerLane; ++r) sum[r] = T(0);
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+      for (int o = 0; o < kOutputs; ++o) sum[r][o] = T(0);
 #pragma unroll 4
     for (int j = 0; j < N; ++j) {
-      const T x = block[j];
+      T x[ROWS];  // rows past the batch's end read stale values whose sums are never stored
 #pragma unroll
-      for (int r = 0; r < Traits::kOutputsPerLane; ++r) {
-        const int m = lane + 32 * r;
-        if (m < N) sum[r] = fma(x, taps[N + m - j], sum[r]);
+      for (int r = 0; r < ROWS; ++r) x[r] = blocks[r * N + j];
+#pragma unroll
+      for (int o = 0; o < kOutputs; ++o) {
+        const int m = lane + 32 * o;
+        if (m < N) {
+          const T tap = taps[N + m - j];
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r) sum[r][o] = fma(x[r], tap, sum[r][o]);
+        }
       }
     }
-    T* out = p.pending + e * p.pending_len + (i + 1);
 #pragma unroll
-    for (int r = 0; r < Traits::kOutputsPerLane; ++r) {
-      const int m = lane + 32 * r;
-      if (m < N) out[m] += sum[r];
+    for (int r = 0; r < ROWS; ++r) {
+      if (r >= rows) break;
+      T* out = p.pending + ((b0 + r) * p.channels + c) * p.pending_len + (i + 1);
+#pragma unroll
+      for (int o = 0; o < kOutputs; ++o) {
+        const int m = lane + 32 * o;
+        if (m < N) out[m] += sum[r][o];
+      }
     }
-    __syncwarp();  // the next stream's loads overwrite this one's block and taps
+    __syncwarp();  // the next item's loads overwrite this one's taps and blocks
   }
+}
+
+template <typename T, int N, int ROWS>
+cudaError_t launch_block(const ConvBlockParams<T>& p, cudaStream_t stream) {
+  constexpr int kWarps = ConvBlockTraits<T, N, ROWS>::kWarps;
+  const int64_t items = (p.batch + ROWS - 1) / ROWS * p.channels;
+  const int64_t blocks = (items + kWarps - 1) / kWarps;
+  conv_block_kernel<T, N, ROWS><<<(unsigned)(blocks < 65535 ? blocks : 65535), kWarps * 32, 0, stream>>>(p);
+  return cudaGetLastError();
 }
 
 template <typename T, int N>
 cudaError_t launch_block(const ConvBlockParams<T>& p, cudaStream_t stream) {
-  constexpr int kWarps = ConvBlockTraits<N>::kWarps;
-  const int64_t blocks = (p.batch * p.channels + kWarps - 1) / kWarps;
-  conv_block_kernel<T, N><<<(unsigned)(blocks < 65535 ? blocks : 65535), kWarps * 32, 0, stream>>>(p);
-  return cudaGetLastError();
+  return p.batch_rows ? launch_block<T, N, kConvBlockBatchRows<T>>(p, stream) : launch_block<T, N, 1>(p, stream);
 }
 
 template <typename T>
