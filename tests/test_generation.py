@@ -754,6 +754,50 @@ def test_conv_block_kernel_is_the_reference_block(gen, dtype, n, groups):
                           index=index, n=n)
 
 
+def conv_block_rows_emulated(inputs, pending, taps, i, n, rows_per_warp, warps, grid):
+    """conv_block_kernel's data flow (generation/conv_step.cu) in PyTorch, loop for loop: warps
+    of a grid-stride loop over items w (channel w mod C, batch rows ⌊w/C⌋·ROWS onward, the last
+    group partial), each lane's outputs m = lane + 32·o, the fma chain over j ascending from the
+    warp's shared copies of the taps and the rows' blocks. Returns the streams each item wrote."""
+    batch, channels, _ = inputs.shape
+    group_size = channels // taps.shape[0]
+    chunks = (batch + rows_per_warp - 1) // rows_per_warp
+    items, written = chunks * channels, []
+    for block_idx in range(grid):
+        for warp in range(warps):
+            for w in range(block_idx * warps + warp, items, grid * warps):
+                c, b0 = w % channels, w // channels * rows_per_warp
+                rows = min(rows_per_warp, batch - b0)
+                shared_taps = taps[c // group_size, : 2 * n]
+                blocks = [inputs[b0 + r, c, i + 1 - n: i + 1] for r in range(rows)]
+                for r in range(rows):
+                    for m in range(n):  # lanes and their outputs
+                        acc = torch.zeros((), dtype=inputs.dtype)
+                        for j in range(n):
+                            acc = acc + blocks[r][j] * shared_taps[n + m - j]
+                        pending[b0 + r, c, i + 1 + m] += acc
+                    written.append((b0 + r, c))
+    return written
+
+
+@pytest.mark.parametrize("rows_per_warp, batch, channels, groups, grid", [(1, 3, 6, 3, 2), (4, 7, 6, 2, 3),
+                                                                           (4, 4, 5, 5, 1), (2, 5, 3, 1, 4)])
+def test_conv_block_row_groups_dataflow_fp64(gen, rows_per_warp, batch, channels, groups, grid):
+    """The batch-rows kernel's indexing (MONARCH_FFTCONV_CONV_BLOCK=rows) emulated in float64 on
+    the CPU, with a grid smaller than the items (the grid-stride loop) and partial row groups:
+    every stream written exactly once, the sums those of ops.conv_block_reference."""
+    from monarch_fftconv import ops
+    n, to_generate, i = 16, 40, 31
+    case = conv_block_case(gen, "cpu", torch.float64, n, groups, batch=batch, channels=channels,
+                           to_generate=to_generate)
+    want = case["pending"].clone()
+    ops.conv_block_reference(case["inputs"], want, case["taps"], torch.tensor(i), n)
+    got = case["pending"].clone()
+    written = conv_block_rows_emulated(case["inputs"], got, case["taps"], i, n, rows_per_warp, warps=4, grid=grid)
+    assert sorted(written) == [(b, c) for b in range(batch) for c in range(channels)]
+    assert torch.allclose(got, want, rtol=0, atol=1e-12)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the conv_block kernel needs a CUDA device")
 @pytest.mark.watchdog(120)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
