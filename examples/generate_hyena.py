@@ -339,9 +339,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="with --cuda-graph: an FFTConv's direct steps through the extension's C++ stepper, or "
                         "(--no-direct-stepper) through the Python step and the conv_step_at op (default: "
                         "generation.DIRECT_STEPPER)")
-    p.add_argument("--stepper-middle-levels", choices=("replay", "direct"), default=None,
-                   help="with --cuda-graph: how the C++ stepper runs the middle levels' tokens, their graphs or "
-                        "the two kernels launched directly (default: generation.STEPPER_MIDDLE_LEVELS)")
     args = p.parse_args(argv)
     if args.prompt is None:
         args.prompt = 0 if args.layer else 16
@@ -357,8 +354,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--direct-step needs --cuda-graph")
     if args.direct_stepper is not None and not args.cuda_graph:
         p.error("--direct-stepper needs --cuda-graph")
-    if args.stepper_middle_levels is not None and not args.cuda_graph:
-        p.error("--stepper-middle-levels needs --cuda-graph")
     return args
 
 
@@ -367,8 +362,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     config = vars(args)
     threads = torch.get_num_threads()
     switches = {"FUSED_STEP": args.fused_step, "MID_LEVELS_IN_KERNEL": args.mid_levels_in_kernel,
-                "DIRECT_STEP": args.direct_step, "DIRECT_STEPPER": args.direct_stepper,
-                "STEPPER_MIDDLE_LEVELS": args.stepper_middle_levels}  # generation's switches; None: as they are
+                "DIRECT_STEP": args.direct_step,
+                "DIRECT_STEPPER": args.direct_stepper}  # generation's switches; None: as they are
     saved = {name: getattr(generation, name) for name in switches}
     chosen = {name: saved[name] if value is None else value for name, value in switches.items()}
     torch.set_num_threads(args.threads)
@@ -385,8 +380,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parts = [what for what, on in (("per-token part fused", chosen["FUSED_STEP"]),
                                    ("middle levels in a kernel", chosen["MID_LEVELS_IN_KERNEL"]),
                                    ("direct steps", chosen["DIRECT_STEP"]),
-                                   ("the C++ stepper, middle levels: " + chosen["STEPPER_MIDDLE_LEVELS"],
-                                    chosen["DIRECT_STEP"] and chosen["DIRECT_STEPPER"])) if on]
+                                   ("the C++ stepper", chosen["DIRECT_STEP"] and chosen["DIRECT_STEPPER"])) if on]
     graphs = (", steps as CUDA graphs" + (f" ({', '.join(parts)})" if parts else "")) if args.cuda_graph else ""
     print(f"{what}, L={args.seq_len}, prompt {args.prompt}, {args.device}{graphs}, {args.threads} CPU thread(s)")
     print(table(results))

@@ -69,19 +69,16 @@ DIRECT_STEP = True
 # With DIRECT_STEP, an FFTConv's direct tokens through the extension's DirectStepper (a C++ object
 # made at prefill with the state's tensors: a token's checks, level and launch in one Python call,
 # y_t the view outputs[i]) instead of the Python step and the conv_step_at op, whose dispatch cost
-# 9 of a token's 18.5 us of host time (session 25); also the middle levels' replays (their graphs
-# launched from C++). Read at prefill(cuda_graph=True) and each step. On since session 26 (H100,
-# examples/generate_hyena.py --layer --cuda-graph --[no-]direct-stepper, back to back): B16 C1024
-# L65536 streamed 1.267 -> 0.709 s (70x naive streamed; 18.5 -> 9.75 us of host time a direct
-# token), p99 token 0.116 -> 0.057 ms; B16 C4096 L8192 0.189 -> 0.156 s, p99 0.194 -> 0.080.
+# 9 of a token's 18.5 us of host time (session 25). Read at prefill(cuda_graph=True) and each step.
+# On since session 26 (H100, examples/generate_hyena.py --layer --cuda-graph --[no-]direct-stepper,
+# back to back): B16 C1024 L65536 streamed 1.267 -> 0.709 s (70x naive streamed; 18.5 -> 9.75 us of
+# host time a direct token), p99 token 0.116 -> 0.057 ms; B16 C4096 L8192 0.189 -> 0.156 s, p99
+# 0.194 -> 0.080. It also takes the middle levels' tokens: the step kernel and conv_block at the
+# host's position, without the copy of x_t or the level's graph (session 27, H100, B16 C1024
+# L65536: a middle token 0.051-0.059 -> 0.038-0.043 ms against the graphs launched from C++, p99
+# 0.088 -> 0.071-0.074).
 DIRECT_STEPPER = True
-# How the DirectStepper runs the middle levels' tokens (read at prefill): "replay", their graphs'
-# executables launched from C++ (session 26, measured: above); or "direct", the step kernel and
-# conv_block launched at the host's position, the graphs' two kernels in their order without the
-# copy of x_t or a graph launch (written in session 26 after its last GPU call: unmeasured,
-# predicted a middle level's token -7 to -10 us; docs/design.md, "The C++ stepper").
-STEPPER_MIDDLE_LEVELS = "replay"
-_DIRECT_STEPPER_ABI = 2  # binding.cpp's DIRECT_STEPPER_ABI: the DirectStepper signatures called below
+_DIRECT_STEPPER_ABI = 3  # binding.cpp's DIRECT_STEPPER_ABI: the DirectStepper signatures called below
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -651,8 +648,6 @@ def prefill_fftconv(layer: FFTConv, x: Tensor, max_len: int, cuda_graph: bool = 
 def _direct_stepper(state: ConvState, filt: Tensor) -> Any:
     """The extension's DirectStepper for a graphed CUDA state whose direct steps can run (the
     step kernel there, x_t in the compute dtype: the prefill's dtype is it), or None."""
-    if STEPPER_MIDDLE_LEVELS not in ("replay", "direct"):
-        raise ValueError(f"generation.STEPPER_MIDDLE_LEVELS must be 'replay' or 'direct', got {STEPPER_MIDDLE_LEVELS!r}")
     graphed = state.graphed
     if not (DIRECT_STEPPER and graphed is not None and graphed.step_kernel and state.inputs.is_cuda
             and graphed.outputs is not None and state.dtype == state.inputs.dtype):
@@ -660,16 +655,12 @@ def _direct_stepper(state: ConvState, filt: Tensor) -> Any:
     module = _extension.python_module()
     if getattr(module, "DIRECT_STEPPER_ABI", None) != _DIRECT_STEPPER_ABI:
         return None  # no module, or a build whose stepper takes other arguments
-    # The middle levels (conv_block: no cuFFT plan to watch) are the stepper's too: launched
-    # directly, or as their graphs where this torch exposes a graph's executable. The FFT levels
-    # stay with _replay.
-    direct = sorted(graphed.kernel_levels) if STEPPER_MIDDLE_LEVELS == "direct" else []
-    replayed = {} if direct else {q: g for q, g in graphed.graphs.items()
-                                  if q in graphed.kernel_levels and hasattr(g, "raw_cuda_graph_exec")}
-    execs = [replayed[q].raw_cuda_graph_exec() if q in replayed else 0 for q in range(max(replayed, default=-1) + 1)]
+    # The middle levels (conv_block: no cuFFT plan to watch) are the stepper's too, their two
+    # kernels launched directly. The FFT levels stay with _replay.
+    middle = sorted(graphed.kernel_levels)
     return module.DirectStepper(state.inputs, state.pending, graphed.outputs, state.first_tap, state.second_tap,
-                                graphed.index, state.toeplitz, state.prompt_len, filt, graphed.x, execs,
-                                list(replayed.values()), state.middle_taps if direct else None, direct)
+                                graphed.index, state.toeplitz, state.prompt_len, filt,
+                                state.middle_taps if middle else None, middle)
 
 
 def step_fftconv(layer: FFTConv, x_t: Tensor, state: ConvState) -> tuple[Tensor, ConvState]:

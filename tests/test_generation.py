@@ -783,7 +783,7 @@ def conv_block_rows_emulated(inputs, pending, taps, i, n, rows_per_warp, warps, 
 @pytest.mark.parametrize("rows_per_warp, batch, channels, groups, grid", [(1, 3, 6, 3, 2), (4, 7, 6, 2, 3),
                                                                            (4, 4, 5, 5, 1), (2, 5, 3, 1, 4)])
 def test_conv_block_row_groups_dataflow_fp64(gen, rows_per_warp, batch, channels, groups, grid):
-    """The batch-rows kernel's indexing (MONARCH_FFTCONV_CONV_BLOCK=rows) emulated in float64 on
+    """conv_block's indexing by batch rows (a warp ROWS rows of one channel) emulated in float64 on
     the CPU, with a grid smaller than the items (the grid-stride loop) and partial row groups:
     every stream written exactly once, the sums those of ops.conv_block_reference."""
     from monarch_fftconv import ops
@@ -801,27 +801,24 @@ def test_conv_block_row_groups_dataflow_fp64(gen, rows_per_warp, batch, channels
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the conv_block kernel needs a CUDA device")
 @pytest.mark.watchdog(120)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("n, groups, batch", [(16, 1, 7), (64, 7, 5), (128, 1, 1), (256, 7, 6)])
-def test_conv_block_batch_rows_give_the_same_bits(gen, monkeypatch, dtype, n, groups, batch):
-    """MONARCH_FFTCONV_CONV_BLOCK=rows (a warp several batch rows of one channel, the taps read
-    once for them) against the default (a warp a stream): the same fma chain per stream, so the
-    same bits, with batches that leave a partial last group of rows; anything else is refused."""
+@pytest.mark.parametrize("n, groups, batch", [(16, 1, 7), (64, 7, 5), (128, 1, 3), (256, 7, 6), (32, 3, 2)])
+def test_conv_block_batch_rows_give_the_same_bits(gen, dtype, n, groups, batch):
+    """conv_block takes up to 4 (fp32) or 2 (fp64) batch rows of a channel a warp, as many as the
+    batch has: the same fma chain per stream whatever the rows, so a batch's call gives each row's
+    own call (one row a warp) bit for bit, with batches that leave a partial last group of rows."""
     from monarch_fftconv import _extension, ops
     assert not isinstance(_extension.coverage(True), str)
     case = conv_block_case(gen, "cuda", dtype, n, groups, batch=batch, channels=301 if groups == 7 else 300,
                            to_generate=1024)
     index = torch.tensor(767, device="cuda")
-    results = {}
-    for setting in ("streams", "rows"):
-        monkeypatch.setenv("MONARCH_FFTCONV_CONV_BLOCK", setting)
-        run = {name: t.clone() for name, t in case.items()}
-        ops.conv_block_op(**run, index=index, n=n)
-        results[setting] = run["pending"]
-    assert not torch.equal(results["rows"], case["pending"])  # it wrote
-    assert torch.equal(results["rows"], results["streams"])
-    monkeypatch.setenv("MONARCH_FFTCONV_CONV_BLOCK", "row")
-    with pytest.raises(ValueError, match="MONARCH_FFTCONV_CONV_BLOCK must be 'streams' or 'rows'"):
-        ops.conv_block_op(**case, index=index, n=n)
+    together = {name: t.clone() for name, t in case.items()}
+    ops.conv_block_op(**together, index=index, n=n)
+    assert not torch.equal(together["pending"], case["pending"])  # it wrote
+    for b in range(batch):
+        alone = {"inputs": case["inputs"][b:b + 1].clone(), "pending": case["pending"][b:b + 1].clone(),
+                 "taps": case["taps"]}
+        ops.conv_block_op(**alone, index=index, n=n)
+        assert torch.equal(alone["pending"][0], together["pending"][b]), b
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
@@ -1047,32 +1044,20 @@ def test_step_fftconv_takes_the_steppers_y_and_falls_back_on_none(gen, simulated
     assert torch.equal(outs[True], outs[False])
 
 
-def test_stepper_middle_levels_switch_is_checked(gen, simulated_graphs, monkeypatch):
-    """generation.STEPPER_MIDDLE_LEVELS takes 'replay' or 'direct'; anything else fails at prefill,
-    on any device, instead of picking one silently."""
-    monkeypatch.setattr(generation, "STEPPER_MIDDLE_LEVELS", "graphs")
-    with pytest.raises(ValueError, match="STEPPER_MIDDLE_LEVELS must be 'replay' or 'direct'"):
-        mf.FFTConv(3, 40).prefill(randn(gen, 1, 3, 4), 40, cuda_graph=True)
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the DirectStepper needs a CUDA device")
 @pytest.mark.watchdog(300)
 @pytest.mark.parametrize("dtype, groups, prompt_len, inference", [(torch.float32, 4, 0, True),
                                                                    (torch.float32, 1, 37, False),
                                                                    (torch.float64, 2, 5, True)])
-@pytest.mark.parametrize("middle_levels", ["replay", "direct"])
-def test_cuda_direct_stepper_is_the_python_direct_step(gen, monkeypatch, dtype, groups, prompt_len, inference,
-                                                       middle_levels):
-    """DIRECT_STEPPER on a GPU: FFTConv.step's direct tokens and middle levels (replayed or launched
-    directly) through the C++ stepper give the Python path's outputs and state bit for bit through
-    every level (x_t
-    strided, y_t views of the history that later steps leave alone); it takes exactly those; every
+def test_cuda_direct_stepper_is_the_python_direct_step(gen, monkeypatch, dtype, groups, prompt_len, inference):
+    """DIRECT_STEPPER on a GPU: FFTConv.step's direct tokens and middle levels (their two kernels
+    launched directly) through the C++ stepper give the Python path's outputs and state (whose
+    middle levels are graph replays) bit for bit through every level (x_t strided, y_t views of the history that later steps leave alone); it takes exactly those; every
     refusal (dtype, shape, the stream full, the filter written or replaced, an inference state
     outside inference mode, not a tensor) raises the Python path's error."""
     import contextlib
     from monarch_fftconv import _extension
     assert not isinstance(_extension.coverage(True), str)
-    monkeypatch.setattr(generation, "STEPPER_MIDDLE_LEVELS", middle_levels)
     length, channels = 1300, 12
     layer = mf.FFTConv(channels, length, groups=groups, device="cuda", dtype=dtype)
     x = randn(gen, 3, channels, length, dtype=dtype, device="cuda")
@@ -1089,13 +1074,11 @@ def test_cuda_direct_stepper_is_the_python_direct_step(gen, monkeypatch, dtype, 
         kept[on] = [y.clone() for y in ys]
         outs[on], states[on] = torch.stack(ys), state
     to_generate = length - prompt_len
-    # the stepper's: the direct tokens, and the middle levels' replays where torch gives it the graphs
-    replayed = states[True].graphed.kernel_levels
-    if middle_levels == "replay" and not hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"):
-        replayed = set()
-    assert replayed == ({4, 5, 6, 7, 8} if replayed else set())
+    # the stepper's: the direct tokens and the middle levels'
+    middle = states[True].graphed.kernel_levels
+    assert middle == {4, 5, 6, 7, 8}
     direct = [prompt_len + i for i in range(to_generate) if (q := generation._fold_level(i, to_generate)) is None
-              or q < len(states[True].toeplitz) or q in replayed]
+              or q < len(states[True].toeplitz) or q in middle]
     assert states[True].direct.taken == direct
     assert len(states[True].direct.left) == to_generate - len(direct)
     assert torch.equal(outs[True], outs[False]) and all(torch.equal(a, b) for a, b in zip(kept[True], outs[True]))
@@ -1137,14 +1120,12 @@ def test_cuda_direct_stepper_is_the_python_direct_step(gen, monkeypatch, dtype, 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the DirectStepper needs a CUDA device")
 @pytest.mark.watchdog(300)
-@pytest.mark.parametrize("middle_levels", ["replay", "direct"])
-def test_cuda_direct_stepper_leaves_unusual_inputs_to_python(gen, monkeypatch, middle_levels):
+def test_cuda_direct_stepper_leaves_unusual_inputs_to_python(gen, monkeypatch):
     """What the stepper must not read raw goes to the Python path, with the same outputs as plain
     inputs: x_t with a lazy negation bit (a plain float tensor whose memory holds -x), x_t under a
     TorchDispatchMode (which then sees the ops), x_t that requires grad (no history kept in the
     graphs' input); and a state of a single token (no Toeplitz block) steps."""
     from torch.utils._python_dispatch import TorchDispatchMode
-    monkeypatch.setattr(generation, "STEPPER_MIDDLE_LEVELS", middle_levels)
     length, prompt_len, channels = 70, 3, 6
     layer = mf.FFTConv(channels, length, groups=2, device="cuda")
     x = randn(gen, 2, channels, length, device="cuda")

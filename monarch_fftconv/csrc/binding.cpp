@@ -490,8 +490,6 @@ at::Tensor conv_step_at(const at::Tensor& x, const at::Tensor& inputs, const at:
 // last n inputs (inputs[:, :, i+1-n .. i]) with the group's taps k[1 .. 2n-1] (taps (G, >= 2n)),
 // i the generated index in `index` (device memory), n a power of two in [kConvBlockMinBlock,
 // kConvBlockMaxBlock].
-bool env_switch(const char* name, const char* usual, const char* other);  // below
-
 template <typename T>
 void launch_conv_block(const at::Tensor& inputs, const at::Tensor& pending, const at::Tensor& taps,
                        const at::Tensor& index, int64_t n, int64_t position = -1) {
@@ -508,10 +506,6 @@ void launch_conv_block(const at::Tensor& inputs, const at::Tensor& pending, cons
   p.groups = taps.size(0);
   p.taps_len = taps.size(1);
   p.block_n = static_cast<int>(n);
-  // MONARCH_FFTCONV_CONV_BLOCK, read at each launch (a captured graph keeps its capture's):
-  // unset or "streams" (a warp a stream), "rows" (a warp several batch rows of one channel, the
-  // taps read once for them; the same bits; written in session 26, unmeasured).
-  p.batch_rows = env_switch("MONARCH_FFTCONV_CONV_BLOCK", "streams", "rows");
   check_launch(mf::conv_block(p, current_stream(inputs)));
 }
 
@@ -550,9 +544,11 @@ void conv_block(const at::Tensor& inputs, const at::Tensor& pending, const at::T
 // parsing and dispatch more than the launch, and the step's Python checks ~5. A stepper is made
 // once at prefill with the state's tensors (checked then, as conv_step_at checks them each call);
 // a token is then one Python call: the cheap checks, the fold level, one launch of the step
-// kernel, y_t as the view outputs[i] (the kernel writes y there, once); and for the levels whose
-// graphs Python hands it (the middle levels, on the conv_block kernel), the copy of x_t into the
-// graphs' input and one cudaGraphLaunch. It serves the plain case only and returns None for
+// kernel, y_t as the view outputs[i] (the kernel writes y there, once); for a middle level (the
+// conv_block kernel) the step kernel and conv_block at the host's position, the two kernels of the
+// level's graph in their order without the copy of x_t or a graph launch (session 27, H100, B16
+// C1024 L65536: a middle token 0.051-0.059 -> 0.038-0.043 ms against the graphs launched from
+// here). It serves the plain case only and returns None for
 // anything else (not a tensor, another shape, dtype or device, the stream full, the filter
 // replaced or written, an inference state outside inference mode, an FFT level): generation.py's
 // path then takes the token, with its checks, its one home for every error message, and its
@@ -561,12 +557,10 @@ class DirectStepper {
  public:
   DirectStepper(at::Tensor inputs, at::Tensor pending, at::Tensor outputs, at::Tensor first_tap, at::Tensor second_tap,
                 at::Tensor index, std::vector<at::Tensor> toeplitz, int64_t prompt_len, at::Tensor filter,
-                at::Tensor graph_input, std::vector<int64_t> graph_execs, py::object graphs,
                 std::optional<at::Tensor> middle_taps, std::vector<int64_t> middle_levels)
       : inputs_(std::move(inputs)), pending_(std::move(pending)), outputs_(std::move(outputs)),
         first_tap_(std::move(first_tap)), second_tap_(std::move(second_tap)), index_(std::move(index)),
-        toeplitz_(std::move(toeplitz)), filter_(std::move(filter)), graph_input_(std::move(graph_input)),
-        graph_execs_(std::move(graph_execs)), graphs_(std::move(graphs)), middle_taps_(std::move(middle_taps)),
+        toeplitz_(std::move(toeplitz)), filter_(std::move(filter)), middle_taps_(std::move(middle_taps)),
         prompt_len_(prompt_len) {
     const auto dtype = inputs_.scalar_type();
     // (No Toeplitz block at all is a state of one token: its one step folds nothing.)
@@ -583,9 +577,7 @@ class DirectStepper {
                       message("monarch_fftconv: DirectStepper takes inputs (B, C, T), pending (B, C, >= T), outputs "
                               "(T, B, C), taps (C,) and an int64 index; got ", inputs_.sizes(), ", ",
                               pending_.sizes(), ", ", outputs_.sizes(), ", ", first_tap_.sizes(), ", ", index_.sizes()));
-    TORCH_CHECK_VALUE(graph_input_.dim() == 2 && graph_input_.size(0) == batch && graph_input_.size(1) == channels,
-                      message("monarch_fftconv: DirectStepper's graph input must be (B, C), got ", graph_input_.sizes()));
-    std::vector<at::Tensor> values{pending_, outputs_, first_tap_, second_tap_, graph_input_};
+    std::vector<at::Tensor> values{pending_, outputs_, first_tap_, second_tap_};
     int64_t n = 1;  // level q's block: n = 2^q
     for (size_t q = 0; q < toeplitz_.size(); ++q, n *= 2) {
       const at::Tensor& block = toeplitz_[q];
@@ -642,29 +634,20 @@ class DirectStepper {
     }
     // The fold after step i is level q = log2 of the largest power of two dividing i + 1 (none,
     // -1, after the last step). Levels below the Toeplitz blocks' count are the step kernel's
-    // alone; a middle level is the step kernel and conv_block, launched here or as its graph.
+    // alone; a middle level is the step kernel and conv_block; an FFT level is _replay's.
     const int q = i + 1 < to_generate ? __builtin_ctzll(static_cast<unsigned long long>(i + 1)) : -1;
     const bool alone = q < static_cast<int>(toeplitz_.size());
     const bool middle = !alone && q < static_cast<int>(middle_.size()) && middle_[q];
-    const int64_t exec = alone || middle || q >= static_cast<int>(graph_execs_.size()) ? 0 : graph_execs_[q];
-    if (!alone && !middle && exec == 0) return py::none();  // an FFT level: _replay's, with its plan check
+    if (!alone && !middle) return py::none();  // an FFT level: _replay's, with its plan check
     const c10::cuda::CUDAGuard guard(inputs_.device());
-    if (!alone && capturing()) return py::none();  // a replay inside a user's capture: torch refuses it
-    at::Tensor y = outputs_.select(0, i);  // the kernel (or the graph's) writes y there, once
+    if (middle && capturing()) return py::none();  // the Python path replays the level's graph: refused then
+    at::Tensor y = outputs_.select(0, i);  // the kernel writes y there, once
     if (alone) {
       launch_step(x, y, i, q == 0, q > 0 ? std::optional<at::Tensor>(toeplitz_[q]) : std::nullopt);
-    } else if (middle) {
-      // The graph's two kernels in its order (the same arithmetic: the same bits), without the
-      // copy of x_t or a graph launch.
+    } else {
+      // The level's graph's two kernels in its order (the same arithmetic: the same bits).
       launch_step(x, y, i, false, std::nullopt);
       launch_block(power_of_two(q), i);
-    } else {
-      // The level's graph (its step reads x from the graphs' input), launched as CUDAGraph.replay
-      // launches it: a graph with no cuFFT plan (no plan check owed) and no random numbers (no
-      // generator state to advance).
-      const at::NoGradGuard no_grad;  // as _replay: the graphs' input records no history of x_t
-      graph_input_.copy_(x);
-      check_launch(cudaGraphLaunch(reinterpret_cast<cudaGraphExec_t>(exec), current_stream(inputs_)));
     }
     return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(y)));
   }
@@ -680,8 +663,8 @@ class DirectStepper {
       launch_conv_step<double>(x, inputs_, pending_, std::nullopt, y, first_tap_, second_tap_, index_, i, fold, block);
   }
 
-  // Whether the current stream is being captured into a graph (the Python path replays through
-  // CUDAGraph.replay, which refuses then).
+  // Whether the current stream is being captured into a graph (the Python path replays a middle
+  // level's graph through CUDAGraph.replay, which refuses then: so does the stepper).
   bool capturing() const {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     const cudaError_t error = cudaStreamIsCapturing(current_stream(inputs_), &status);
@@ -706,11 +689,8 @@ class DirectStepper {
   at::Tensor inputs_, pending_, outputs_, first_tap_, second_tap_, index_;
   std::vector<at::Tensor> toeplitz_;  // level q's (G, 2^q, 2^q) block: the levels the kernel folds alone
   at::Tensor filter_;
-  at::Tensor graph_input_;              // (B, C): the input the graphs read
-  std::vector<int64_t> graph_execs_;    // level q's cudaGraphExec_t where C++ may replay it, else 0
-  py::object graphs_;                   // the CUDAGraph objects that own those executables, kept alive
   std::optional<at::Tensor> middle_taps_;  // (G, >= 2n): the middle levels' taps (ConvState.middle_taps)
-  std::vector<bool> middle_;            // level q is launched directly (conv_step, then conv_block)
+  std::vector<bool> middle_;            // level q is a middle level (conv_step, then conv_block)
   int64_t prompt_len_;
   bool filter_is_inference_ = false;
   int64_t filter_version_ = 0;
@@ -1138,13 +1118,12 @@ TORCH_LIBRARY_IMPL(monarch_fftconv, AutogradCUDA, m) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   // DirectStepper's constructor and step signatures: generation.py asks for this value, so that a
   // build with other signatures (an older ahead-of-time one) is not called.
-  module.attr("DIRECT_STEPPER_ABI") = 2;
+  module.attr("DIRECT_STEPPER_ABI") = 3;
   py::class_<DirectStepper>(module, "DirectStepper", py::module_local())
       .def(py::init<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, std::vector<at::Tensor>,
-                    int64_t, at::Tensor, at::Tensor, std::vector<int64_t>, py::object, std::optional<at::Tensor>,
-                    std::vector<int64_t>>(),
+                    int64_t, at::Tensor, std::optional<at::Tensor>, std::vector<int64_t>>(),
            py::arg("inputs"), py::arg("pending"), py::arg("outputs"), py::arg("first_tap"), py::arg("second_tap"),
-           py::arg("index"), py::arg("toeplitz"), py::arg("prompt_len"), py::arg("filter"), py::arg("graph_input"),
-           py::arg("graph_execs"), py::arg("graphs"), py::arg("middle_taps"), py::arg("middle_levels"))
+           py::arg("index"), py::arg("toeplitz"), py::arg("prompt_len"), py::arg("filter"), py::arg("middle_taps"),
+           py::arg("middle_levels"))
       .def("step", &DirectStepper::step, py::arg("x_t"), py::arg("position"), py::arg("filter"));
 }

@@ -277,8 +277,6 @@ struct ConvBlockParams {
   int64_t groups;         // divides channels (1 <= groups)
   int64_t taps_len;       // >= 2 * block_n
   int block_n;
-  bool batch_rows;        // a warp takes several batch rows of one channel (the taps read once for
-                          // them) instead of one stream: the same sums, the same bits
 };
 cudaError_t conv_block(const ConvBlockParams<float>& params, cudaStream_t stream);
 cudaError_t conv_block(const ConvBlockParams<double>& params, cudaStream_t stream);

@@ -85,14 +85,15 @@ cudaError_t launch(const ConvStepParams<T>& p, cudaStream_t stream) {
 // 32 MB of pending sums take ~16 µs); and these levels are the top percent of token latencies.
 // Directly it is n² multiply-adds a stream (4,096 at n = 64): cheap beside the memory.
 //
-// A warp per ROWS streams of one channel (ConvBlockParams::batch_rows; else ROWS = 1, a warp a
-// stream): the group's 2n taps and the ROWS blocks of n inputs into the warp's shared memory,
-// then each lane sums the outputs m = lane, lane + 32, ... of every row over j ascending (one fma
-// a term, the inputs broadcast, the taps read at consecutive addresses across the lanes). A
+// A warp per ROWS batch rows of one channel (launch_block picks ROWS from the batch; ROWS = 1 is a
+// warp a stream): the group's 2n taps and the ROWS blocks of n inputs into the warp's shared
+// memory, then each lane sums the outputs m = lane, lane + 32, ... of every row over j ascending
+// (one fma a term, the inputs broadcast, the taps read at consecutive addresses across the lanes). A
 // stream's sums are the same fma chain whatever ROWS is: the same bits. Why ROWS > 1: each fma
 // reads a tap from shared memory, one load a multiply-add, so the kernel is bound by the shared
 // memory pipe at a quarter of the fma rate (n = 256 at B·C = 65,536: ~560 µs against ~130 for
-// its multiply-adds, session 26); ROWS rows share each tap load.
+// its multiply-adds, session 26); ROWS rows share each tap load (measured, session 27, H100, B16
+// C4096: n = 128 0.193 -> 0.106 ms a token, n = 256 0.610 -> 0.311).
 template <typename T, int N, int ROWS>
 struct ConvBlockTraits {
   static_assert(N >= kConvBlockMinBlock && N <= kConvBlockMaxBlock && (N & (N - 1)) == 0, "n: a power of two");
@@ -101,10 +102,10 @@ struct ConvBlockTraits {
   static constexpr int kValuesPerWarp = 2 * N + ROWS * N;           // shared: 2n taps, ROWS rows of n inputs
   static_assert(kWarps * kValuesPerWarp * sizeof(T) <= 48 * 1024, "static shared memory");
 };
-// Rows a warp shares a channel's taps across, with batch_rows: 4 in fp32, 2 in fp64 (the static
-// shared memory of n = 256).
+// The rows a warp shares a channel's taps across: as many as the batch has, up to 4 in fp32 and
+// 2 in fp64 (the static shared memory of n = 256); rows past the batch would be wasted fmas.
 template <typename T>
-constexpr int kConvBlockBatchRows = sizeof(T) == 4 ? 4 : 2;
+constexpr int kConvBlockMaxRows = sizeof(T) == 4 ? 4 : 2;
 
 template <typename T, int N, int ROWS>
 __global__ void __launch_bounds__(ConvBlockTraits<T, N, ROWS>::kWarps * 32)
@@ -176,7 +177,10 @@ cudaError_t launch_block(const ConvBlockParams<T>& p, cudaStream_t stream) {
 
 template <typename T, int N>
 cudaError_t launch_block(const ConvBlockParams<T>& p, cudaStream_t stream) {
-  return p.batch_rows ? launch_block<T, N, kConvBlockBatchRows<T>>(p, stream) : launch_block<T, N, 1>(p, stream);
+  constexpr int kMaxRows = kConvBlockMaxRows<T>;
+  if (p.batch >= kMaxRows) return launch_block<T, N, kMaxRows>(p, stream);
+  if (kMaxRows > 2 && p.batch >= 2) return launch_block<T, N, 2>(p, stream);
+  return launch_block<T, N, 1>(p, stream);
 }
 
 template <typename T>
