@@ -26,4 +26,12 @@ __device__ __forceinline__ void st_shared(uint32_t address, uint2 v) {
 // Ask L2 for the 128-byte line holding p; holds no register and never faults the kernel.
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 
+// Asks L2 for the bytes [p, p + bytes), one 128-byte line a thread at a time over `threads`
+// threads (thread `t` of them): every line of the span, the last partial one included.
+__device__ __forceinline__ void prefetch_span_l2(const void* p, int64_t bytes, int t, int threads) {
+  const char* base = static_cast<const char*>(p);
+  const int64_t end = bytes + ((reinterpret_cast<uintptr_t>(base) & 127) ? 128 : 0);
+  for (int64_t at = (int64_t)t * 128; at < end; at += (int64_t)threads * 128) prefetch_l2(base + (at < bytes ? at : bytes - 1));
+}
+
 }  // namespace monarch_fftconv
