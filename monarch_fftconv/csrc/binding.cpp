@@ -160,13 +160,6 @@ void check_launch(cudaError_t status) {
 // ------------------------------------------------------------------ four-step (N > 32768)
 // The caller holds a device guard for x's device over the allocation and the launch. The
 // intermediate is (B·C, P/2+1, M) complex fp32: scratch, or the spectrum itself.
-bool env_switch(const char* name, const char* usual, const char* other);  // below
-
-// MONARCH_FFTCONV_PREFETCH, read at each call: unset or "0", or "1": the fp32 grad kernel and the
-// four-step inner kernels ask L2 for their next sequence or row while they compute the current
-// one (written in session 27, off until measured).
-bool prefetch_from_env() { return env_switch("MONARCH_FFTCONV_PREFETCH", "0", "1"); }
-
 mf::FourStepParams fourstep_params(const at::Tensor& x, int64_t fft_size, at::Tensor& intermediate) {
   const int64_t inner = mf::fourstep_inner_size(fft_size), rows = mf::fourstep_rows(fft_size);
   intermediate = at::empty({x.size(0), x.size(1), rows, inner, 2}, x.options().dtype(at::kFloat));
@@ -180,7 +173,6 @@ mf::FourStepParams fourstep_params(const at::Tensor& x, int64_t fft_size, at::Te
   p.seq_len = x.size(2);
   p.fft_size = static_cast<int>(fft_size);
   p.io_type = io_type_of(x);
-  p.prefetch_next = prefetch_from_env();
   return p;
 }
 
@@ -781,7 +773,6 @@ void fourstep_backward(const at::Tensor& grad, const at::Tensor& u, const at::Te
                        const std::optional<at::Tensor>& skip, int64_t fft_size, at::Tensor& du, at::Tensor& dk,
                        at::Tensor& dskip) {
   mf::FourStepBackwardParams p{};
-  p.prefetch_next = prefetch_from_env();
   fill_backward(p, grad, u, spectrum, skip, du, dk);
   p.fft_size = static_cast<int>(fft_size);
   const size_t workspace_bytes = mf::fourstep_backward_workspace_bytes(p);
@@ -931,7 +922,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
   p.n2 = static_cast<int>(split.n2);
   p.accumulator = accumulator;
   p.uniform_pairs = uniform_pairs;
-  p.prefetch_next = prefetch_from_env();
   p.two_sided = two_sided;
   p.pregate = pregate ? pregate->data_ptr() : nullptr;
   p.postgate = postgate ? postgate->data_ptr() : nullptr;

@@ -115,7 +115,6 @@ struct ConvBackwardParams {
   const void* pregate;
   const void* postgate;
   void* grad_pregate;             // (batch, channels, seq_len) contiguous, io_type; required with pregate
-  bool prefetch_next;             // the grad kernel asks L2 for the next sequence's u and dy ahead
 };
 
 // The filter spectrum that ConvForwardParams takes, from the filter k (fp32 arithmetic):
@@ -197,7 +196,6 @@ struct FourStepParams {
   int fft_size;                   // N
   float spectrum_scale;           // fourstep_spectrum: X·spectrum_scale (1/N for a filter spectrum)
   IOType io_type;
-  bool prefetch_next;             // the inner kernel asks L2 for its next row ahead
 };
 
 struct FourStepBackwardParams {
@@ -216,7 +214,6 @@ struct FourStepBackwardParams {
   int64_t filter_len;             // 1 <= filter_len <= seq_len
   int fft_size;
   IOType io_type;
-  bool prefetch_next;             // the inner kernels ask L2 for their next row ahead
 };
 
 // The launches. The binding has checked the tensors and the split against the coverage;

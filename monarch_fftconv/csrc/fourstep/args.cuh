@@ -26,7 +26,6 @@ struct FourStepArgs {
   int conj;            // kConv, kGrad: multiply by the conjugate filter
   float scale;         // kSpectrum: the spectrum times this
   int64_t tile_stride; // outer stage, P >= 128: the CTAs resident at once (the prefetch distance)
-  int prefetch_next;   // inner stage: ask L2 for the slot's next row (and its X, kGrad) ahead
 };
 
 // What the inner kernel does to each row, in place:

@@ -82,7 +82,6 @@ FourStepArgs make_args(const FourStepParams& p) {
   g.columns = p.batch * p.channels * g.M;
   g.R = fourstep_rows(p.fft_size);
   g.skip = p.skip;
-  g.prefetch_next = p.prefetch_next;
   return g;
 }
 
@@ -217,7 +216,6 @@ cudaError_t fourstep_backward(const FourStepBackwardParams& p, cudaStream_t stre
   fp.seq_len = p.seq_len;
   fp.fft_size = p.fft_size;
   fp.io_type = p.io_type;
-  fp.prefetch_next = p.prefetch_next;
   const size_t half = fourstep_backward_workspace_bytes(p) / 2;
   float2* spectra = reinterpret_cast<float2*>(p.workspace);
   float2* dy_rows = reinterpret_cast<float2*>(static_cast<char*>(p.workspace) + half);

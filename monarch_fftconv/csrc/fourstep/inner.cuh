@@ -29,13 +29,6 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inn
     const int64_t row = rb + ty;
     const bool valid = row < rows;
     float2* data = g.a + (valid ? row : 0) * M;
-    // The slot's next row, asked of L2 now: its loads then wait on L2, not DRAM, while this row's
-    // passes run (MONARCH_FFTCONV_PREFETCH, session 27).
-    if (g.prefetch_next && row + (int64_t)gridDim.x * SPB < rows) {
-      const int64_t next = row + (int64_t)gridDim.x * SPB;
-      prefetch_span_l2(g.a + next * M, M * (int64_t)sizeof(float2), tx, T);
-      if constexpr (MODE == InnerMode::kGrad) prefetch_span_l2(g.products + next * M, M * (int64_t)sizeof(float2), tx, T);
-    }
 
     // ---- forward p1: global -> smem, radix R1, NS = 1
     if constexpr (MODE != InnerMode::kInverse) {

@@ -73,7 +73,6 @@ struct GradArgs {
   // The GATED grad kernel's (k.pregate, k.postgate: the gates, or nullptr): dpregate = u ⊙ dx,
   // (B, C, L) contiguous, given with k.pregate. Last, so the ungated kernels' fields keep their offsets.
   void* dpre;
-  int prefetch_next;  // ask L2 for the next sequence's u and dy at the start of each (ConvBackwardParams)
 };
 
 // The io types the gated grad kernel is built for: those of backends.FUSED_GATE_IO_DTYPES (fp32;
@@ -220,8 +219,11 @@ __device__ __forceinline__ void grad_iterations(const GradArgs& g) {
     const int Lv = valid ? (int)L : 0;
     const int64_t row = (b * a.C + c) * L;
     // The next sequence's u and dy, asked of L2 now: their loads then wait on L2, not DRAM, while
-    // this iteration's passes run (MONARCH_FFTCONV_PREFETCH, session 27).
-    if (g.prefetch_next && valid && b + 1 < b_end) {
+    // this iteration's passes run. Measured (session 27, H200, the same process alternating): the
+    // uniform grad kernel 253 -> 235 us at 16x256x4096, 475 -> 456 at 16x256x8192, the same bits.
+    // (The four-step inner kernels' next rows, 64 KB each, asked the same way, lost: 6.38 -> 7.16
+    // ms at 8x256x65536, L2 thrashed.)
+    if (valid && b + 1 < b_end) {
       const int64_t bytes = L * (int64_t)sizeof(IO);
       prefetch_span_l2(static_cast<const IO*>(a.u) + (b + 1) * a.ubs + c * a.ucs, bytes, tx, T);
       prefetch_span_l2(static_cast<const IO*>(g.dy) + row + a.C * L, bytes, tx, T);
@@ -474,7 +476,6 @@ cudaError_t launch_grad(const ConvBackwardParams& p, cudaStream_t stream, size_t
   g.chunk = shape.chunk;
   g.chunks = (int)shape.chunks;
   g.Lk = p.filter_len;
-  g.prefetch_next = p.prefetch_next;
   const size_t smem = smem_bytes<LOGM>(p.n1, p.n2);
   int ctas = 0, sms = 0;
   const auto filter_grad = p.two_sided ? filter_grad_kernel<LOGM, true> : filter_grad_kernel<LOGM, false>;
