@@ -387,10 +387,10 @@ at::Tensor filter_spectrum_two_sided(const at::Tensor& k_in, int64_t seq_len, c1
 // `index` (device memory: the graphed steps), or `position` (>= 0: a direct step, which also sets
 // `index` to i + 1 and reads x where it lies, any strides).
 template <typename T>
-void launch_conv_step(const at::Tensor& x, const at::Tensor& inputs, const at::Tensor& pending,
-                      const std::optional<at::Tensor>& outputs, const at::Tensor& y, const at::Tensor& first_tap,
-                      const at::Tensor& second_tap, const at::Tensor& index, int64_t position, bool fold,
-                      const std::optional<at::Tensor>& block_taps) {
+void launch_conv_step_as(const at::Tensor& x, const at::Tensor& inputs, const at::Tensor& pending,
+                         const std::optional<at::Tensor>& outputs, const at::Tensor& y, const at::Tensor& first_tap,
+                         const at::Tensor& second_tap, const at::Tensor& index, int64_t position, bool fold,
+                         const std::optional<at::Tensor>& block_taps) {
   mf::ConvStepParams<T> p{};
   p.x = x.data_ptr<T>();
   p.x_batch_stride = x.stride(0);
@@ -413,6 +413,15 @@ void launch_conv_step(const at::Tensor& x, const at::Tensor& inputs, const at::T
   p.block_n = block_taps ? static_cast<int>(block_taps->size(1)) : 0;
   p.fold = fold;
   check_launch(mf::conv_step(p, current_stream(x)));
+}
+
+// launch_conv_step_as in the state's dtype (float32 or float64: every caller has checked it).
+void launch_conv_step(const at::Tensor& x, const at::Tensor& inputs, const at::Tensor& pending,
+                      const std::optional<at::Tensor>& outputs, const at::Tensor& y, const at::Tensor& first_tap,
+                      const at::Tensor& second_tap, const at::Tensor& index, int64_t position, bool fold,
+                      const std::optional<at::Tensor>& block_taps) {
+  const auto launch = inputs.scalar_type() == at::kFloat ? &launch_conv_step_as<float> : &launch_conv_step_as<double>;
+  launch(x, inputs, pending, outputs, y, first_tap, second_tap, index, position, fold, block_taps);
 }
 
 // conv_step and conv_step_at: the checks, then the launch. position < 0: i from `index`, x
@@ -462,10 +471,7 @@ at::Tensor conv_step_checked(const at::Tensor& x, const at::Tensor& inputs, cons
                     message("monarch_fftconv: ", op, "'s x and index must be on inputs' device"));
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor y = at::empty({x.size(0), x.size(1)}, inputs.options());
-  if (dtype == at::kFloat)
-    launch_conv_step<float>(x, inputs, pending, outputs, y, first_tap, second_tap, index, position, fold, block_taps);
-  else
-    launch_conv_step<double>(x, inputs, pending, outputs, y, first_tap, second_tap, index, position, fold, block_taps);
+  launch_conv_step(x, inputs, pending, outputs, y, first_tap, second_tap, index, position, fold, block_taps);
   return y;
 }
 
@@ -491,8 +497,8 @@ at::Tensor conv_step_at(const at::Tensor& x, const at::Tensor& inputs, const at:
 // i the generated index in `index` (device memory), n a power of two in [kConvBlockMinBlock,
 // kConvBlockMaxBlock].
 template <typename T>
-void launch_conv_block(const at::Tensor& inputs, const at::Tensor& pending, const at::Tensor& taps,
-                       const at::Tensor& index, int64_t n, int64_t position = -1) {
+void launch_conv_block_as(const at::Tensor& inputs, const at::Tensor& pending, const at::Tensor& taps,
+                          const at::Tensor& index, int64_t n, int64_t position) {
   mf::ConvBlockParams<T> p{};
   p.inputs = inputs.data_ptr<T>();
   p.pending = pending.data_ptr<T>();
@@ -507,6 +513,14 @@ void launch_conv_block(const at::Tensor& inputs, const at::Tensor& pending, cons
   p.taps_len = taps.size(1);
   p.block_n = static_cast<int>(n);
   check_launch(mf::conv_block(p, current_stream(inputs)));
+}
+
+// launch_conv_block_as in the state's dtype (float32 or float64: every caller has checked it);
+// position < 0: i from `index`.
+void launch_conv_block(const at::Tensor& inputs, const at::Tensor& pending, const at::Tensor& taps,
+                       const at::Tensor& index, int64_t n, int64_t position = -1) {
+  const auto launch = inputs.scalar_type() == at::kFloat ? &launch_conv_block_as<float> : &launch_conv_block_as<double>;
+  launch(inputs, pending, taps, index, n, position);
 }
 
 void conv_block(const at::Tensor& inputs, const at::Tensor& pending, const at::Tensor& taps, const at::Tensor& index,
@@ -532,10 +546,7 @@ void conv_block(const at::Tensor& inputs, const at::Tensor& pending, const at::T
   }
   TORCH_CHECK_VALUE(index.device() == inputs.device(), "monarch_fftconv: conv_block's index must be on inputs' device");
   const c10::cuda::CUDAGuard guard(inputs.device());
-  if (dtype == at::kFloat)
-    launch_conv_block<float>(inputs, pending, taps, index, n);
-  else
-    launch_conv_block<double>(inputs, pending, taps, index, n);
+  launch_conv_block(inputs, pending, taps, index, n);
 }
 
 // ------------------------------------------------------------------ DirectStepper
@@ -657,10 +668,7 @@ class DirectStepper {
   // the device index left at i + 1.
   void launch_step(const at::Tensor& x, const at::Tensor& y, int64_t i, bool fold,
                    const std::optional<at::Tensor>& block) const {
-    if (inputs_.scalar_type() == at::kFloat)
-      launch_conv_step<float>(x, inputs_, pending_, std::nullopt, y, first_tap_, second_tap_, index_, i, fold, block);
-    else
-      launch_conv_step<double>(x, inputs_, pending_, std::nullopt, y, first_tap_, second_tap_, index_, i, fold, block);
+    launch_conv_step(x, inputs_, pending_, std::nullopt, y, first_tap_, second_tap_, index_, i, fold, block);
   }
 
   // Whether the current stream is being captured into a graph (the Python path replays a middle
@@ -674,10 +682,7 @@ class DirectStepper {
 
   // A middle level's block (n = 2^q) at host position i.
   void launch_block(int64_t n, int64_t i) const {
-    if (inputs_.scalar_type() == at::kFloat)
-      launch_conv_block<float>(inputs_, pending_, *middle_taps_, index_, n, i);
-    else
-      launch_conv_block<double>(inputs_, pending_, *middle_taps_, index_, n, i);
+    launch_conv_block(inputs_, pending_, *middle_taps_, index_, n, i);
   }
 
   // generation._Watch's check: the same tensor, and (where it keeps one) the same version.
