@@ -1123,8 +1123,8 @@ def test_cuda_direct_stepper_is_the_python_direct_step(gen, monkeypatch, dtype, 
 def test_cuda_direct_stepper_leaves_unusual_inputs_to_python(gen, monkeypatch):
     """What the stepper must not read raw goes to the Python path, with the same outputs as plain
     inputs: x_t with a lazy negation bit (a plain float tensor whose memory holds -x), x_t under a
-    TorchDispatchMode (which then sees the ops), x_t that requires grad (no history kept in the
-    graphs' input); and a state of a single token (no Toeplitz block) steps."""
+    TorchDispatchMode (which then sees the ops); x_t that requires grad gives the same outputs
+    (and no history); and a state of a single token (no Toeplitz block) steps."""
     from torch.utils._python_dispatch import TorchDispatchMode
     length, prompt_len, channels = 70, 3, 6
     layer = mf.FFTConv(channels, length, groups=2, device="cuda")
