@@ -1052,9 +1052,10 @@ def test_step_fftconv_takes_the_steppers_y_and_falls_back_on_none(gen, simulated
 def test_cuda_direct_stepper_is_the_python_direct_step(gen, monkeypatch, dtype, groups, prompt_len, inference):
     """DIRECT_STEPPER on a GPU: FFTConv.step's direct tokens and middle levels (their two kernels
     launched directly) through the C++ stepper give the Python path's outputs and state (whose
-    middle levels are graph replays) bit for bit through every level (x_t strided, y_t views of the history that later steps leave alone); it takes exactly those; every
-    refusal (dtype, shape, the stream full, the filter written or replaced, an inference state
-    outside inference mode, not a tensor) raises the Python path's error."""
+    middle levels are graph replays) bit for bit through every level (x_t strided, y_t views of
+    the history that later steps leave alone); it takes exactly those; every refusal (dtype,
+    shape, the stream full, the filter written or replaced, an inference state outside inference
+    mode, not a tensor) raises the Python path's error."""
     import contextlib
     from monarch_fftconv import _extension
     assert not isinstance(_extension.coverage(True), str)
