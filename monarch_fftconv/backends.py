@@ -357,6 +357,14 @@ FUSED_GATE_IO_DTYPES = frozenset({torch.float32})
 # 16x256x8192 fp32 (bench_cufft.py --operator gated --backward; docs/performance.md, session 22).
 FUSED_GATED_TRAINING = True
 
+# A bf16/fp16/tf32 call whose gates the fp32 kernel fuses (both flags above on, u of
+# FUSED_GATE_IO_DTYPES, causal, gates of u's shape and dtype) runs on the fp32 kernel, where the
+# tensor-core kernels would take the gates as elementwise ATen passes around them (three more
+# full-tensor passes forward, more backward). Measured side by side on an H100 (session 28,
+# bench_cufft.py --operator gated): 4.485 against 5.499 ms at 64x768x8192 forward, 1.455 against
+# 1.595 at 16x256x8192 fwd+bwd; fp32-accurate, so within every precision's budget.
+GATED_CALLS_ON_FP32 = True
+
 # bf16/fp16 calls at N = 16384 with fp32 I/O and at least ENGINE_MIN_SEQUENCES sequences (B·C)
 # routed to the tensor-core engine instead of the fp32 kernel. Through the public call, side by
 # side with the fp32 kernel (H100, session 22): 0.303 against 0.340 ms at 16x256x8192, 0.505
@@ -455,10 +463,12 @@ def requested_backend() -> str:
 
 def select_backend(
     device: torch.device, dtype: torch.dtype, precision: str, plan: MonarchPlan, sequences: int = 1, *,
-    build: bool = True, bidirectional: bool = False,
+    build: bool = True, bidirectional: bool = False, fp32_fuses_gates: bool = False,
 ) -> Backend:
-    """The one place that decides where a call runs; `sequences` is the call's B·C. With
-    build=False (explain) the CUDA extension is never built; the answer may then be `Pending`."""
+    """The one place that decides where a call runs; `sequences` is the call's B·C;
+    `fp32_fuses_gates`: the call has gates the fp32 kernel would take into its load and store
+    (functional decides it from the gates). With build=False (explain) the CUDA extension is never
+    built; the answer may then be `Pending`."""
     requested = requested_backend()
     tc_kernel = requested_tc_kernel()
     on_gpu = device.type == "cuda"
@@ -466,11 +476,13 @@ def select_backend(
              and fills_fp32_kernel(device, plan, sequences, TENSOR_CORE_WAVE_SHARE[precision]))
     # where tc/dispatch.cu runs the engine for a tensor-core call (pick_hopper)
     engine_size = on_gpu and sequences >= ENGINE_MIN_SEQUENCES and engine_applies(plan, precision, dtype)
+    gates_to_fp32 = on_gpu and fp32_fuses_gates and GATED_CALLS_ON_FP32
     key = (device, dtype, precision, plan, fills, engine_size, ENGINE_ROUTE, requested,
-           on_gpu and tc_kernel, bidirectional)
+           on_gpu and tc_kernel, bidirectional, gates_to_fp32)
     if (decided := _decisions.get(key)) is not None:
         return decided
-    backend = _decide(device, dtype, precision, plan, fills, build, requested, engine_size=engine_size)
+    backend = _decide(device, dtype, precision, plan, fills, build, requested, engine_size=engine_size,
+                      gates_to_fp32=gates_to_fp32)
     if bidirectional:
         backend = _bidirectional(backend)
     # Remembered by eager calls only: a compiled graph decides at trace time, where storing
@@ -500,10 +512,12 @@ def _accumulate_dtype(dtype: torch.dtype) -> str:
 
 def _decide(
     device: torch.device, dtype: torch.dtype, precision: str, plan: MonarchPlan, fills: bool, build: bool,
-    requested: str, *, engine_size: bool = False,
+    requested: str, *, engine_size: bool = False, gates_to_fp32: bool = False,
 ) -> Backend:
     """The backend of a call; engine_size: a call the engine covers with B·C >=
-    ENGINE_MIN_SEQUENCES, which the binding runs on the engine if it reaches the tensor cores."""
+    ENGINE_MIN_SEQUENCES, which the binding runs on the engine if it reaches the tensor cores;
+    gates_to_fp32: gates the fp32 kernel fuses, which send a half-precision call there
+    (GATED_CALLS_ON_FP32)."""
     factors = "x".join(map(str, plan.factors))
     if requested == "portable":
         if device.type == "cuda" and build:
@@ -550,6 +564,12 @@ def _decide(
         return FusedFP32("cuda-fp32", f"fused fp32 radix FFT conv, N={plan.fft_size}",
                          f"no tensor-core kernel at N={plan.fft_size}: the fp32-accurate fused kernel serves "
                          f"{precision}, more accurate than asked")
+    if gates_to_fp32 and requested_tc_kernel() == "":
+        return FusedFP32("cuda-fp32", f"fused fp32 radix FFT conv, N={plan.fft_size}",
+                         f"gates the fp32 kernel takes into its load and store, which the tensor-core kernels "
+                         f"would run as elementwise passes: the fp32 kernel measured faster (H100: 1.23x at "
+                         f"64x768x8192 forward, 1.10x at 16x256x8192 fwd+bwd; backends.GATED_CALLS_ON_FP32), "
+                         f"more accurate than {precision}", runs_as="fp32")
     # the engine route; a kernel named in TC_KERNEL_ENV other than the engine keeps the fp32 route
     if ENGINE_ROUTE and engine_size and requested_tc_kernel() in ("", "engine"):
         return tensor_core_backend(

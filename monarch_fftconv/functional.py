@@ -175,8 +175,10 @@ def fftconv(
     Where the fp32 kernel runs a causal float32 call with gates of u's shape and dtype, it takes them
     (`backends.FUSED_GATE_IO_DTYPES`; docs/design.md): in its forward when no gradient is recorded
     (`backends.FUSED_GATES`), and in its forward and backward kernels when one is
-    (`backends.FUSED_GATED_TRAINING`); both on by default. Elsewhere the gates are elementwise ATen
-    ops around the convolution (one autograd graph), on every backend.
+    (`backends.FUSED_GATED_TRAINING`); both on by default. Such a call asking for bf16/fp16 runs
+    there too, fp32-accurate (`backends.GATED_CALLS_ON_FP32`: faster than the tensor cores with the
+    gates around them). Elsewhere the gates are elementwise ATen ops around the convolution (one
+    autograd graph), on every backend.
     Bidirectional calls run where the causal call would, the
     Monarch kernels on the folded spectrum K_fwd + conj(K_rev) (bidirectional.py; `explain()`).
     """
@@ -244,8 +246,23 @@ def _kernel_takes_gates(backend: Backend, u: Tensor, pregate: Tensor | None, pos
     """Whether the call's gates can go into the kernel: a causal call on a backend whose kernel
     takes gates, u of a dtype whose fused call measured faster (`backends.FUSED_GATE_IO_DTYPES`),
     with gates of u's own shape and dtype (a broadcast or promoting gate keeps the elementwise ops)."""
-    return (backend.fuses_gates and not bidirectional and u.dtype in backends.FUSED_GATE_IO_DTYPES
+    return backend.fuses_gates and _gates_fit_the_kernel(u, pregate, postgate, bidirectional)
+
+
+def _gates_fit_the_kernel(u: Tensor, pregate: Tensor | None, postgate: Tensor | None,
+                          bidirectional: bool | str) -> bool:
+    """The call's side of `_kernel_takes_gates`: causal, u of `backends.FUSED_GATE_IO_DTYPES`,
+    gates of u's own shape and dtype."""
+    return (not bidirectional and u.dtype in backends.FUSED_GATE_IO_DTYPES
             and all(g is None or (g.shape == u.shape and g.dtype == u.dtype) for g in (pregate, postgate)))
+
+
+def _fp32_fuses_gates(u: Tensor, pregate: Tensor | None, postgate: Tensor | None, bidirectional: bool | str) -> bool:
+    """Whether the fp32 kernel would take this call's gates, with or without a gradient recorded
+    (both fusion flags on): what sends a half-precision gated call to it
+    (`backends.GATED_CALLS_ON_FP32`, select_backend's fp32_fuses_gates)."""
+    return ((pregate is not None or postgate is not None) and backends.FUSED_GATES and backends.FUSED_GATED_TRAINING
+            and _gates_fit_the_kernel(u, pregate, postgate, bidirectional))
 
 
 def _gates_fusable(backend: Backend, u: Tensor, pregate: Tensor | None, postgate: Tensor | None,
@@ -348,7 +365,8 @@ def _call_key(
     shape, dtype and device (the checks read nothing else of it), the flag with its type (1 ==
     True), the precision argument and attribute, the innermost precision() block of this
     thread and the raw environment variables (the policy and the backend choice read them at
-    call time; os.environ's own mapping, as os.environ.get reads it, at a tenth of its cost)."""
+    call time; os.environ's own mapping, as os.environ.get reads it, at a tenth of its cost),
+    `backends.ENGINE_ROUTE` and, for a gated call, the gate flags the backend choice reads."""
     if torch.compiler.is_compiling():
         return None
     try:
@@ -361,6 +379,9 @@ def _call_key(
             key += (0, type(pregate), pregate.shape, pregate.dtype, pregate.device)  # type: ignore[attr-defined]
         if postgate is not None:
             key += (1, type(postgate), postgate.shape, postgate.dtype, postgate.device)  # type: ignore[attr-defined]
+        if pregate is not None or postgate is not None:  # what _fp32_fuses_gates and the backend read
+            key += (backends.FUSED_GATES, backends.FUSED_GATED_TRAINING, backends.FUSED_GATE_IO_DTYPES,
+                    backends.GATED_CALLS_ON_FP32)
     except AttributeError:  # not a tensor: the checks name it
         return None
     return key
@@ -393,7 +414,8 @@ def _decide(
     chosen, _ = policy.resolve(precision, dtype, module_precision)
     length = u.shape[-1]
     backend = select_backend(u.device, dtype, chosen, plan_for(length), u.numel() // length,
-                             bidirectional=bidirectional)
+                             bidirectional=bidirectional,
+                             fp32_fuses_gates=_fp32_fuses_gates(u, pregate, postgate, bidirectional))
     return backend, chosen, torch.float64 if dtype == torch.float64 else torch.float32, u.dim() != 3
 
 
@@ -438,7 +460,8 @@ def explain(
     batch = u.numel() // (channels * u.shape[-1])
     convention = bidirectional_convention(bidirectional)
     backend = select_backend(u.device, conv_dtype, chosen, plan, batch * channels, build=False,
-                             bidirectional=convention is not None)
+                             bidirectional=convention is not None,
+                             fp32_fuses_gates=_fp32_fuses_gates(u, pregate, postgate, convention is not None))
     groups = k.shape[0]
     filter_rows = groups * (2 if bidirectional else 1)
     terms = {}

@@ -382,6 +382,97 @@ def test_half_precision_io_keeps_the_aten_gates(gates_fused_on_the_ops, gen):
     assert gates_fused_on_the_ops == []
 
 
+def test_half_precision_gated_calls_take_the_fp32_kernel(monkeypatch):
+    """backends.GATED_CALLS_ON_FP32: with gates the fp32 kernel fuses, a bf16/fp16 call on a
+    split the tensor cores cover runs on the fp32 kernel (asked for in fp32, saying why); without
+    them, or with a tensor-core kernel named in the environment, the tensor-core route stays."""
+    from monarch_fftconv import _extension
+
+    plan = plan_for(8192)
+    coverage = _extension.Coverage(frozenset({(plan.n1, plan.row_size)}), frozenset(), frozenset({torch.float32}))
+    monkeypatch.setattr(_extension, "coverage", lambda build=True: coverage)
+    monkeypatch.delenv(backends.TC_KERNEL_ENV, raising=False)
+    cuda = torch.device("cuda", 0)
+
+    def decide(precision, gates, requested="auto"):
+        return backends._decide(cuda, torch.float32, precision, plan, False, True, requested, gates_to_fp32=gates)
+
+    for precision in ("bf16", "fp16"):
+        plain, gated = decide(precision, False), decide(precision, True)
+        assert plain.name == "cuda-tensor-core" and not plain.fuses_gates
+        assert gated.name == "cuda-fp32" and gated.fuses_gates and gated.runs_as == "fp32"
+        assert "GATED_CALLS_ON_FP32" in gated.reason and precision in gated.reason
+    assert decide("fp32", True).name == "cuda-fp32" and decide("fp32", True).runs_as is None
+    assert decide("bf16", True, "portable").name == "portable"
+    monkeypatch.setenv(backends.TC_KERNEL_ENV, "mma")  # a kernel named by the user keeps its route
+    assert decide("bf16", True).name == "cuda-tensor-core"
+
+
+def test_gated_calls_tell_the_backend_choice_whether_the_fp32_kernel_fuses_their_gates(monkeypatch, gen):
+    """conv() and explain() pass select_backend whether the fp32 kernel would take the call's gates
+    (gates of u's shape and dtype, causal, fp32 I/O, both fusion flags and GATED_CALLS_ON_FP32
+    on); flipping a flag between two identical calls is seen by the second (the call's remembered
+    decision keys on the flags), and every call stays within its budget against float64."""
+    seen = []
+    real = functional.select_backend
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("fp32_fuses_gates"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(functional, "select_backend", spy)
+    functional._decided.clear()
+    u, k, D, pregate, postgate = operator_inputs(gen, 2, 5, 5, 301, 77, "both", False, True)
+    want = reference_operator(u, k, D, pregate, postgate)
+
+    def call(**changes):
+        seen.clear()
+        y = mf.fftconv(changes.get("u", u), k, D=D, precision="bf16", pregate=changes.get("pregate", pregate),
+                       postgate=changes.get("postgate", postgate))
+        return y, seen[-1] if seen else "remembered"
+
+    y, fused = call()
+    assert fused is True and rel_l2(y, want) <= BUDGETS["bf16"]
+    assert call()[1] == "remembered"  # the same call again: decided once
+    assert call(postgate=postgate[:1])[1] is False  # a broadcast gate stays an elementwise op
+    assert call(pregate=pregate.double())[1] is False  # a promoting gate too
+    for flag in ("FUSED_GATES", "FUSED_GATED_TRAINING"):
+        with monkeypatch.context() as m:
+            m.setattr(backends, flag, False)
+            assert call()[1] is False, flag
+    y, fused = call(pregate=None)
+    assert fused is True and rel_l2(y, reference_operator(u, k, D, None, postgate)) <= BUDGETS["bf16"]
+    seen.clear()
+    assert mf.explain(u, k, D=D, pregate=pregate, postgate=postgate, precision="fp16") and seen == [True]
+    seen.clear()
+    k_two = randn(gen, 5, 2, 77)
+    mf.explain(u, k_two, pregate=pregate, postgate=postgate, precision="fp16", bidirectional=True)
+    assert seen == [False]  # bidirectional calls keep their gates outside
+
+
+def test_half_precision_gated_call_on_cuda_runs_the_fused_fp32_kernel(monkeypatch, gen):
+    """What the route buys on a GPU: explain() names the fp32 kernel for a bf16 gated call, and
+    its result has the fp32 kernel's accuracy (well inside bf16's budget)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    u, k, D, pregate, postgate = (None if t is None else t.cuda()
+                                  for t in operator_inputs(gen, 3, 64, 64, 8000, 8000, "both", False, True))
+    info = mf.explain(u, k, D=D, pregate=pregate, postgate=postgate, precision="bf16")
+    assert info["backend"] == "cuda-fp32" and "GATED_CALLS_ON_FP32" in info["reason"]
+    want = reference_operator(u, k, D, pregate, postgate)
+    y = mf.fftconv(u, k, D=D, pregate=pregate, postgate=postgate, precision="bf16")
+    assert rel_l2(y, want) <= BUDGETS["fp32"]
+    leaves = [t.clone().requires_grad_() for t in (u, k, pregate, postgate)]
+    y = mf.fftconv(leaves[0], leaves[1], D=D, pregate=leaves[2], postgate=leaves[3], precision="bf16")
+    assert rel_l2(y.detach(), want) <= BUDGETS["fp32"]
+    dy = torch.randn(y.shape, generator=torch.Generator(device="cuda").manual_seed(7), device="cuda")
+    grads = torch.autograd.grad(y, leaves, dy)
+    exact = [t.double().requires_grad_() for t in (u, k, pregate, postgate)]
+    want_grads = torch.autograd.grad(reference_operator(exact[0], exact[1], D, exact[2], exact[3]), exact, dy.double())
+    for name, got, expected in zip(("u", "k", "pregate", "postgate"), grads, want_grads):
+        assert rel_l2(got, expected) <= 2 * BUDGETS["fp32"], name
+
+
 def test_explain_before_the_extension_loads_leaves_the_gates_open(monkeypatch, gen):
     """Before the CUDA extension is loaded, explain() cannot know whether the kernel will take
     the gates: it says so, as it does for D, instead of naming a route the call may not take."""

@@ -418,17 +418,21 @@ def convolutions(device: str, *, compile: bool = False,
                              bind_function(_ScratchGradConv.apply), _explain("fp32", operator), _monarch_flops,
                              unavailable=lacks_operator("a causal filter per channel, no gates or D")
                              or (None if device == "cuda" else "the scratch route is the CUDA backward's")))
-    switched = (("monarch-grouped-ops", "the ops on G filter rows", "GROUPS_IN_KERNELS", True, "grouped",
-                 operator.name != "grouped"),
+    switched = [("monarch-grouped-ops", "the ops on G filter rows", "GROUPS_IN_KERNELS", True, "grouped",
+                 operator.name != "grouped", "fp32"),
                 ("monarch-aten-gates", "fftconv_op with ATen gates around it", "FUSED_GATES", False, "gated",
-                 not operator.gated),
+                 not operator.gated, "fp32"),
                 # the training step the fused one replaced (session 22): differs from monarch[fp32]
                 # only where autograd records the call (--backward)
                 ("monarch-unfused-gated-train", "fftconv with ATen gates around the kernels in a training step",
-                 "FUSED_GATED_TRAINING", False, "gated", not operator.gated))
-    for name, entry, switch, value, kind, lacking in switched:
-        convs.append(Convolution(name, "monarch", "fp32", entry, bind_function(_fftconv_switched(switch, value)),
-                                 _explain("fp32", operator), _monarch_flops,
+                 "FUSED_GATED_TRAINING", False, "gated", not operator.gated, "fp32")]
+    # the route a half-precision gated call took before GATED_CALLS_ON_FP32 (session 28): the
+    # tensor cores with ATen gates around them
+    switched += [(f"monarch-tc-gates[{p}]", "fftconv on the tensor cores with ATen gates around them",
+                  "GATED_CALLS_ON_FP32", False, "gated", not operator.gated, p) for p in ("bf16", "fp16")]
+    for name, entry, switch, value, kind, lacking, p in switched:
+        convs.append(Convolution(name, "monarch", p, entry, bind_function(_fftconv_switched(switch, value, p)),
+                                 _explain_switched(p, operator, switch, value), _monarch_flops,
                                  unavailable=lacks_operator(f"the {kind} operator's switch", lacking)))
     for p in TENSOR_CORE_PRECISIONS:
         convs.append(Convolution(f"monarch-tc[{p}]", "monarch", p, "monarch_fftconv.ops.fftconv_op",
@@ -568,7 +572,7 @@ TENSOR_CORE_PRECISIONS = ("bf16", "fp16", "tf32")
 # Rows run only when --methods names them: the tensor-core op, and the switches' routes beside
 # the defaults (the fp32 backward's scratch route, the fused gates, the ops on grouped rows).
 ON_REQUEST_PREFIXES = ("monarch-tc[", "monarch-scratch-grad", "monarch-aten-gates", "monarch-grouped-ops",
-                       "monarch-unfused-gated-train")
+                       "monarch-unfused-gated-train", "monarch-tc-gates[")
 GRAD_ACCUMULATOR_ENV = "MONARCH_FFTCONV_GRAD_ACCUMULATOR"  # read by the binding at each backward call
 
 
@@ -592,17 +596,30 @@ def _set(owner: Any, name: str, value: Any):
             os.environ[name] = before
 
 
-def _fftconv_switched(switch: str, value: bool) -> Callable[..., Tensor]:
-    """monarch[fp32] with the module switch backends.<switch> set to value for each call, timed
-    beside the default: GROUPS_IN_KERNELS on (the ops get the G filter rows; the backward this
-    call records sums each group inside), FUSED_GATES off (a forward that records no gradient
-    keeps the ATen gates around the kernel, the route the fused gates replaced), or
+def _fftconv_switched(switch: str, value: bool, precision: str = "fp32") -> Callable[..., Tensor]:
+    """monarch[precision] with the module switch backends.<switch> set to value for each call,
+    timed beside the default: GROUPS_IN_KERNELS on (the ops get the G filter rows; the backward
+    this call records sums each group inside), FUSED_GATES off (a forward that records no gradient
+    keeps the ATen gates around the kernel, the route the fused gates replaced),
     FUSED_GATED_TRAINING off (a call that records a gradient keeps the ATen gates around the fp32
-    forward and grad kernels; its backward follows the forward's route, so the switch is set there only)."""
+    forward and grad kernels; its backward follows the forward's route, so the switch is set there
+    only), or GATED_CALLS_ON_FP32 off (a bf16/fp16 gated call on the tensor cores, its gates ATen
+    passes around them)."""
     def fftconv(u: Tensor, k: Tensor, **terms: Tensor) -> Tensor:
         with _set(mf.backends, switch, value):
-            return mf.fftconv(u, k, precision="fp32", **terms)
+            return mf.fftconv(u, k, precision=precision, **terms)
     return fftconv
+
+
+def _explain_switched(precision: str, operator: Operator, switch: str, value: bool) -> Describe:
+    """_explain(precision, operator) with backends.<switch> = value while it asks, so that the row
+    names the route it times."""
+    describe = _explain(precision, operator)
+
+    def explain(u: Tensor, k: Tensor, **terms: Tensor) -> Dict[str, Any]:
+        with _set(mf.backends, switch, value):
+            return describe(u, k, **terms)
+    return explain
 
 
 class _ScratchGradConv(torch.autograd.Function):
