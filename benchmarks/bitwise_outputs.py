@@ -12,8 +12,12 @@ du and dk.
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the checkout's package, where none is installed
 
 import monarch_fftconv as mf
 

@@ -20,9 +20,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the checkout's package, where none is installed
 
 from monarch_fftconv import generation
 

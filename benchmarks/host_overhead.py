@@ -31,9 +31,13 @@ import cProfile
 import io
 import pstats
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the checkout's package, where none is installed
 
 import monarch_fftconv as mf
 

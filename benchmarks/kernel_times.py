@@ -30,9 +30,13 @@ import argparse
 import collections
 import os
 import statistics
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the checkout's package, where none is installed
 
 import monarch_fftconv as mf
 
