@@ -12,8 +12,10 @@ question, with the run's date, device, sources and commands above them:
 - training step (forward + backward by torch.autograd.grad), every shape;
 - long sequences, forward, L > 8192 (N >= 32768: the fp32 radix and four-step kernels);
 - peers: methods neither of this package nor the reference (cufft-tuned, compile-reference,
-  cudnn), beside `monarch[fp32]`, when the run has them; below them the methods the run
-  skipped, and why (e.g. cudnn where cuDNN could not be loaded).
+  cudnn), beside `monarch[fp32]`, when the run has them;
+- where this package is slower: each row of it that took longer than the reference or a peer of
+  its shape, pass and training step, b2b or latency (or a line saying none did); below it the
+  methods the run skipped, and why (e.g. cudnn where cuDNN could not be loaded).
 `benchmarks/run_gpu.sh` runs the forward, training-step and long-sequence benchmarks and
 copies their JSON into $OUT/bench_json/, the default here. The files given must be one run's:
 the same sources digest and device (the script refuses a mix).
@@ -234,6 +236,42 @@ def peers_table(peers, rows) -> List[str]:
     return table(columns, cells)
 
 
+CLOCKS = (("b2b", "median_ms"), ("latency", "latency_median_ms"))
+
+
+def slower_cells(rows) -> List[List[str]]:
+    """Each (row of this package, clock, other method) where the package's row took longer: the
+    other being the reference or a peer (cudnn, ...) of the same shape, pass and training step.
+    A NOISY row on either side says so: the benchmark trusts no ratio of it."""
+    groups: Dict[tuple, List[Dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("status") == "ok":
+            groups.setdefault((r["shape"], r["pass"], r.get("train_step")), []).append(r)
+    cells = []
+    for group in groups.values():
+        others = [r for r in group if r.get("family") != PACKAGE_FAMILY]
+        for ours in (r for r in group if r.get("family") == PACKAGE_FAMILY):
+            for clock, field in CLOCKS:
+                for other in others:
+                    mine, theirs = ours.get(field), other.get(field)
+                    if mine is None or theirs is None or mine <= theirs:
+                        continue
+                    noisy = [f"`{r['method']}`" for r in (ours, other) if r.get("validity") == "NOISY"]
+                    cells.append([shape(ours), ours["pass"], f"`{ours['method']}`", clock, ms(mine),
+                                  f"`{other['method']}`", ms(theirs), ratio(mine / theirs),
+                                  f"NOISY: {', '.join(noisy)}" if noisy else ""])
+    return cells
+
+
+def slower_table(rows) -> List[str]:
+    cells = slower_cells(rows)
+    if not cells:
+        return ["None: every row of this package is at least as fast as the reference and each peer of "
+                "its shape and pass, b2b and latency."]
+    columns = ["B×C×L", "pass", "method", "clock", "ms", "slower than", "its ms", "ratio", "note"]
+    return table(columns, cells)
+
+
 QUESTIONS: List[tuple] = [
     # (heading, rows of the question, table)
     (f"Forward, L ≤ {LONG_FROM_FFT_SIZE // 4} (N ≤ {LONG_FROM_FFT_SIZE // 2})", forward_rows, forward_table),
@@ -296,6 +334,9 @@ def render(run: List[RunFile]) -> str:
     peers = peer_rows(rows)
     out += ["", "#### Peers: other implementations beside the reference", ""]
     out += peers_table(peers, rows) if peers else ["None in this run."]
+    out += ["", "#### Where this package is slower: a row of it against the reference or a peer, same shape and "
+            "pass", ""]
+    out += slower_table(rows)
     skipped = skipped_lines(run)
     if skipped:
         out += ["", "Skipped, not measured:", ""] + skipped

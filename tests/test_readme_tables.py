@@ -266,3 +266,47 @@ def test_the_committed_tables_are_the_newest_committed_runs():
     newest = sorted(path for path in (REPO / "docs" / "runs").iterdir() if path.is_dir())[-1]
     check = subprocess.run([sys.executable, str(SCRIPT), str(newest), "--check"], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_the_slower_cells_are_listed_against_the_reference_and_each_peer(tables, run_dir, tmp_path):
+    """Every (row of this package, clock, reference or peer of its shape, pass and training step)
+    where the package took longer is a row of the slower-cells table, with both times and their
+    ratio, and a NOISY side named; a run where none is slower says so in one line."""
+    data = json.loads((run_dir / "fwd.json").read_text())
+    rows = [r for r in data["results"] if r.get("status") == "ok"]
+    for r in data["results"]:  # a quick CPU run may mark its rows NOISY: here only the peer is
+        r["validity"] = "OK"
+    shape_ = rows[0]["shape"]
+    ref = next(r for r in rows if r["shape"] == shape_ and r["method"] == "reference")
+    ours = [r for r in rows if r["shape"] == shape_ and r["family"] == "monarch"]
+    # every package row clearly faster than its shape's reference, both clocks...
+    refs = {r["shape"]: r for r in rows if r["method"] == "reference"}
+    for r in rows:
+        if r["family"] == "monarch":
+            mine = refs[r["shape"]]
+            r["median_ms"], r["latency_median_ms"] = 0.5 * mine["median_ms"], 0.5 * mine["latency_median_ms"]
+    peer = {**ref, "method": "cudnn", "family": "cudnn", "backend": "cuDNN", "validity": "NOISY",
+            "median_ms": 10 * ref["median_ms"], "latency_median_ms": 10 * ref["latency_median_ms"]}
+    data["results"] = [r for r in data["results"] if r["family"] in ("monarch", "reference")] + [peer]
+    run = tmp_path / "none"
+    run.mkdir()
+    (run / "fwd.json").write_text(json.dumps(data))
+    readme = readme_like(tmp_path / "README.md")
+    assert tables.main([str(run), "--files", str(readme)]) == 0
+    assert "None: every row of this package is at least as fast" in readme.read_text()
+    # ...then one package row slower than the reference b2b only, and than the peer at latency only
+    slow = ours[0]
+    slow["median_ms"] = 1.25 * ref["median_ms"]
+    slow["latency_median_ms"] = 12 * ref["latency_median_ms"]
+    (run / "fwd.json").write_text(json.dumps(data))
+    assert tables.main([str(run), "--files", str(readme)]) == 0
+    listed = table(readme.read_text(), "Where this package is slower")
+    assert {(c["method"], c["clock"], c["slower than"]) for c in listed} == {
+        (f"`{slow['method']}`", "b2b", "`reference`"), (f"`{slow['method']}`", "latency", "`reference`"),
+        (f"`{slow['method']}`", "latency", "`cudnn`")}
+    by_other = {(c["clock"], c["slower than"]): c for c in listed}
+    cell = by_other["b2b", "`reference`"]
+    assert close_ms(cell["ms"], slow["median_ms"]) and close_ms(cell["its ms"], ref["median_ms"])
+    assert close_ratio(cell["ratio"], 1.25) and cell["note"] == ""
+    assert by_other["latency", "`cudnn`"]["note"] == "NOISY: `cudnn`"
+    assert close_ratio(by_other["latency", "`cudnn`"]["ratio"], 1.2)
