@@ -48,11 +48,24 @@ enum class PrefetchPoint { kAfterFilterStage, kAfterMidInverse, kBeforeLastStore
 #ifndef MONARCH_FFTCONV_FWD_DIRECT_SKIP
 #define MONARCH_FFTCONV_FWD_DIRECT_SKIP -1
 #endif
+#ifndef MONARCH_FFTCONV_FWD_OWN_PAIRS
+#define MONARCH_FFTCONV_FWD_OWN_PAIRS 0
+#endif
 
 // The forward kernel's io-dependent code choices, per FFT size N = 2^(LOGM+1) (one home for them):
 // - kPrefetchPoint: where the next sequence's u prefetch is issued (2-byte io only);
 // - kDirectSkip: whether the store's D·u form is compiled. The skip is always folded into the
-//   spectrum (launch sets skip_fold), so the form never runs, but ptxas allocates around it.
+//   spectrum (launch sets skip_fold), so the form never runs, but ptxas allocates around it;
+// - kOwnPairs (the plain call's kernel with 2-byte io, -DMONARCH_FFTCONV_FWD_OWN_PAIRS=1 only;
+//   written in session 28, not yet run on a GPU): each thread stages the u pairs its own p1 reads
+//   (4-byte cp.async) instead of a share of 16-byte chunks, and p1 waits on its own copies with no
+//   CTA barrier. Why: the bf16-io forward issues more instructions than the fp32-io one (SASS:
+//   7,304 against 7,040 at N = 8192, 8,800 against 7,840 at 16384) and one barrier more a
+//   sequence, and measured 1.5-3.8% slower (session 28). A build-time choice: as a run-time one
+//   its code raised every 2-byte instance's spills; built in, the plain bf16 kernel's move 132/236
+//   -> 112/108 (N = 8192), 16/12 -> 36/28 (16384), 64/76 -> 20/16 (32768), 108/168 -> 208/204
+//   (4096), and the gated ones' grew several-fold, so they keep the shared chunks. Predicted: -1 to
+//   -3% on the bf16-io forward kernel at 16x256x4096 and 8192.
 // For the plain call's kernel with 2-byte io they are chosen by ptxas's spills (sm_90a, bytes
 // stored/loaded a thread; each option compiled, session 24): N = 4096 and 8192 without the D·u
 // form, N = 8192 prefetched after the mid pass (204/200 -> 108/168 prefetched after the filter
@@ -69,6 +82,7 @@ struct ForwardIoChoices {
                                               : PrefetchPoint::kAfterFilterStage;
   static constexpr bool kDirectSkip =
       MONARCH_FFTCONV_FWD_DIRECT_SKIP >= 0 ? MONARCH_FFTCONV_FWD_DIRECT_SKIP == 1 : !(kChosen && LOGM <= 12);
+  static constexpr bool kOwnPairs = MONARCH_FFTCONV_FWD_OWN_PAIRS == 1 && sizeof(IO) == 2 && !GATED;
 };
 
 // What the forward kernel takes: KArgs, or GatedKArgs for the GATED instance.
@@ -116,15 +130,48 @@ __device__ __forceinline__ ForwardSeq forward_seq(const KArgs& a, int64_t s, int
   return {valid, b, c, Lv, upair, ypair};
 }
 
+// Forward p1's input pair r of butterfly j (thread tx's j = tx + q·T, q < 32/R1): u[t0], u[t0 + 1],
+// t0 = 2·(j + r·M/R1) (the radix-R1 butterfly j takes the points j + r·M/R1; its upper half
+// r >= R1/2 is the zero padding). One home for the map: p1 reads by it, the own-pairs staging
+// copies by it.
+template <int LOGM>
+__host__ __device__ __forceinline__ int p1_pair_start(int j, int r) {
+  using P = Plan<LOGM>;
+  return 2 * (j + r * (P::M / P::R1));
+}
+
+// Stage the u pairs this thread's p1 reads (p1_pair_start), 4 bytes each, zero-filled past L:
+// no other thread reads them, so p1 waits on this thread's copies alone (ForwardIoChoices::kOwnPairs).
+template <int LOGM, typename IO>
+__device__ __forceinline__ void prefetch_own_pairs(IO* buf, const IO* src, int L, int tx) {
+  static_assert(sizeof(IO) == 2, "a pair of 2-byte values is one 4-byte copy");
+  using P = Plan<LOGM>;
+  constexpr int R = P::R1, NB = 32 / R;
+#pragma unroll
+  for (int q = 0; q < NB; ++q) {
+#pragma unroll
+    for (int r = 0; r < R / 2; ++r) {
+      const int t0 = p1_pair_start<LOGM>(tx + q * P::T, r);
+      if (t0 < L) {
+        const int rem = (L - t0) * (int)sizeof(IO);
+        cp_async4_zfill(buf + t0, src + t0, rem < 4 ? rem : 4);
+      }
+    }
+  }
+}
+
 // The u of sequence sq staged into the slot's prefetch buffer ubuf with cp.async, when it is
 // 16-byte aligned: returns whether it is staged (else p1 reads it from global memory). The
 // caller has checked that the prefetch is on and that sq exists.
-template <int LOGM, typename IO>
+template <int LOGM, typename IO, bool OWN_PAIRS>
 __device__ __forceinline__ bool prefetch_seq(const KArgs& a, IO* ubuf, int64_t sq, int tx) {
   const int64_t bq = sq % a.B, cq = sq / a.B;
   const IO* p = static_cast<const IO*>(a.u) + bq * a.ubs + cq * a.ucs;
   const bool staged = (reinterpret_cast<uintptr_t>(p) & 15) == 0;
-  if (staged) prefetch_u<IO, Plan<LOGM>::T>(ubuf, p, (int)a.L, tx);
+  if (staged) {
+    if constexpr (OWN_PAIRS) prefetch_own_pairs<LOGM>(ubuf, p, (int)a.L, tx);
+    else prefetch_u<IO, Plan<LOGM>::T>(ubuf, p, (int)a.L, tx);
+  }
   return staged;
 }
 
@@ -134,7 +181,7 @@ __device__ __forceinline__ bool prefetch_seq(const KArgs& a, IO* ubuf, int64_t s
 // shared memory, in which the prefetch buffer is found as the kernel places it.
 // GATED: x = pregate ⊙ u where a.pregate is given (the ungated instance is the kernel as it
 // was, instruction for instruction).
-template <int LOGM, typename IO, bool GATED>
+template <int LOGM, typename IO, bool GATED, bool OWN_PAIRS>
 __device__ __forceinline__ void forward_p1(const float* sm, float* re, float* im, int tx, const KArgs& a, bool pf_cur,
                                            const ForwardSeq& seq) {
   using P = Plan<LOGM>;
@@ -150,7 +197,8 @@ __device__ __forceinline__ void forward_p1(const float* sm, float* re, float* im
   cf v[NB][R];
   if (kPrefetchU<IO> && a.prefetch) {
     cp_async_wait_all();
-    __syncthreads();  // every thread's part of the staged u is visible
+    // every thread's part of the staged u is visible (own pairs: this thread reads only its own)
+    if constexpr (!OWN_PAIRS) __syncthreads();
   }
   const bool from_smem = kPrefetchU<IO> && pf_cur;
 #pragma unroll
@@ -158,6 +206,8 @@ __device__ __forceinline__ void forward_p1(const float* sm, float* re, float* im
     const int j = tx + q * T;
 #pragma unroll
     for (int r = 0; r < R / 2; ++r) {
+      // p1_pair_start(j, r) written out: called, it moved ptxas's allocation of the 2-byte
+      // kernels (N = 32768: 64/76 -> 76/92 B of spills; N = 8192: 132/236 -> 124/224)
       const int t0 = 2 * (j + r * (M / R));
       if (from_smem) {
         if (t0 + 1 < Lv) {
