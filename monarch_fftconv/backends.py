@@ -357,12 +357,13 @@ FUSED_GATE_IO_DTYPES = frozenset({torch.float32})
 # 16x256x8192 fp32 (bench_cufft.py --operator gated --backward; docs/performance.md, session 22).
 FUSED_GATED_TRAINING = True
 
-# A bf16/fp16/tf32 call whose gates the fp32 kernel fuses (both flags above on, u of
-# FUSED_GATE_IO_DTYPES, causal, gates of u's shape and dtype) runs on the fp32 kernel, where the
-# tensor-core kernels would take the gates as elementwise ATen passes around them (three more
-# full-tensor passes forward, more backward). Measured side by side on an H100 (session 28,
-# bench_cufft.py --operator gated): 4.485 against 5.499 ms at 64x768x8192 forward, 1.455 against
-# 1.595 at 16x256x8192 fwd+bwd; fp32-accurate, so within every precision's budget.
+# A bf16/fp16 call (and a tf32 one, where its tensor cores would run it) whose gates the fp32
+# kernel fuses (both flags above on, u of FUSED_GATE_IO_DTYPES, causal, gates of u's shape and
+# dtype) runs on the fp32 kernel, where the tensor-core kernels would take the gates as
+# elementwise ATen passes around them (three more full-tensor passes forward, more backward).
+# Measured side by side on an H100 (session 28, bench_cufft.py --operator gated, bf16 and fp16):
+# 4.485 against 5.499 ms at 64x768x8192 forward, 1.455 against 1.595 at 16x256x8192 fwd+bwd;
+# fp32-accurate, so within every precision's budget. Its GPU test has not run yet (session 28).
 GATED_CALLS_ON_FP32 = True
 
 # bf16/fp16 calls at N = 16384 with fp32 I/O and at least ENGINE_MIN_SEQUENCES sequences (B·C)
