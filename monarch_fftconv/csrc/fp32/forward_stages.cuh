@@ -132,8 +132,9 @@ __device__ __forceinline__ ForwardSeq forward_seq(const KArgs& a, int64_t s, int
 
 // Forward p1's input pair r of butterfly j (thread tx's j = tx + q·T, q < 32/R1): u[t0], u[t0 + 1],
 // t0 = 2·(j + r·M/R1) (the radix-R1 butterfly j takes the points j + r·M/R1; its upper half
-// r >= R1/2 is the zero padding). One home for the map: p1 reads by it, the own-pairs staging
-// copies by it.
+// r >= R1/2 is the zero padding). The own-pairs staging copies by it and tests/p1_pairs_check.cu
+// checks it; forward_p1 writes the same formula out (the call moved ptxas's allocation, see
+// there), so a change to either must be made to both: the staging is right only while they agree.
 template <int LOGM>
 __host__ __device__ __forceinline__ int p1_pair_start(int j, int r) {
   using P = Plan<LOGM>;
