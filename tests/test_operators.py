@@ -12,7 +12,7 @@ from monarch_fftconv import backends, functional
 from monarch_fftconv.nn import HyenaOperator
 from monarch_fftconv.planner import plan_for, real_fft_flops
 
-from helpers import BUDGETS, randn, reference, rel_l2, requires_cuda, two_sided_circle
+from helpers import BUDGETS, GPU_WATCHDOG_S, randn, reference, rel_l2, requires_cuda, two_sided_circle
 
 GATES = ["none", "pre", "post", "both"]
 
@@ -450,6 +450,7 @@ def test_gated_calls_tell_the_backend_choice_whether_the_fp32_kernel_fuses_their
     assert seen == [False]  # bidirectional calls keep their gates outside
 
 
+@pytest.mark.watchdog(GPU_WATCHDOG_S)  # not yet run on a GPU: a hang fails, not stalls
 def test_half_precision_gated_call_on_cuda_runs_the_fused_fp32_kernel(monkeypatch, gen):
     """What the route buys on a GPU: explain() names the fp32 kernel for a bf16 gated call, and
     its result has the fp32 kernel's accuracy (well inside bf16's budget)."""
