@@ -89,23 +89,44 @@ def _forward_and_grads(u, k, D, g):
     return [y.detach(), *torch.autograd.grad(y, leaves, g.double())]
 
 
+def fft_rounding_scales(u, k, g) -> list[float]:
+    """What rounding inside an FFT convolution scales with, for y, du and dk (dD has no FFT).
+    A transform's error is spread evenly over its 2L outputs, with a norm proportional to the
+    product of the two operands' norms (Parseval), whatever the result's own norm; the kept m
+    outputs of each sequence carry m / 2L of it, and sequences add in quadrature. For dense
+    random inputs this is about 0.7x the result's norm; it is larger where the result is small
+    because the operands' weight does not overlap (a late spike in u, an early one in g)."""
+    length, filter_len = u.shape[-1], k.shape[-1]
+    u_norms, k_norms = u.detach().double().norm(dim=-1), k.detach().double().norm(dim=-1)
+
+    def scale(a_norms, b_norms, kept):
+        return math.sqrt(((a_norms * b_norms) ** 2).sum().item() * kept / (2 * length))
+
+    scales = [scale(u_norms, k_norms, length)]
+    if g is not None:
+        g_norms = g.detach().double().norm(dim=-1)
+        scales += [scale(g_norms, k_norms, length), scale(g_norms, u_norms, filter_len), 0.0]
+    return scales
+
+
 def reference_with_scales(u, k, D, g):
     """[(value, scale)] for y and the gradients. The scale is the value's norm, or, where
-    that is smaller, the norm of the same computation on absolute values divided by the
-    square root of the number of products in each sum: what random signs would leave.
-    A sum that cancels beyond that (a short filter, a skip term offsetting the convolution)
-    then does not turn rounding into a large relative error; any other case keeps the
-    plain relative error."""
+    larger, one of two floors. (1) The norm of the same computation on absolute values
+    divided by the square root of the number of products in each sum: what random signs
+    would leave. A sum that cancels beyond that (a short filter, a skip term offsetting the
+    convolution) then does not turn rounding into a large relative error. (2) The FFT
+    rounding scale above: a result that is small because its operands barely overlap is
+    still computed from all of them. Any other case keeps the plain relative error."""
     absolute = [None if t is None else t.detach().double().abs() for t in (u, k, D, g)]
     batch, length, filter_len = u.numel() // (u.shape[-1] * u.shape[-2]), u.shape[-1], k.shape[-1]
     terms = [filter_len + 1, filter_len + 1, batch * length, batch * length]  # y, du, dk, dD
     values = _forward_and_grads(u, k, D, g)
-    scales = [max(v.norm(), a.norm() / math.sqrt(n))
-              for v, a, n in zip(values, _forward_and_grads(*absolute), terms)]
+    scales = [max(v.norm().item(), a.norm().item() / math.sqrt(n), fft)
+              for v, a, n, fft in zip(values, _forward_and_grads(*absolute), terms, fft_rounding_scales(u, k, g))]
     return list(zip(values, scales))
 
 
-def error(got: torch.Tensor, want: torch.Tensor, scale: torch.Tensor) -> float:
+def error(got: torch.Tensor, want: torch.Tensor, scale: float) -> float:
     return ((got.double() - want).norm() / scale).item()
 
 
@@ -163,3 +184,22 @@ def test_fuzz_cuda(monkeypatch):
     monkeypatch.setenv("MONARCH_FFTCONV_BACKEND", "auto")
     monkeypatch.setenv(TC_KERNEL_ENV, "mma")  # each case sets its own; restored after the test
     fuzz("cuda")
+
+
+def test_the_fft_rounding_floor_sits_below_dense_results_and_above_non_overlapping_ones():
+    """The floor must not loosen the budget for ordinary inputs (it stays under the result's
+    norm when the operands overlap), must cover the case that is small only because they do
+    not overlap, and must leave a shifted result far outside every budget."""
+    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    u, k, g = torch.randn(3, 5, 301, generator=gen), torch.randn(5, 97, generator=gen), torch.randn(3, 5, 301, generator=gen)
+    values = _forward_and_grads(u, k, None, g)
+    for value, floor in zip(values, fft_rounding_scales(u, k, g)):
+        assert 0.4 * value.norm() < floor < 1.0 * value.norm()
+    # u's weight at the end, g's at the start: dk = sum_t g[t + s] u[t] barely overlaps.
+    u, g = torch.zeros(1, 1, 64), torch.zeros(1, 1, 64)
+    u[..., -1], u[..., 0], g[..., 0], g[..., -1] = 2.0, 0.03, 1.8, -0.1
+    k = torch.randn(1, 64, generator=gen)
+    dk = _forward_and_grads(u, k, None, g)[2]
+    assert fft_rounding_scales(u, k, g)[2] > 10 * dk.norm()
+    y, scale = reference_with_scales(torch.randn(2, 3, 129, generator=gen), torch.randn(3, 40, generator=gen), None, None)[0]
+    assert error(torch.roll(y, 1, dims=-1), y, scale) > 30 * max(BUDGETS.values())
