@@ -60,6 +60,46 @@ def test_fp16_does_not_overflow_at_seed_scale(gen):
     assert torch.isfinite(y).all()
 
 
+@pytest.mark.parametrize("length", [8192, 1500])
+def test_fp16_range_floor_is_where_the_readme_puts_it(length, gen):
+    """The other side of folding 1/N into the filter (README, "Precision"): the spectrum's
+    products of a small output fall among fp16's subnormals (spacing 2^-24), which leaves
+    about 2^-24·sqrt(N/6)/rms(y) of relative error. Above the stated floor fp16 keeps its
+    budget; ten and a hundred times below it the error grows as that model says; bf16, with
+    fp32's exponent, keeps its budget at every scale."""
+    u, k = randn(gen, 2, 3, length), randn(gen, 3, length)
+    k = k * torch.exp(-torch.arange(length) / 500.0)  # a decaying filter, as Hyena's are
+    n = plan_for(length).fft_size
+    unit = reference(u, k)
+    floor = 2.0**-24 * (n / 6) ** 0.5 / 1.5e-3  # the output rms at which the floor takes 1.5e-3
+    errors = {}
+    for times_floor in (1.0, 0.1, 0.01):
+        scale = times_floor * floor / unit.pow(2).mean().sqrt().item()
+        small_u = u * scale
+        errors[times_floor] = rel_l2(mf.fftconv(small_u, k, precision="fp16"), unit * scale)
+        assert rel_l2(mf.fftconv(small_u, k, precision="bf16"), unit * scale) <= BUDGETS["bf16"]
+    assert errors[1.0] <= BUDGETS["fp16"]
+    for times_floor in (0.1, 0.01):  # the model's subnormal term, within a third
+        predicted = 1.5e-3 / times_floor
+        assert 0.75 * predicted < errors[times_floor] < 1.33 * predicted
+
+
+@pytest.mark.parametrize("length", [8192, 1500])
+def test_fp16_ceiling_is_where_the_readme_puts_it(length):
+    """fp16's ceiling (README, "Precision"): stage 1 sums the ceil(L/M) live rows of each
+    column, so a constant u overflows its fp16 operand once c·ceil(L/M) passes 65504: below,
+    the call is finite and within budget; above, the README says it is not, and so it is."""
+    plan = plan_for(length)
+    live_rows = -(-length // plan.row_size)
+    ceiling = torch.finfo(torch.float16).max / live_rows
+    k = torch.ones(1, 1)
+    below = torch.full((1, 1, length), 0.97 * ceiling)
+    y = mf.fftconv(below, k, precision="fp16")
+    assert torch.isfinite(y).all() and rel_l2(y, reference(below, k)) <= BUDGETS["fp16"]
+    assert not torch.isfinite(mf.fftconv(torch.full((1, 1, length), 1.03 * ceiling), k, precision="fp16")).all()
+    assert torch.isfinite(mf.fftconv(torch.full((1, 1, length), 1.03 * ceiling), k, precision="bf16")).all()
+
+
 def test_non_contiguous_inputs(gen):
     base = randn(gen, 6, 3, 1200)
     u = base[::2, :, 100:1100]  # strided batch, offset time
