@@ -375,6 +375,14 @@ GATED_CALLS_ON_FP32 = True
 # calls whatever this switch says, so this decides only whether they reach the tensor cores.
 ENGINE_ROUTE = True
 ENGINE_MIN_SEQUENCES = 4096
+# The precisions the route takes there. Not fp16: the engine scales each channel's filter
+# spectrum to a peak in [1, 2), so the filtered spectrum is rounded to fp16 at about the input
+# spectrum's own size, and an input of mean 8 at L = 8192 (a DC bin of 65536) overflows it to
+# inf/NaN, where the mma.sync kernel stays finite to a mean of 256 and the fp32 kernel to fp32's
+# range (docs/design.md, "fp16's range"; the engine's CPU model, tests/test_tc_engine_dataflow.py).
+# tc/dispatch.cu's route takes the same precisions; MONARCH_FFTCONV_TC_KERNEL=engine still runs
+# fp16 on the engine.
+ENGINE_ROUTE_PRECISIONS = ("bf16",)
 ENGINE_FACTORS = (128, 128)
 
 TF32_TENSOR_CORE_MAX_FFT = 4096  # the largest N at which tf32's tensor-core kernel measured faster
@@ -449,7 +457,7 @@ def _tensor_core_kernel(plan: MonarchPlan, precision: str, dtype: torch.dtype, s
     if engine_applies(plan, precision, dtype):
         if requested == "engine":
             return "the tensor-core engine (on request)"
-        if not requested and sequences >= ENGINE_MIN_SEQUENCES:
+        if not requested and sequences >= ENGINE_MIN_SEQUENCES and precision in ENGINE_ROUTE_PRECISIONS:
             return f"the tensor-core engine (B·C >= {ENGINE_MIN_SEQUENCES})"
     return "the mma.sync kernel"
 
@@ -571,6 +579,12 @@ def _decide(
                          f"would run as elementwise passes: the fp32 kernel measured faster (H100: 1.23x at "
                          f"64x768x8192 forward, 1.10x at 16x256x8192 fwd+bwd; backends.GATED_CALLS_ON_FP32), "
                          f"more accurate than {precision}", runs_as="fp32")
+    if ENGINE_ROUTE and engine_size and precision not in ENGINE_ROUTE_PRECISIONS and requested_tc_kernel() == "":
+        return FusedFP32("cuda-fp32", f"fused fp32 radix FFT conv, N={plan.fft_size}",
+                         f"B·C >= {ENGINE_MIN_SEQUENCES} sequences at N={plan.fft_size} would take the tensor-core "
+                         f"engine, whose {precision} overflows on inputs of mean 8 and more (it scales each "
+                         f"channel's filter to a peak near 1; docs/design.md, \"fp16's range\"): the fp32 kernel "
+                         f"serves {precision}, more accurate than asked", runs_as="fp32")
     # the engine route; a kernel named in TC_KERNEL_ENV other than the engine keeps the fp32 route
     if ENGINE_ROUTE and engine_size and requested_tc_kernel() in ("", "engine"):
         return tensor_core_backend(

@@ -514,9 +514,9 @@ def test_half_precision_calls_that_fill_the_gpu_take_the_fp32_kernel(hopper_kern
         assert hopper_kernels.select_backend(cuda, dtype, "fp32", plan, wave - 1).name == "cuda-fp32"
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("precision", ["bf16"])
 def test_the_engine_route_takes_large_float32_io_calls_at_n_16384(hopper_kernels, monkeypatch, precision):
-    """With ENGINE_ROUTE on, a bf16/fp16 call at N = 16384 with fp32 I/O and at least
+    """With ENGINE_ROUTE on, a bf16 call at N = 16384 with fp32 I/O and at least
     ENGINE_MIN_SEQUENCES sequences takes the tensor cores, naming the engine and why; one
     sequence fewer, 2-byte I/O, another N, or a kernel named in MONARCH_FFTCONV_TC_KERNEL other
     than the engine keep the fp32 kernel. The switch is on by default; off, nothing is routed."""
@@ -550,6 +550,33 @@ def test_the_engine_route_takes_large_float32_io_calls_at_n_16384(hopper_kernels
     assert functional._call_key(*call) != routed_key
 
 
+def test_fp16_calls_of_the_engine_size_take_the_fp32_kernel(hopper_kernels, monkeypatch):
+    """fp16 is off the engine route (its per-channel filter scale overflows fp16 on inputs of mean
+    8: test_tc_engine_dataflow.py's model): a call the route would give the engine takes the
+    fp32 kernel, asked for as fp32 and saying why (with the route off, as every call of that
+    size did before the route); the engine on request still runs it; below the route's size the
+    mma.sync kernel serves as before."""
+    cuda, plan, many = torch.device("cuda", 0), plan_for(8192), hopper_kernels.ENGINE_MIN_SEQUENCES
+    monkeypatch.delenv(hopper_kernels.TC_KERNEL_ENV, raising=False)
+    assert "fp16" not in hopper_kernels.ENGINE_ROUTE_PRECISIONS and hopper_kernels.ENGINE_ROUTE is True
+    backend = hopper_kernels.select_backend(cuda, torch.float32, "fp16", plan, many)
+    assert backend.name == "cuda-fp32" and backend.runs_as == "fp32"
+    assert "overflows" in backend.reason and "fp16's range" in backend.reason
+    monkeypatch.setattr(hopper_kernels, "ENGINE_ROUTE", False)
+    unrouted = hopper_kernels.select_backend(cuda, torch.float32, "fp16", plan, many)
+    assert unrouted.name == "cuda-fp32" and "fills the GPU" in unrouted.reason
+    monkeypatch.setattr(hopper_kernels, "ENGINE_ROUTE", True)
+    monkeypatch.setenv(hopper_kernels.TC_KERNEL_ENV, "engine")
+    requested = hopper_kernels.select_backend(cuda, torch.float32, "fp16", plan, many)
+    assert requested.name == "cuda-tensor-core" and "the tensor-core engine (on request)" in requested.kernel
+    monkeypatch.delenv(hopper_kernels.TC_KERNEL_ENV)
+    small = hopper_kernels.select_backend(cuda, torch.float32, "fp16", plan, 7)
+    assert small.name == "cuda-tensor-core" and "the mma.sync kernel" in small.kernel
+    # the tensor-core kernel's name for a call of the route's size, were it to reach the op
+    assert "mma.sync" in hopper_kernels.tensor_core_backend(plan, "fp16", torch.float32, many).kernel
+    assert "engine" in hopper_kernels.tensor_core_backend(plan, "bf16", torch.float32, many).kernel
+
+
 def test_the_engine_threshold_is_the_dispatchers():
     """backends.ENGINE_MIN_SEQUENCES (which calls reach the tensor cores) is tc/dispatch.cu's
     kEngineMinSequences (which of them the engine runs): one number in two languages."""
@@ -558,6 +585,10 @@ def test_the_engine_threshold_is_the_dispatchers():
     found = re.findall(r"constexpr int64_t kEngineMinSequences = (\d+);", source)
     assert found == [str(backends.ENGINE_MIN_SEQUENCES)]
     assert backends.ENGINE_FACTORS == (128, 128) and "p.n1 != 128 || p.n2 != 128" in source
+    # and the route's precisions: bf16 alone, in both
+    assert backends.ENGINE_ROUTE_PRECISIONS == ("bf16",)
+    route = re.search(r"case TensorCoreKernel::kRoute:.*?;", source, re.S).group(0)
+    assert "p.precision == Precision::kBF16" in route and "kFP16" not in route
 
 
 def test_the_seed_shape_fills_the_gpu_and_the_tiny_shapes_do_not(hopper_kernels):

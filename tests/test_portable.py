@@ -100,6 +100,16 @@ def test_fp16_ceiling_is_where_the_readme_puts_it(length):
     assert torch.isfinite(mf.fftconv(torch.full((1, 1, length), 1.03 * ceiling), k, precision="bf16")).all()
 
 
+def test_fp16_ceiling_comes_lower_through_a_filter_that_sums_to_500():
+    """The README's low-pass example: exp(-t/500) sums to ~500, and the filtered spectrum's DC
+    bin carries that gain into inverse stage 2: a constant 256 is exact, 512 is not finite."""
+    length = 8192
+    k = torch.exp(-torch.arange(length, dtype=torch.float32) / 500.0).unsqueeze(0)
+    exact = torch.full((1, 1, length), 256.0)
+    assert rel_l2(mf.fftconv(exact, k, precision="fp16"), reference(exact, k)) <= BUDGETS["fp16"]
+    assert not torch.isfinite(mf.fftconv(torch.full((1, 1, length), 512.0), k, precision="fp16")).all()
+
+
 def test_non_contiguous_inputs(gen):
     base = randn(gen, 6, 3, 1200)
     u = base[::2, :, 100:1100]  # strided batch, offset time

@@ -64,12 +64,20 @@ HANDOFF_EXPONENT = 13
 FP32_EXPONENTS = range(-127, 150)
 
 
+# Where the scaled filter's peak lies: [2^-p, 2^(1-p)). The kernel has p = 0 (filter_peak's
+# e = 1 - x). docs/design.md, "fp16's range", proposes p = 6 as engine_traits.cuh's
+# kFilterPeakExponent: with p = 0 the filtered spectrum is rounded to fp16 at the input
+# spectrum's own size and overflows on inputs of mean 8 (L = 8192); the tests below measure both.
+FILTER_PEAK_EXPONENT = 0
+
+
 def _scale_exponent(z: torch.Tensor) -> int:
-    """e such that the largest component of z·2^e lies in [1, 2); 0 for a zero or non-finite z.
-    Exact. From an fp32 spectrum e lies in [-127, 149]: 2^e itself overflows fp32 from e = 128,
-    so the kernel scales each component (ldexpf) and never forms it."""
+    """e such that the largest component of z·2^e lies in [2^-p, 2^(1-p)), p =
+    FILTER_PEAK_EXPONENT; 0 for a zero or non-finite z. Exact. From an fp32 spectrum (p = 0) e
+    lies in [-127, 149]: 2^e itself overflows fp32 from e = 128, so the kernel scales each
+    component (ldexpf) and never forms it."""
     peak = torch.maximum(z.real.abs().max(), z.imag.abs().max()).item()
-    return 0 if not math.isfinite(peak) or peak == 0 else -math.floor(math.log2(peak))
+    return 0 if not math.isfinite(peak) or peak == 0 else -math.floor(math.log2(peak)) - FILTER_PEAK_EXPONENT
 
 
 def _unscales(e: int) -> tuple[float, float]:
@@ -493,3 +501,58 @@ def test_rounding_model_meets_the_budgets(precision, filter_scale, gen):
     margin = 0.6
     assert worst["y"] <= margin * budget
     assert worst["du"] <= margin * 1.5 * budget and worst["dk"] <= margin * 1.5 * budget
+
+
+# ==================================================================== fp16's range
+
+def _constant_input_outputs(engine, mean, k):
+    u = torch.full((2, engine.length), float(mean), dtype=torch.float64)
+    return engine.forward(u, ResidentFilter(engine, k, 0.0)), reference(u, k.unsqueeze(0))
+
+
+FP16_RANGE_FILTERS = {
+    "one tap": lambda length: torch.ones(1, dtype=torch.float64),
+    "low-pass": lambda length: torch.exp(-torch.arange(length, dtype=torch.float64) / 500.0),
+}
+
+
+@pytest.mark.parametrize("filter_name", list(FP16_RANGE_FILTERS))
+def test_fp16_overflows_on_inputs_of_mean_8(filter_name):
+    """Why fp16 is off the engine route (backends.ENGINE_ROUTE_PRECISIONS): with the filter's
+    peak scaled into [1, 2), the filtered spectrum's DC bin is about Σu, rounded to fp16 at
+    inverse 2. A constant input of 4 (Σu = 32768 at L = 8192) is exact; of 8 (65536) it comes
+    back inf/NaN through either filter; bf16 keeps fp32's range."""
+    length = 8192
+    k = FP16_RANGE_FILTERS[filter_name](length)
+    y, want = _constant_input_outputs(Engine(length, "fp16"), 4, k)
+    assert rel_l2(y, want) <= BUDGETS["fp16"]
+    y, want = _constant_input_outputs(Engine(length, "fp16"), 8, k)
+    assert not torch.isfinite(y).all()
+    y, want = _constant_input_outputs(Engine(length, "bf16"), 8, k)
+    assert rel_l2(y, want) <= BUDGETS["bf16"]
+
+
+@pytest.mark.parametrize("filter_name", list(FP16_RANGE_FILTERS))
+def test_a_filter_peak_near_2_to_the_minus_6_lifts_the_fp16_ceiling_and_keeps_the_floor(filter_name, monkeypatch,
+                                                                                         gen):
+    """The proposal (docs/design.md, "fp16's range"), not yet in the kernel: the peak in
+    [2^-6, 2^-5) puts the DC ceiling where the mma.sync kernel's is (a constant input of 256
+    exact, where p = 0 fails at 8), for the same error at unit scale and at most 1.5x p = 0's
+    at the input's own fp16 floor (rms 1e-5, where u itself is subnormal: 2.9e-3 against 2.2e-3
+    on one draw; p = 5 fails at 256, p = 7 doubles the floor's error)."""
+    import sys
+
+    length = 8192
+    k = FP16_RANGE_FILTERS[filter_name](length)
+    decaying = randn(gen, length, dtype=torch.float64) * torch.exp(-torch.arange(length) / 500.0)
+    u = randn(gen, 2, length, dtype=torch.float64)
+    errors = {}
+    for p in (0, 6):
+        monkeypatch.setattr(sys.modules[__name__], "FILTER_PEAK_EXPONENT", p)
+        engine = Engine(length, "fp16")
+        errors[p] = [rel_l2(engine.forward(u * scale, ResidentFilter(engine, decaying, 0.0)),
+                            reference(u * scale, decaying.unsqueeze(0))) for scale in (1.0, 1e-5)]
+    y, want = _constant_input_outputs(engine, 256, k)
+    assert rel_l2(y, want) <= BUDGETS["fp16"]
+    assert errors[6][0] <= 1.01 * errors[0][0] and errors[6][0] <= BUDGETS["fp16"] / 2
+    assert errors[6][1] <= 1.5 * errors[0][1]

@@ -23,8 +23,9 @@ template <Precision P, IOType IO>
 cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream);
 
 // The tensor-core engine (docs/design.md, "The next tensor-core engine"): split 128 x 128,
-// bf16/fp16 operands, fp32 I/O so far; calls of kEngineMinSequences or more, or any size on
-// request (MONARCH_FFTCONV_TC_KERNEL=engine). Any other call keeps the mma.sync kernel.
+// bf16/fp16 operands, fp32 I/O so far; bf16 calls of kEngineMinSequences or more, or any size
+// in either type on request (MONARCH_FFTCONV_TC_KERNEL=engine). Any other call keeps the mma.sync
+// kernel.
 inline tc::LaunchFn pick(const ConvForwardParams& p) {
   if (p.io_type != IOType::kFloat32) return nullptr;
   switch (p.precision) {
@@ -37,8 +38,8 @@ inline tc::LaunchFn pick(const ConvForwardParams& p) {
 
 namespace {
 
-// Calls of at least this many sequences (B·C) take the engine where it applies (split 128 x 128,
-// bf16/fp16 operands, fp32 I/O) unless MONARCH_FFTCONV_TC_KERNEL names a kernel: measured faster
+// bf16 calls of at least this many sequences (B·C) take the engine where it applies (split 128 x
+// 128, fp32 I/O) unless MONARCH_FFTCONV_TC_KERNEL names a kernel: measured faster
 // than the fp32 kernel from there (H100, session 20: 1.10x at 16x256x8192, 1.21x at 32x256, 1.24x
 // at 64x768; a tie at 2048 sequences, slower below). Smaller calls keep the mma.sync kernel.
 // backends.ENGINE_MIN_SEQUENCES mirrors it (tests/test_build.py checks).
@@ -52,7 +53,8 @@ constexpr int64_t kEngineMinSequences = 4096;
 tc::LaunchFn pick_hopper(const ConvForwardParams& p) {
   if (p.n1 != 128 || p.n2 != 128) return nullptr;
   switch (p.tc_kernel) {
-    case TensorCoreKernel::kRoute: return p.batch * p.channels >= kEngineMinSequences ? engine::pick(p) : nullptr;
+    case TensorCoreKernel::kRoute:  // bf16 only: the engine's fp16 overflows on inputs of mean 8 (design.md)
+      return p.batch * p.channels >= kEngineMinSequences && p.precision == Precision::kBF16 ? engine::pick(p) : nullptr;
     case TensorCoreKernel::kEngine: return engine::pick(p);
     default: return nullptr;
   }
