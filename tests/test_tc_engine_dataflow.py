@@ -64,10 +64,11 @@ HANDOFF_EXPONENT = 13
 FP32_EXPONENTS = range(-127, 150)
 
 
-# Where the scaled filter's peak lies: [2^-p, 2^(1-p)). The kernel has p = 0 (filter_peak's
-# e = 1 - x). docs/design.md, "fp16's range", proposes p = 6 as engine_traits.cuh's
-# kFilterPeakExponent: with p = 0 the filtered spectrum is rounded to fp16 at the input
-# spectrum's own size and overflows on inputs of mean 8 (L = 8192); the tests below measure both.
+# Where the scaled filter's peak lies: [2^-p, 2^(1-p)): engine_traits.cuh's kFilterPeakExponent,
+# 0 in every build the GPU tests have run (filter_peak's e = 1 - x - p). docs/design.md, "fp16's
+# range", proposes p = 6 (-DMONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT=6): with p = 0 the
+# filtered spectrum is rounded to fp16 at the input spectrum's own size and overflows on inputs
+# of mean 8 (L = 8192); the tests below measure both.
 FILTER_PEAK_EXPONENT = 0
 
 
@@ -85,8 +86,8 @@ def _unscales(e: int) -> tuple[float, float]:
     16-bit values of a tiny channel are those of a filter peaking at 2^-13 (the benchmark's,
     randn/sqrt(L)), not underflowed; y takes the rest. Both factors are fp32 powers of two for
     every e an fp32 spectrum gives: at most 2^127, at least 2^-136."""
-    assert e in FP32_EXPONENTS, e
-    to_handoff = min(e, HANDOFF_EXPONENT)
+    assert e + FILTER_PEAK_EXPONENT in FP32_EXPONENTS, e
+    to_handoff = max(min(e, HANDOFF_EXPONENT), -127)  # e reaches -127 - p: 2^-to_handoff stays finite
     return 2.0**-to_handoff, 2.0**(to_handoff - e)
 
 
@@ -556,3 +557,35 @@ def test_a_filter_peak_near_2_to_the_minus_6_lifts_the_fp16_ceiling_and_keeps_th
     assert rel_l2(y, want) <= BUDGETS["fp16"]
     assert errors[6][0] <= 1.01 * errors[0][0] and errors[6][0] <= BUDGETS["fp16"] / 2
     assert errors[6][1] <= 1.5 * errors[0][1]
+
+
+def test_the_models_scale_constants_are_the_kernels():
+    """HANDOFF_EXPONENT and FILTER_PEAK_EXPONENT are engine_traits.cuh's (the latter's default,
+    the build every GPU test has run), and filter_peak/filter_store apply them as the model does."""
+    import re
+
+    from monarch_fftconv import _extension
+
+    traits = (_extension.CSRC / "tc" / "engine_traits.cuh").read_text()
+    producer = (_extension.CSRC / "tc" / "engine_producer.cuh").read_text()
+    assert re.findall(r"kHandoffExponent = (\d+);", traits) == [str(HANDOFF_EXPONENT)]
+    assert re.findall(r"#define MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT (\d+)", traits) == [str(FILTER_PEAK_EXPONENT)]
+    assert "e = 1 - x - Cfg::kFilterPeakExponent;" in producer
+    assert "to_handoff = max(to_handoff, -127)" in producer
+
+
+@pytest.mark.parametrize("peak_exponent", [0, 6, 10])
+def test_both_unscales_stay_finite_powers_of_two_at_every_exponent(peak_exponent, monkeypatch):
+    """Every e an fp32 spectrum gives (its peak in [2^-149, 2^128)), shifted by p: the hand-off's
+    and y's unscales are fp32 powers of two (y's reaches 2^-136, a subnormal, exact) whose
+    product undoes 2^e exactly."""
+    import sys
+
+    monkeypatch.setattr(sys.modules[__name__], "FILTER_PEAK_EXPONENT", peak_exponent)
+    smallest, largest = 2.0**-149, torch.finfo(torch.float32).max  # fp32's smallest subnormal
+    for unshifted in FP32_EXPONENTS:
+        e = unshifted - peak_exponent
+        handoff, output = _unscales(e)
+        for factor in (handoff, output):
+            assert smallest <= factor <= largest and math.frexp(factor)[0] == 0.5
+        assert math.ldexp(handoff * output, e) == 1.0

@@ -101,10 +101,11 @@ __device__ __forceinline__ void for_each_filter_word(const float2* spec, int pt,
 }
 
 // The channel's spectrum into the resident buffer: (K + D/N)·2^e in T, e such that the largest
-// component lies in [1, 2) (0 if it is zero or not finite), and 2^-e split between the hand-off
-// and y (EngineTraits::kHandoffExponent). An fp32 peak gives e in [-127, 149]: 2^e itself
-// overflows from e = 128 (a peak below 2^-127; 0·inf made such a channel NaN), so it is applied
-// as two normal factors, 2^(e/2) then the rest, exact wherever the result is normal; the two
+// component lies in [2^-p, 2^(1-p)), p = EngineTraits::kFilterPeakExponent (0 if it is zero or
+// not finite), and 2^-e split between the hand-off and y (EngineTraits::kHandoffExponent). An fp32
+// peak gives e in [-127 - p, 149 - p]: 2^e itself overflows from e = 128 (a peak below 2^-127;
+// 0·inf made such a channel NaN), so it is applied as two normal factors, 2^(e/2) then the rest,
+// exact wherever the result is normal; the hand-off's share is kept at least -127, so both
 // unscales are powers of two in [2^-136, 2^127]. Two passes: filter_peak reads only global
 // memory and the producer's own sm.peak, so it runs while the consumers still use the
 // previous channel's filter; filter_store after they release it.
@@ -132,7 +133,7 @@ __device__ __forceinline__ FilterScale filter_peak(const ConvForwardParams& p, i
   if (peak > 0.0f && isfinite(peak)) {
     int x;
     frexpf(peak, &x);  // peak = m·2^x, m in [0.5, 1)
-    e = 1 - x;
+    e = 1 - x - Cfg::kFilterPeakExponent;
   }
   return FilterScale{skip, e};
 }
@@ -149,7 +150,8 @@ __device__ __forceinline__ void filter_store(const ConvForwardParams& p, int c, 
     st_shared(filter + 4 * filter_word<Cfg::kN2>(k1, pt), word);
   });
   if (pt == 0) {  // the previous channel's last job reads them until filter_free
-    const int to_handoff = min(e, Cfg::kHandoffExponent);
+    int to_handoff = min(e, Cfg::kHandoffExponent);
+    if constexpr (Cfg::kFilterPeakExponent > 0) to_handoff = max(to_handoff, -127);  // e reaches -127 - p
     sm.handoff_unscale = ldexpf(1.0f, -to_handoff);
     sm.output_unscale = ldexpf(1.0f, to_handoff - e);
   }

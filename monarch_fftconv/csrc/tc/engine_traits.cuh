@@ -16,6 +16,14 @@
 #include "common/limits.cuh"
 #include "tc/io_traits.cuh"
 
+// Where each channel's scaled filter spectrum peaks: [2^-p, 2^(1-p)) for p = this (docs/design.md,
+// "fp16's range"). 0 is the kernel every GPU test has run; 6 gives fp16 the mma.sync kernel's
+// ceiling (a constant input of 512 at L = 8192, against 8) on the CPU model, written in session 29
+// and not yet run on a GPU: build with -DMONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT=6 to measure.
+#ifndef MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT
+#define MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT 0
+#endif
+
 namespace monarch_fftconv {
 namespace engine {
 
@@ -203,6 +211,11 @@ struct EngineTraits {
   // randn/sqrt(L), in budget on the H100) instead of underflowing (fp16 lost every output of a
   // filter scaled by 1e-20 with all of 2^-e in the hand-off). Larger filters are unchanged.
   static constexpr int kHandoffExponent = 13;
+  // The filter's peak lies in [2^-kFilterPeakExponent, 2^(1-kFilterPeakExponent)) once scaled. At 0
+  // the filtered spectrum is as large as u's, whose DC bin Σu overflows fp16 from a mean of 8 at
+  // L = 8192; at 6 it overflows where the mma.sync kernel's does (see the macro above).
+  static constexpr int kFilterPeakExponent = MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT;
+  static_assert(kFilterPeakExponent >= 0 && kFilterPeakExponent <= 10, "a peak between 2^-10 and 2");
 
   // Named barriers (0 is __syncthreads). rows_ready(w): warpgroup w's hand-off rows are stored;
   // handoff_free(w): the partner has read them, w may write the next job's; own_rows(w): all of
