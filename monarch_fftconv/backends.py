@@ -486,7 +486,7 @@ def select_backend(
     # where tc/dispatch.cu runs the engine for a tensor-core call (pick_hopper)
     engine_size = on_gpu and sequences >= ENGINE_MIN_SEQUENCES and engine_applies(plan, precision, dtype)
     gates_to_fp32 = on_gpu and fp32_fuses_gates and GATED_CALLS_ON_FP32
-    key = (device, dtype, precision, plan, fills, engine_size, ENGINE_ROUTE, requested,
+    key = (device, dtype, precision, plan, fills, engine_size, ENGINE_ROUTE, ENGINE_ROUTE_PRECISIONS, requested,
            on_gpu and tc_kernel, bidirectional, gates_to_fp32)
     if (decided := _decisions.get(key)) is not None:
         return decided

@@ -366,13 +366,15 @@ def _call_key(
     True), the precision argument and attribute, the innermost precision() block of this
     thread and the raw environment variables (the policy and the backend choice read them at
     call time; os.environ's own mapping, as os.environ.get reads it, at a tenth of its cost),
-    `backends.ENGINE_ROUTE` and, for a gated call, the gate flags the backend choice reads."""
+    `backends.ENGINE_ROUTE` with `ENGINE_ROUTE_PRECISIONS` and, for a gated call, the gate flags
+    the backend choice reads."""
     if torch.compiler.is_compiling():
         return None
     try:
         key = (type(u), u.shape, u.dtype, u.device, type(k), k.shape, k.dtype, k.device,  # type: ignore[attr-defined]
                type(bidirectional), bidirectional, precision, module_precision,
-               stack[-1] if (stack := policy.overrides.stack) else None, _environment(), backends.ENGINE_ROUTE)
+               stack[-1] if (stack := policy.overrides.stack) else None, _environment(), backends.ENGINE_ROUTE,
+               backends.ENGINE_ROUTE_PRECISIONS)
         if D is not None:
             key += (type(D), D.shape, D.dtype, D.device)  # type: ignore[attr-defined]
         if pregate is not None:

@@ -575,6 +575,16 @@ def test_fp16_calls_of_the_engine_size_take_the_fp32_kernel(hopper_kernels, monk
     # the tensor-core kernel's name for a call of the route's size, were it to reach the op
     assert "mma.sync" in hopper_kernels.tensor_core_backend(plan, "fp16", torch.float32, many).kernel
     assert "engine" in hopper_kernels.tensor_core_backend(plan, "bf16", torch.float32, many).kernel
+    # the route's precisions are part of every remembered decision: putting fp16 back is seen by
+    # the next identical call, here and in functional's call key
+    from monarch_fftconv import functional
+    u, k = torch.empty(16, 256, 8192, device="meta"), torch.empty(256, 8192, device="meta")
+    call = (u, k, None, None, None, False, "fp16", None)
+    key_off_route = functional._call_key(*call)
+    monkeypatch.setattr(hopper_kernels, "ENGINE_ROUTE_PRECISIONS", ("bf16", "fp16"))
+    rerouted = hopper_kernels.select_backend(cuda, torch.float32, "fp16", plan, many)
+    assert rerouted.name == "cuda-tensor-core" and "the tensor-core engine" in rerouted.kernel
+    assert functional._call_key(*call) != key_off_route
 
 
 def test_the_engine_threshold_is_the_dispatchers():
