@@ -18,8 +18,9 @@
 
 // Where each channel's scaled filter spectrum peaks: [2^-p, 2^(1-p)) for p = this (docs/design.md,
 // "fp16's range"). 0 is the kernel every GPU test has run; 6 gives fp16 the mma.sync kernel's
-// ceiling (a constant input of 512 at L = 8192, against 8) on the CPU model, written in session 29
-// and not yet run on a GPU: build with -DMONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT=6 to measure.
+// ceiling on the CPU model (the first constant input at L = 8192 that overflows: 512, against 8),
+// written in session 29 and not yet run on a GPU: build with
+// -DMONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT=6 to measure.
 #ifndef MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT
 #define MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT 0
 #endif
