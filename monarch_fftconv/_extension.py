@@ -31,6 +31,11 @@ EXTENSION_NAME = "monarch_fftconv_cuda"
 AOT_MODULE = "monarch_fftconv._C"
 BUILD_DIR_ENV = "MONARCH_FFTCONV_BUILD_DIR"
 CUTLASS_ENV = "CUTLASS_PATH"
+# The kernels' build-time switches (macros named MONARCH_FFTCONV_*, integer values), for side-by-
+# side measurements: "NAME=VALUE,NAME=VALUE". Set, the extension is JIT-built with them even where
+# a prebuilt one is installed (which has the defaults); give each configuration its own
+# MONARCH_FFTCONV_BUILD_DIR to keep both builds cached.
+DEFINES_ENV = "MONARCH_FFTCONV_NVCC_DEFINES"
 
 # sm_90a: wgmma/setmaxnreg need the "a" target; the -gencode form also stops torch from
 # adding its own arch flags (and a second, plain sm_90 pass).
@@ -95,8 +100,38 @@ def binding_sources() -> list[Path]:
     return [CSRC / "binding.cpp", *kernel_sources()]
 
 
+def build_defines() -> list[str]:
+    """The -D flags DEFINES_ENV asks for, checked: each a MONARCH_FFTCONV_ macro the sources test
+    with #ifndef, with an integer value. Raises ValueError naming the entry otherwise, so a
+    misspelt switch cannot build the defaults under a name that claims otherwise."""
+    raw = os.environ.get(DEFINES_ENV, "").strip()
+    if not raw:
+        return []
+    known = _switch_macros()
+    flags = []
+    for entry in raw.split(","):
+        name, sep, value = entry.strip().partition("=")
+        if not sep or name not in known or not value.lstrip("-").isdigit():
+            raise ValueError(f"{DEFINES_ENV}: {entry.strip()!r} is not NAME=INTEGER with NAME one of "
+                             f"{', '.join(sorted(known))}")
+        flags.append(f"-D{name}={int(value)}")
+    return flags
+
+
+def _switch_macros() -> frozenset[str]:
+    """The build-time switches: the MONARCH_FFTCONV_* macros some source defaults with #ifndef."""
+    import re
+
+    default = re.compile(r"^#ifndef (MONARCH_FFTCONV_\w+)\s*\n#define \1 ", re.M)
+    sources = (p for p in CSRC.rglob("*") if p.suffix in (".cu", ".cuh", ".cpp", ".h"))
+    return frozenset(name for path in sources for name in default.findall(path.read_text()))
+
+
 def _aot_library() -> str | None:
-    """Path of the installed ahead-of-time build, if any."""
+    """Path of the installed ahead-of-time build, if any (none while DEFINES_ENV asks for a
+    build of its own)."""
+    if os.environ.get(DEFINES_ENV, "").strip():
+        return None
     spec = importlib.util.find_spec(AOT_MODULE)
     return spec.origin if spec is not None else None
 
@@ -131,7 +166,7 @@ def build(verbose: bool = False) -> str:
         sources=[str(p) for p in binding_sources()],
         extra_include_paths=[str(CSRC), *cutlass_include_dirs()],
         extra_cflags=CXX_FLAGS,
-        extra_cuda_cflags=NVCC_FLAGS,
+        extra_cuda_cflags=[*NVCC_FLAGS, *build_defines()],
         build_directory=build_dir,
         is_python_module=False,
         verbose=verbose,

@@ -835,3 +835,28 @@ def test_python_module_imports_the_loaded_library_once(tmp_path, monkeypatch):
     assert _extension.python_module() is None
     bad.unlink()
     assert _extension.python_module() is None  # the answer is kept: not retried each call
+
+
+def test_build_defines_name_the_kernels_switches_and_reach_the_jit_build(monkeypatch):
+    """MONARCH_FFTCONV_NVCC_DEFINES: each entry a switch some source defaults with #ifndef, an
+    integer value; anything else is a ValueError naming it (a misspelt switch must not build
+    the defaults under its name). Set, the JIT build gets the -D flags and an installed
+    prebuilt library is passed over (it has the defaults)."""
+    monkeypatch.delenv(_extension.DEFINES_ENV, raising=False)
+    assert _extension.build_defines() == []
+    switches = _extension._switch_macros()
+    assert {"MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT", "MONARCH_FFTCONV_FWD_OWN_PAIRS"} <= switches
+    monkeypatch.setenv(_extension.DEFINES_ENV,
+                       "MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT=6, MONARCH_FFTCONV_FWD_OWN_PAIRS=1")
+    flags = _extension.build_defines()
+    assert flags == ["-DMONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT=6", "-DMONARCH_FFTCONV_FWD_OWN_PAIRS=1"]
+    assert _extension._aot_library() is None
+    captured = {}
+    monkeypatch.setattr("torch.utils.cpp_extension.load", lambda **kwargs: captured.update(kwargs) or "built.so")
+    assert _extension.build() == "built.so"
+    assert captured["extra_cuda_cflags"][-2:] == flags
+    for bad in ("MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONNENT=6", "MONARCH_FFTCONV_FWD_OWN_PAIRS", "NDEBUG=1",
+                "MONARCH_FFTCONV_FWD_OWN_PAIRS=yes"):
+        monkeypatch.setenv(_extension.DEFINES_ENV, bad)
+        with pytest.raises(ValueError, match=re.escape(bad)):
+            _extension.build_defines()

@@ -49,3 +49,20 @@ def test_forward_p1_pairs_tile_the_sequence_once(tmp_path):
     rejected = [line for line in out.splitlines() if line.startswith("wrong:") and line.endswith(" rejected")]
     # the zero half at each of the 8 sizes; q at the 5 with two or more butterflies a thread
     assert len(rejected) == 8 + 5
+
+
+def test_forward_p1_reads_the_pairs_the_staging_copies():
+    """p1_pair_start is what the own-pairs staging copies (and what the host check tiles);
+    forward_p1 writes the same map out (a call moved ptxas's allocation). Read from the source,
+    with forward_p1's names (M = P::M, R = P::R1, j = tx + q·T) bound: the two must be one formula,
+    or p1 would read pairs no thread staged, after no barrier."""
+    import re
+
+    source = (Path(__file__).resolve().parents[1] / "monarch_fftconv" / "csrc" / "fp32" / "forward_stages.cuh").read_text()
+    staged = re.search(r"int p1_pair_start\(int j, int r\) \{.*?return (.*?);", source, re.S).group(1)
+    body = source[source.index("void forward_p1("):]
+    body = body[: body.index("\n}\n")]
+    read = re.search(r"const int t0 = (.*?);", body).group(1)
+    assert "constexpr int M = P::M" in body and "constexpr int R = P::R1" in body and "const int j = tx + q * T;" in body
+    assert staged.replace("P::M", "M").replace("P::R1", "R").replace(" ", "") == read.replace(" ", "")
+    assert "p1_pair_start<LOGM>(tx + q * P::T, r)" in source  # the staging's j is forward_p1's
