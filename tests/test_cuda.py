@@ -788,3 +788,30 @@ def test_fourstep_sequences_stay_independent(gen):
                          [(3, 2, 20000, 20000), (2, 3, 70001, 333), (2, 1, 700000, 700000)])
 def test_fourstep_gradients(batch, channels, length, filter_len, precision, gen):
     check_gradients(batch, channels, length, filter_len, precision, 1.5 * BUDGETS["fp32"], gen)  # fp32 arithmetic
+
+
+@pytest.mark.watchdog(GPU_WATCHDOG_S)  # written in session 29 without a GPU: a hang fails, not stalls
+@pytest.mark.parametrize("length", [8192, 1500])
+def test_the_mma_kernels_fp16_range_is_the_portable_engines(length, monkeypatch):
+    """README, "Precision": the mma.sync kernel rounds where the portable engine does, so its
+    fp16 ceiling is the same column sum (65504 over ceil(L/M) live rows) and its floor the same
+    subnormal spacing: a constant u just under the ceiling exact, just over it not finite; an
+    output of a tenth of the floor's rms with the model's error, 2^-24·sqrt(N/6)/rms(y)."""
+    monkeypatch.setenv(BACKEND_ENV, "portable")  # on CUDA tensors: the kernels, whatever the size
+    monkeypatch.setenv("MONARCH_FFTCONV_TC_KERNEL", "mma")
+    plan = plan_for(length)
+    ceiling = torch.finfo(torch.float16).max / -(-length // plan.row_size)
+    k = torch.ones(1, 1, device=DEVICE)
+    below = torch.full((2, 1, length), 0.97 * ceiling, device=DEVICE)
+    y = mf.fftconv(below, k, precision="fp16")
+    assert torch.isfinite(y).all() and rel_l2(y, reference(below, k)) <= BUDGETS["fp16"]
+    assert not torch.isfinite(mf.fftconv(torch.full((2, 1, length), 1.03 * ceiling, device=DEVICE), k,
+                                         precision="fp16")).all()
+    gen = torch.Generator().manual_seed(length)
+    u = torch.randn(2, 3, length, generator=gen)
+    decaying = torch.randn(3, length, generator=gen) * torch.exp(-torch.arange(length) / 500.0)
+    unit = reference(u, decaying)
+    floor_rms = 2.0**-24 * (plan.fft_size / 6) ** 0.5 / 1.5e-3
+    small, decaying = (u * (0.1 * floor_rms / unit.pow(2).mean().sqrt().item())).to(DEVICE), decaying.to(DEVICE)
+    error = rel_l2(mf.fftconv(small, decaying, precision="fp16"), reference(small, decaying))
+    assert 0.75 * 1.5e-2 < error < 1.33 * 1.5e-2
