@@ -107,15 +107,19 @@ def build_defines() -> list[str]:
     raw = os.environ.get(DEFINES_ENV, "").strip()
     if not raw:
         return []
+    import re
+
     known = _switch_macros()
-    flags = []
-    for entry in raw.split(","):
-        name, sep, value = entry.strip().partition("=")
-        if not sep or name not in known or not value.lstrip("-").isdigit():
-            raise ValueError(f"{DEFINES_ENV}: {entry.strip()!r} is not NAME=INTEGER with NAME one of "
+    values: dict[str, int] = {}
+    for entry in filter(None, (e.strip() for e in raw.split(","))):
+        name, sep, value = entry.partition("=")
+        if not sep or name not in known or not re.fullmatch(r"-?\d+", value.strip()):
+            raise ValueError(f"{DEFINES_ENV}: {entry!r} is not NAME=INTEGER with NAME one of "
                              f"{', '.join(sorted(known))}")
-        flags.append(f"-D{name}={int(value)}")
-    return flags
+        if name in values:
+            raise ValueError(f"{DEFINES_ENV}: {name} is given twice")
+        values[name] = int(value)
+    return [f"-D{name}={value}" for name, value in values.items()]
 
 
 def _switch_macros() -> frozenset[str]:

@@ -366,8 +366,8 @@ FUSED_GATED_TRAINING = True
 # fp32-accurate, so within every precision's budget. Its GPU test has not run yet (session 28).
 GATED_CALLS_ON_FP32 = True
 
-# bf16/fp16 calls at N = 16384 with fp32 I/O and at least ENGINE_MIN_SEQUENCES sequences (B·C)
-# routed to the tensor-core engine instead of the fp32 kernel. Through the public call, side by
+# bf16 calls (ENGINE_ROUTE_PRECISIONS) at N = 16384 with fp32 I/O and at least ENGINE_MIN_SEQUENCES
+# sequences (B·C) routed to the tensor-core engine instead of the fp32 kernel. Through the public call, side by
 # side with the fp32 kernel (H100, session 22): 0.303 against 0.340 ms at 16x256x8192, 0.505
 # against 0.642 at 32x256, 2.71 against 3.59 at 64x768; a tie at 2048 sequences, slower below.
 # Error 3.9e-3 (bf16's budget 1e-2). On since session 22, when the route's GPU tests passed.
@@ -377,11 +377,11 @@ ENGINE_ROUTE = True
 ENGINE_MIN_SEQUENCES = 4096
 # The precisions the route takes there. Not fp16: the engine scales each channel's filter
 # spectrum to a peak in [1, 2), so the filtered spectrum is rounded to fp16 at about the input
-# spectrum's own size, and an input of mean 8 at L = 8192 (a DC bin of 65536) overflows it to
-# inf/NaN, where the mma.sync kernel stays finite to a mean of 256 and the fp32 kernel to fp32's
+# spectrum's own size, and an input of mean 4-8 at L = 8192 (a DC bin of 32768-65536) overflows it
+# to inf/NaN, where the mma.sync kernel stays finite to a mean of 262-1023 and the fp32 kernel to fp32's
 # range (docs/design.md, "fp16's range"; the engine's CPU model, tests/test_tc_engine_dataflow.py).
 # tc/dispatch.cu's route takes the same precisions; MONARCH_FFTCONV_TC_KERNEL=engine still runs
-# fp16 on the engine.
+# fp16 on the engine. Change both together: explain() names the kernel from this tuple.
 ENGINE_ROUTE_PRECISIONS = ("bf16",)
 ENGINE_FACTORS = (128, 128)
 
@@ -425,8 +425,8 @@ BACKEND_CHOICES = ("auto", "portable")
 _decisions: dict[tuple, Backend] = {}
 
 # Which tensor-core kernel runs the 128x128 split (N = 16384) in bf16/fp16 (tc/dispatch.cu,
-# pick_hopper): unset, the tensor-core engine for calls of ENGINE_MIN_SEQUENCES or more with fp32
-# I/O and the mma.sync kernel otherwise; "engine" the engine at any size (fp32 I/O only: docs/
+# pick_hopper): unset, the tensor-core engine for bf16 calls of ENGINE_MIN_SEQUENCES or more with
+# fp32 I/O and the mma.sync kernel otherwise; "engine" the engine at any size (fp32 I/O only: docs/
 # design.md, "The next tensor-core engine"); "mma" the mma.sync kernel at any size; any other value
 # is refused (here and by the binding: a misspelt name must not run another kernel). The binding
 # reads the same variable per call; here it names the kernel in explain() and keeps a named kernel
@@ -486,7 +486,7 @@ def select_backend(
     # where tc/dispatch.cu runs the engine for a tensor-core call (pick_hopper)
     engine_size = on_gpu and sequences >= ENGINE_MIN_SEQUENCES and engine_applies(plan, precision, dtype)
     gates_to_fp32 = on_gpu and fp32_fuses_gates and GATED_CALLS_ON_FP32
-    key = (device, dtype, precision, plan, fills, engine_size, ENGINE_ROUTE, ENGINE_ROUTE_PRECISIONS, requested,
+    key = (device, dtype, precision, plan, fills, engine_size, ENGINE_ROUTE, tuple(ENGINE_ROUTE_PRECISIONS), requested,
            on_gpu and tc_kernel, bidirectional, gates_to_fp32)
     if (decided := _decisions.get(key)) is not None:
         return decided
@@ -582,7 +582,7 @@ def _decide(
     if ENGINE_ROUTE and engine_size and precision not in ENGINE_ROUTE_PRECISIONS and requested_tc_kernel() == "":
         return FusedFP32("cuda-fp32", f"fused fp32 radix FFT conv, N={plan.fft_size}",
                          f"B·C >= {ENGINE_MIN_SEQUENCES} sequences at N={plan.fft_size} would take the tensor-core "
-                         f"engine, whose {precision} overflows on inputs of mean 8 and more (it scales each "
+                         f"engine, whose {precision} overflows on inputs of mean 4 to 8 and more (it scales each "
                          f"channel's filter to a peak near 1; docs/design.md, \"fp16's range\"): the fp32 kernel "
                          f"serves {precision}, more accurate than asked", runs_as="fp32")
     # the engine route; a kernel named in TC_KERNEL_ENV other than the engine keeps the fp32 route

@@ -374,7 +374,7 @@ def _call_key(
         key = (type(u), u.shape, u.dtype, u.device, type(k), k.shape, k.dtype, k.device,  # type: ignore[attr-defined]
                type(bidirectional), bidirectional, precision, module_precision,
                stack[-1] if (stack := policy.overrides.stack) else None, _environment(), backends.ENGINE_ROUTE,
-               backends.ENGINE_ROUTE_PRECISIONS)
+               tuple(backends.ENGINE_ROUTE_PRECISIONS))
         if D is not None:
             key += (type(D), D.shape, D.dtype, D.device)  # type: ignore[attr-defined]
         if pregate is not None:

@@ -856,7 +856,12 @@ def test_build_defines_name_the_kernels_switches_and_reach_the_jit_build(monkeyp
     assert _extension.build() == "built.so"
     assert captured["extra_cuda_cflags"][-2:] == flags
     for bad in ("MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONNENT=6", "MONARCH_FFTCONV_FWD_OWN_PAIRS", "NDEBUG=1",
-                "MONARCH_FFTCONV_FWD_OWN_PAIRS=yes"):
+                "MONARCH_FFTCONV_FWD_OWN_PAIRS=yes", "MONARCH_FFTCONV_FWD_OWN_PAIRS=--6"):
         monkeypatch.setenv(_extension.DEFINES_ENV, bad)
         with pytest.raises(ValueError, match=re.escape(bad)):
             _extension.build_defines()
+    monkeypatch.setenv(_extension.DEFINES_ENV, "MONARCH_FFTCONV_FWD_OWN_PAIRS=1,MONARCH_FFTCONV_FWD_OWN_PAIRS=0")
+    with pytest.raises(ValueError, match="MONARCH_FFTCONV_FWD_OWN_PAIRS is given twice"):
+        _extension.build_defines()
+    monkeypatch.setenv(_extension.DEFINES_ENV, "MONARCH_FFTCONV_FWD_OWN_PAIRS=1,")  # a trailing comma is no entry
+    assert _extension.build_defines() == ["-DMONARCH_FFTCONV_FWD_OWN_PAIRS=1"]

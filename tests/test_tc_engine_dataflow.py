@@ -66,7 +66,7 @@ FP32_EXPONENTS = range(-127, 150)
 
 # Where the scaled filter's peak lies: [2^-p, 2^(1-p)): engine_traits.cuh's kFilterPeakExponent,
 # 0 in every build the GPU tests have run (filter_peak's e = 1 - x - p). docs/design.md, "fp16's
-# range", proposes p = 6 (-DMONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT=6): with p = 0 the
+# range", proposes p = 7 (-DMONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT=7): with p = 0 the
 # filtered spectrum is rounded to fp16 at the input spectrum's own size and overflows on inputs
 # of mean 8 (L = 8192); the tests below measure both.
 FILTER_PEAK_EXPONENT = 0
@@ -534,29 +534,46 @@ def test_fp16_overflows_on_inputs_of_mean_8(filter_name):
 
 
 @pytest.mark.parametrize("filter_name", list(FP16_RANGE_FILTERS))
-def test_a_filter_peak_near_2_to_the_minus_6_lifts_the_fp16_ceiling_and_keeps_the_floor(filter_name, monkeypatch,
+def test_a_filter_peak_near_2_to_the_minus_7_lifts_the_fp16_ceiling_and_keeps_the_floor(filter_name, monkeypatch,
                                                                                          gen):
-    """The proposal (docs/design.md, "fp16's range"), not yet in the kernel: the peak in
-    [2^-6, 2^-5) puts the DC ceiling where the mma.sync kernel's is (a constant input of 256
-    exact, where p = 0 fails at 8), for the same error at unit scale and at most 1.5x p = 0's
-    at the input's own fp16 floor (rms 1e-5, where u itself is subnormal: 2.9e-3 against 2.2e-3
-    on one draw; p = 5 fails at 256, p = 7 doubles the floor's error)."""
+    """The proposal (docs/design.md, "fp16's range"), in the kernel behind
+    MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT and not yet run on a GPU: the peak in [2^-7, 2^-6)
+    puts the engine's ceiling where the mma.sync kernel's is (the portable engine, its model: a
+    constant input just under it exact, just over it not finite, through either filter; p = 0 fails
+    at 4-8), for the same error at unit scale and at most 2.5x p = 0's at the input's own fp16 floor
+    (rms 1e-5, where u itself is subnormal: 4.4e-3 against 2.2e-3 on one draw)."""
+    import os
     import sys
+
+    import monarch_fftconv as mf
 
     length = 8192
     k = FP16_RANGE_FILTERS[filter_name](length)
     decaying = randn(gen, length, dtype=torch.float64) * torch.exp(-torch.arange(length) / 500.0)
     u = randn(gen, 2, length, dtype=torch.float64)
     errors = {}
-    for p in (0, 6):
+    for p in (0, 7):
         monkeypatch.setattr(sys.modules[__name__], "FILTER_PEAK_EXPONENT", p)
         engine = Engine(length, "fp16")
         errors[p] = [rel_l2(engine.forward(u * scale, ResidentFilter(engine, decaying, 0.0)),
                             reference(u * scale, decaying.unsqueeze(0))) for scale in (1.0, 1e-5)]
-    y, want = _constant_input_outputs(engine, 256, k)
+
+    def mma_finite(mean):  # the mma.sync kernel's model: the portable engine
+        monkeypatch.setitem(os.environ, "MONARCH_FFTCONV_BACKEND", "portable")
+        u = torch.full((1, 1, length), mean)
+        return bool(torch.isfinite(mf.fftconv(u, k.float().unsqueeze(0), precision="fp16")).all())
+
+    low, high = 1.0, 4096.0  # the mma.sync kernel's ceiling, to 1/128 of its octave
+    assert mma_finite(low) and not mma_finite(high)
+    while high - low > high / 128:
+        low, high = ((low + high) / 2, high) if mma_finite((low + high) / 2) else (low, (low + high) / 2)
+    y, want = _constant_input_outputs(engine, 0.97 * low, k)  # p = 7
     assert rel_l2(y, want) <= BUDGETS["fp16"]
-    assert errors[6][0] <= 1.01 * errors[0][0] and errors[6][0] <= BUDGETS["fp16"] / 2
-    assert errors[6][1] <= 1.5 * errors[0][1]
+    monkeypatch.setattr(sys.modules[__name__], "FILTER_PEAK_EXPONENT", 0)
+    y, _ = _constant_input_outputs(Engine(length, "fp16"), 0.97 * low, k)
+    assert not torch.isfinite(y).all()
+    assert errors[7][0] <= 1.01 * errors[0][0] and errors[7][0] <= BUDGETS["fp16"] / 2
+    assert errors[7][1] <= 2.5 * errors[0][1]
 
 
 def test_the_models_scale_constants_are_the_kernels():

@@ -53,7 +53,7 @@ constexpr int64_t kEngineMinSequences = 4096;
 tc::LaunchFn pick_hopper(const ConvForwardParams& p) {
   if (p.n1 != 128 || p.n2 != 128) return nullptr;
   switch (p.tc_kernel) {
-    case TensorCoreKernel::kRoute:  // bf16 only: the engine's fp16 overflows on inputs of mean 8 (design.md)
+    case TensorCoreKernel::kRoute:  // bf16 only: the engine's fp16 overflows on inputs of mean 4-8 (design.md)
       return p.batch * p.channels >= kEngineMinSequences && p.precision == Precision::kBF16 ? engine::pick(p) : nullptr;
     case TensorCoreKernel::kEngine: return engine::pick(p);
     default: return nullptr;

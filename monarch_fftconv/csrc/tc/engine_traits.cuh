@@ -17,10 +17,10 @@
 #include "tc/io_traits.cuh"
 
 // Where each channel's scaled filter spectrum peaks: [2^-p, 2^(1-p)) for p = this (docs/design.md,
-// "fp16's range"). 0 is the kernel every GPU test has run; 6 gives fp16 the mma.sync kernel's
-// ceiling on the CPU model (the first constant input at L = 8192 that overflows: 512, against 8),
-// written in session 29 and not yet run on a GPU: build with
-// -DMONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT=6 to measure.
+// "fp16's range"). 0 is the kernel every GPU test has run; 7 gives fp16 the mma.sync kernel's
+// ceiling on the CPU model (the first constant input at L = 8192 that overflows, one tap /
+// exp(-t/500): 1024 / 262, against 8 / 4), written in session 29 and not yet run on a GPU: build
+// with MONARCH_FFTCONV_NVCC_DEFINES=MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT=7 to measure.
 #ifndef MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT
 #define MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT 0
 #endif
@@ -213,8 +213,8 @@ struct EngineTraits {
   // filter scaled by 1e-20 with all of 2^-e in the hand-off). Larger filters are unchanged.
   static constexpr int kHandoffExponent = 13;
   // The filter's peak lies in [2^-kFilterPeakExponent, 2^(1-kFilterPeakExponent)) once scaled. At 0
-  // the filtered spectrum is as large as u's, whose DC bin Σu overflows fp16 from a mean of 8 at
-  // L = 8192; at 6 it overflows where the mma.sync kernel's does (see the macro above).
+  // the filtered spectrum is as large as u's, whose DC bin Σu overflows fp16 from a mean of 4-8 at
+  // L = 8192; at 7 it overflows where the mma.sync kernel's does (see the macro above).
   static constexpr int kFilterPeakExponent = MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT;
   static_assert(kFilterPeakExponent >= 0 && kFilterPeakExponent <= 10, "a peak between 2^-10 and 2");
 
@@ -285,7 +285,7 @@ struct EngineTraits {
     uint64_t filter_full, filter_free;
     Item item[kStages];
     uint32_t nonfinite[kStages];         // the checked item's flag
-    float handoff_unscale;               // 2^-min(e, kHandoffExponent)
+    float handoff_unscale;               // 2^-min(e, kHandoffExponent), at most 2^127 (filter_store)
     float output_unscale;                // the rest of 2^-e, for y
     float peak[kWarpgroup / 32];         // the producer's reduction of the filter's largest component
   };
