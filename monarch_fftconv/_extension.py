@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import threading
 import warnings
@@ -107,8 +108,6 @@ def build_defines() -> list[str]:
     raw = os.environ.get(DEFINES_ENV, "").strip()
     if not raw:
         return []
-    import re
-
     known = _switch_macros()
     values: dict[str, int] = {}
     for entry in filter(None, (e.strip() for e in raw.split(","))):
@@ -124,8 +123,6 @@ def build_defines() -> list[str]:
 
 def _switch_macros() -> frozenset[str]:
     """The build-time switches: the MONARCH_FFTCONV_* macros some source defaults with #ifndef."""
-    import re
-
     default = re.compile(r"^#ifndef (MONARCH_FFTCONV_\w+)\s*\n#define \1 ", re.M)
     sources = (p for p in CSRC.rglob("*") if p.suffix in (".cu", ".cuh", ".cpp", ".h"))
     return frozenset(name for path in sources for name in default.findall(path.read_text()))
