@@ -567,24 +567,20 @@ def _decide(
                         f"no CUDA kernel for N={plan.fft_size} ({factors}) with {str(dtype).removeprefix('torch.')}"
                         f" I/O: the kernels cover N = {sizes} and {dtypes} I/O")
     if precision == "fp32":
-        return FusedFP32("cuda-fp32", f"fused fp32 radix FFT conv, N={plan.fft_size}",
-                         "the fp32-accurate fused kernel covers this call")
+        return fp32_kernel(plan, "the fp32-accurate fused kernel covers this call")
     if kernels == "radix":
-        return FusedFP32("cuda-fp32", f"fused fp32 radix FFT conv, N={plan.fft_size}",
-                         f"no tensor-core kernel at N={plan.fft_size}: the fp32-accurate fused kernel serves "
-                         f"{precision}, more accurate than asked")
+        return fp32_kernel(plan, f"no tensor-core kernel at N={plan.fft_size}: the fp32-accurate fused kernel serves "
+                           f"{precision}, more accurate than asked")
     if gates_to_fp32 and requested_tc_kernel() == "":
-        return FusedFP32("cuda-fp32", f"fused fp32 radix FFT conv, N={plan.fft_size}",
-                         f"gates the fp32 kernel takes into its load and store, which the tensor-core kernels "
-                         f"would run as elementwise passes: the fp32 kernel measured faster (H100: 1.23x at "
-                         f"64x768x8192 forward, 1.10x at 16x256x8192 fwd+bwd; backends.GATED_CALLS_ON_FP32), "
-                         f"more accurate than {precision}", runs_as="fp32")
+        return fp32_kernel(plan, f"gates the fp32 kernel takes into its load and store, which the tensor-core kernels "
+                           f"would run as elementwise passes: the fp32 kernel measured faster (H100: 1.23x at "
+                           f"64x768x8192 forward, 1.10x at 16x256x8192 fwd+bwd; backends.GATED_CALLS_ON_FP32), "
+                           f"more accurate than {precision}", runs_as="fp32")
     if ENGINE_ROUTE and engine_size and precision not in ENGINE_ROUTE_PRECISIONS and requested_tc_kernel() == "":
-        return FusedFP32("cuda-fp32", f"fused fp32 radix FFT conv, N={plan.fft_size}",
-                         f"B·C >= {ENGINE_MIN_SEQUENCES} sequences at N={plan.fft_size} would take the tensor-core "
-                         f"engine, whose {precision} overflows on inputs of mean 4 to 8 and more (it scales each "
-                         f"channel's filter to a peak near 1; docs/design.md, \"fp16's range\"): the fp32 kernel "
-                         f"serves {precision}, more accurate than asked", runs_as="fp32")
+        return fp32_kernel(plan, f"B·C >= {ENGINE_MIN_SEQUENCES} sequences at N={plan.fft_size} would take the "
+                           f"tensor-core engine, whose {precision} overflows on inputs of mean 4 to 8 and more (it "
+                           f"scales each channel's filter to a peak near 1; docs/design.md, \"fp16's range\"): the "
+                           f"fp32 kernel serves {precision}, more accurate than asked", runs_as="fp32")
     # the engine route; a kernel named in TC_KERNEL_ENV other than the engine keeps the fp32 route
     if ENGINE_ROUTE and engine_size and requested_tc_kernel() in ("", "engine"):
         return tensor_core_backend(
@@ -593,8 +589,14 @@ def _decide(
                    f"engine measured faster than the fp32 kernel there (H100: 1.10x at 16x256x8192, 1.24x at "
                    f"64x768x8192)")
     if (why := fp32_kernel_is_faster(precision, fills, plan.fft_size)) is not None:
-        return FusedFP32("cuda-fp32", f"fused fp32 radix FFT conv, N={plan.fft_size}", why, runs_as="fp32")
+        return fp32_kernel(plan, why, runs_as="fp32")
     return tensor_core_backend(plan, precision, dtype, ENGINE_MIN_SEQUENCES if engine_size else 1)
+
+
+def fp32_kernel(plan: MonarchPlan, reason: str, runs_as: str | None = None) -> FusedFP32:
+    """The fused fp32 radix kernel at the plan's N, for `reason`; `runs_as`: the precision it is
+    asked for when not the call's (a half-precision call it serves in fp32)."""
+    return FusedFP32("cuda-fp32", f"fused fp32 radix FFT conv, N={plan.fft_size}", reason, runs_as=runs_as)
 
 
 def tensor_core_backend(plan: MonarchPlan, precision: str, dtype: torch.dtype = torch.float32, sequences: int = 1,
