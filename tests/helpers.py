@@ -24,6 +24,21 @@ WATCHDOG_REPORT_ENV = "MONARCH_FFTCONV_WATCHDOG_REPORT"  # the file that child w
 GPU_WATCHDOG_S = 60
 
 
+# fp16's range on the tensor-core route (README, "Precision"; the portable engine rounds where the
+# mma.sync kernel does). Floor: the filtered spectrum, 1/N folded in, rounded among fp16's
+# subnormals (spacing 2^-24); N such roundings leave about this error norm on each output.
+def fp16_subnormal_error(fft_size: int) -> float:
+    return 2.0**-24 * (fft_size / 6) ** 0.5
+
+
+# Ceiling: stage 1 sums a column's ceil(L/M) live rows into an fp16 operand; a constant input
+# above this overflows it.
+def fp16_constant_ceiling(length: int) -> float:
+    from monarch_fftconv.planner import plan_for
+
+    return torch.finfo(torch.float16).max / -(-length // plan_for(length).row_size)
+
+
 def randn(gen: torch.Generator, *shape: int, device="cpu", dtype=torch.float32) -> torch.Tensor:
     """Standard normal values drawn on the CPU from `gen` (reproducible on any device)."""
     return torch.randn(*shape, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)

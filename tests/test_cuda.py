@@ -12,7 +12,8 @@ from monarch_fftconv import ops, portable
 from monarch_fftconv.backends import BACKEND_ENV
 from monarch_fftconv.planner import plan_for, spectrum_frequencies
 
-from helpers import BUDGETS, GPU_WATCHDOG_S, randn, reference, rel_l2, two_sided_circle
+from helpers import (BUDGETS, GPU_WATCHDOG_S, fp16_constant_ceiling, fp16_subnormal_error, randn, reference, rel_l2,
+                     two_sided_circle)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -799,8 +800,7 @@ def test_the_mma_kernels_fp16_range_is_the_portable_engines(length, monkeypatch)
     output of a tenth of the floor's rms with the model's error, 2^-24·sqrt(N/6)/rms(y)."""
     monkeypatch.setenv(BACKEND_ENV, "portable")  # on CUDA tensors: the kernels, whatever the size
     monkeypatch.setenv("MONARCH_FFTCONV_TC_KERNEL", "mma")
-    plan = plan_for(length)
-    ceiling = torch.finfo(torch.float16).max / -(-length // plan.row_size)
+    ceiling = fp16_constant_ceiling(length)
     k = torch.ones(1, 1, device=DEVICE)
     below = torch.full((2, 1, length), 0.97 * ceiling, device=DEVICE)
     y = mf.fftconv(below, k, precision="fp16")
@@ -811,7 +811,7 @@ def test_the_mma_kernels_fp16_range_is_the_portable_engines(length, monkeypatch)
     u = torch.randn(2, 3, length, generator=gen)
     decaying = torch.randn(3, length, generator=gen) * torch.exp(-torch.arange(length) / 500.0)
     unit = reference(u, decaying)
-    floor_rms = 2.0**-24 * (plan.fft_size / 6) ** 0.5 / 1.5e-3
+    floor_rms = fp16_subnormal_error(plan_for(length).fft_size) / 1.5e-3
     small, decaying = (u * (0.1 * floor_rms / unit.pow(2).mean().sqrt().item())).to(DEVICE), decaying.to(DEVICE)
     error = rel_l2(mf.fftconv(small, decaying, precision="fp16"), reference(small, decaying))
     assert 0.75 * 1.5e-2 < error < 1.33 * 1.5e-2

@@ -15,7 +15,7 @@ import monarch_fftconv as mf
 
 from monarch_fftconv.backends import TC_KERNEL_ENV
 
-from helpers import BUDGETS, reference
+from helpers import BUDGETS, fp16_subnormal_error, reference
 
 CASES = {"cpu": 200, "cuda": 500}
 # Elements of u per case, and sequences (B·C) per case, at most.
@@ -141,7 +141,7 @@ def fp16_subnormal_floors(u, k, g, fft_size: int) -> list[float]:
     batch_channels, length, filter_len = u.numel() // u.shape[-1], u.shape[-1], k.shape[-1]
 
     def floor(kept, sequences):
-        return 2 * 2.0**-24 * math.sqrt(fft_size * kept * sequences / 6)
+        return 2 * fp16_subnormal_error(fft_size) * math.sqrt(kept * sequences)
 
     floors = [floor(length, batch_channels)]
     if g is not None:

@@ -9,7 +9,7 @@ import monarch_fftconv as mf
 from monarch_fftconv import portable
 from monarch_fftconv.planner import plan_for
 
-from helpers import BUDGETS, randn, reference, rel_l2
+from helpers import BUDGETS, fp16_constant_ceiling, fp16_subnormal_error, randn, reference, rel_l2
 
 @pytest.fixture(autouse=True)
 def _engine(portable_engine):
@@ -71,7 +71,7 @@ def test_fp16_range_floor_is_where_the_readme_puts_it(length, gen):
     k = k * torch.exp(-torch.arange(length) / 500.0)  # a decaying filter, as Hyena's are
     n = plan_for(length).fft_size
     unit = reference(u, k)
-    floor = 2.0**-24 * (n / 6) ** 0.5 / 1.5e-3  # the output rms at which the floor takes 1.5e-3
+    floor = fp16_subnormal_error(n) / 1.5e-3  # the output rms at which the floor takes 1.5e-3
     errors = {}
     for times_floor in (1.0, 0.1, 0.01):
         scale = times_floor * floor / unit.pow(2).mean().sqrt().item()
@@ -89,9 +89,7 @@ def test_fp16_ceiling_is_where_the_readme_puts_it(length):
     """fp16's ceiling (README, "Precision"): stage 1 sums the ceil(L/M) live rows of each
     column, so a constant u overflows its fp16 operand once c·ceil(L/M) passes 65504: below,
     the call is finite and within budget; above, the README says it is not, and so it is."""
-    plan = plan_for(length)
-    live_rows = -(-length // plan.row_size)
-    ceiling = torch.finfo(torch.float16).max / live_rows
+    ceiling = fp16_constant_ceiling(length)
     k = torch.ones(1, 1)
     below = torch.full((1, 1, length), 0.97 * ceiling)
     y = mf.fftconv(below, k, precision="fp16")

@@ -543,7 +543,6 @@ def test_a_filter_peak_near_2_to_the_minus_7_lifts_the_fp16_ceiling_and_keeps_th
     constant input just under it exact, just over it not finite, through either filter; p = 0 fails
     at 4-8), for the same error at unit scale and at most 2.5x p = 0's at the input's own fp16 floor
     (rms 1e-5, where u itself is subnormal: 4.4e-3 against 2.2e-3 on one draw)."""
-    import os
     import sys
 
     import monarch_fftconv as mf
@@ -559,8 +558,9 @@ def test_a_filter_peak_near_2_to_the_minus_7_lifts_the_fp16_ceiling_and_keeps_th
         errors[p] = [rel_l2(engine.forward(u * scale, ResidentFilter(engine, decaying, 0.0)),
                             reference(u * scale, decaying.unsqueeze(0))) for scale in (1.0, 1e-5)]
 
+    monkeypatch.setenv("MONARCH_FFTCONV_BACKEND", "portable")
+
     def mma_finite(mean):  # the mma.sync kernel's model: the portable engine
-        monkeypatch.setitem(os.environ, "MONARCH_FFTCONV_BACKEND", "portable")
         u = torch.full((1, 1, length), mean)
         return bool(torch.isfinite(mf.fftconv(u, k.float().unsqueeze(0), precision="fp16")).all())
 
