@@ -425,34 +425,59 @@ void launch_conv_step(const at::Tensor& x, const at::Tensor& inputs, const at::T
   launch(x, inputs, pending, outputs, y, first_tap, second_tap, index, position, fold, block_taps);
 }
 
+// Tensors read beside a generation state: contiguous, on its device, in its dtype.
+void check_like_state(std::initializer_list<at::Tensor> tensors, const at::Tensor& inputs, const char* op) {
+  for (const at::Tensor& t : tensors) {
+    TORCH_CHECK_VALUE(t.is_contiguous() && t.device() == inputs.device() && t.scalar_type() == inputs.scalar_type(),
+                      message("monarch_fftconv: ", op, "'s tensors must be contiguous, on one device, in the "
+                              "inputs' dtype"));
+  }
+}
+
+// The generation state every step and block op reads (conv_step, conv_step_at, conv_block,
+// DirectStepper): inputs (B, C, T) in float32 or float64, pending (B, C, >= T) and a one-element
+// int64 index, contiguous and on inputs' device. One home for these checks; each op adds its own.
+void check_generation_state(const at::Tensor& inputs, const at::Tensor& pending, const at::Tensor& index,
+                            const char* op) {
+  const auto dtype = inputs.scalar_type();
+  TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kDouble,
+                    message("monarch_fftconv: ", op, " computes in float32 or float64, got ", dtype));
+  TORCH_CHECK_VALUE(inputs.dim() == 3 && pending.dim() == 3 && pending.size(0) == inputs.size(0) &&
+                        pending.size(1) == inputs.size(1) && pending.size(2) >= inputs.size(2) &&
+                        index.numel() == 1 && index.scalar_type() == at::kLong,
+                    message("monarch_fftconv: ", op, " takes inputs (B, C, T), pending (B, C, >= T) and an int64 "
+                            "index; got ", inputs.sizes(), ", ", pending.sizes(), ", ", index.sizes(), " ",
+                            index.scalar_type()));
+  TORCH_CHECK_VALUE(index.device() == inputs.device(),
+                    message("monarch_fftconv: ", op, "'s index must be on inputs' device"));
+  check_like_state({inputs, pending}, inputs, op);
+}
+
 // conv_step and conv_step_at: the checks, then the launch. position < 0: i from `index`, x
 // contiguous; else i = position, x of any strides.
 at::Tensor conv_step_checked(const at::Tensor& x, const at::Tensor& inputs, const at::Tensor& pending,
                              const std::optional<at::Tensor>& outputs, const at::Tensor& first_tap,
                              const at::Tensor& second_tap, const at::Tensor& index, int64_t position, bool fold,
                              const std::optional<at::Tensor>& block_taps, const char* op) {
-  const auto dtype = x.scalar_type();
-  TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kDouble,
-                    message("monarch_fftconv: ", op, " computes in float32 or float64, got ", dtype));
-  TORCH_CHECK_VALUE(x.dim() == 2 && inputs.dim() == 3 && pending.dim() == 3 && inputs.size(0) == x.size(0) &&
-                        inputs.size(1) == x.size(1) && pending.size(0) == x.size(0) && pending.size(1) == x.size(1) &&
-                        pending.size(2) >= inputs.size(2) && first_tap.sizes() == at::IntArrayRef{x.size(1)} &&
-                        second_tap.sizes() == first_tap.sizes() && index.numel() == 1 &&
-                        index.scalar_type() == at::kLong,
-                    message("monarch_fftconv: ", op, " takes x (B, C), inputs (B, C, T), pending (B, C, >= T), "
-                            "taps (C,) and an int64 index; got ", x.sizes(), ", ", inputs.sizes(), ", ",
-                            pending.sizes(), ", ", first_tap.sizes(), ", ", index.sizes(), " ", index.scalar_type()));
+  check_generation_state(inputs, pending, index, op);
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.size(0) == inputs.size(0) && x.size(1) == inputs.size(1) &&
+                        x.scalar_type() == inputs.scalar_type() && x.device() == inputs.device() &&
+                        first_tap.sizes() == at::IntArrayRef{x.size(1)} && second_tap.sizes() == first_tap.sizes(),
+                    message("monarch_fftconv: ", op, " takes x (B, C) in inputs' dtype on inputs' device and taps "
+                            "(C,); got x ", x.sizes(), " ", x.scalar_type(), " and inputs ", inputs.sizes(), " ",
+                            inputs.scalar_type(), ", taps ", first_tap.sizes(), ", ", second_tap.sizes()));
   if (position >= 0) {
     TORCH_CHECK_VALUE(position < inputs.size(2), message("monarch_fftconv: ", op, "'s position must be in [0, ",
                                                          inputs.size(2), "), got ", position));
+  } else {
+    check_like_state({x}, inputs, op);  // read at [b, c] without strides
   }
-  std::vector<at::Tensor> values{inputs, pending, first_tap, second_tap};
-  if (position < 0) values.push_back(x);
+  check_like_state({first_tap, second_tap}, inputs, op);
   if (outputs) {
     TORCH_CHECK_VALUE(outputs->dim() == 3 && outputs->size(0) == inputs.size(2) && outputs->size(1) == x.size(0) &&
                           outputs->size(2) == x.size(1),
                       message("monarch_fftconv: ", op, "'s outputs must be (T, B, C), got ", outputs->sizes()));
-    values.push_back(*outputs);
+    check_like_state({*outputs}, inputs, op);
   }
   if (block_taps) {
     const bool cube = block_taps->dim() == 3;
@@ -462,14 +487,8 @@ at::Tensor conv_step_checked(const at::Tensor& x, const at::Tensor& inputs, cons
                       message("monarch_fftconv: ", op, "'s block_taps must be (G, n, n) with 1 <= n <= ",
                               mf::kConvStepMaxBlock, " and G dividing C=", x.size(1), ", got ",
                               block_taps->sizes()));
-    values.push_back(*block_taps);
+    check_like_state({*block_taps}, inputs, op);
   }
-  for (const at::Tensor& t : values) {
-    TORCH_CHECK_VALUE(t.is_contiguous() && t.device() == x.device() && t.scalar_type() == dtype,
-                      message("monarch_fftconv: ", op, "'s tensors must be contiguous, on one device, in x's dtype"));
-  }
-  TORCH_CHECK_VALUE(x.device() == inputs.device() && index.device() == x.device(),
-                    message("monarch_fftconv: ", op, "'s x and index must be on inputs' device"));
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor y = at::empty({x.size(0), x.size(1)}, inputs.options());
   launch_conv_step(x, inputs, pending, outputs, y, first_tap, second_tap, index, position, fold, block_taps);
@@ -526,26 +545,15 @@ void launch_conv_block(const at::Tensor& inputs, const at::Tensor& pending, cons
 
 void conv_block(const at::Tensor& inputs, const at::Tensor& pending, const at::Tensor& taps, const at::Tensor& index,
                 int64_t n) {
-  const auto dtype = inputs.scalar_type();
-  TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kDouble,
-                    message("monarch_fftconv: conv_block computes in float32 or float64, got ", dtype));
+  check_generation_state(inputs, pending, index, "conv_block");
   TORCH_CHECK_VALUE(n >= mf::kConvBlockMinBlock && n <= mf::kConvBlockMaxBlock && (n & (n - 1)) == 0,
                     message("monarch_fftconv: conv_block's n must be a power of two in [", mf::kConvBlockMinBlock,
                             ", ", mf::kConvBlockMaxBlock, "], got ", n));
-  TORCH_CHECK_VALUE(inputs.dim() == 3 && pending.dim() == 3 && taps.dim() == 2 &&
-                        pending.size(0) == inputs.size(0) && pending.size(1) == inputs.size(1) &&
-                        pending.size(2) >= inputs.size(2) && taps.size(0) >= 1 &&
-                        inputs.size(1) % taps.size(0) == 0 && taps.size(1) >= 2 * n && index.numel() == 1 &&
-                        index.scalar_type() == at::kLong,
-                    message("monarch_fftconv: conv_block takes inputs (B, C, T), pending (B, C, >= T), taps "
-                            "(G, >= 2n) with G dividing C, and an int64 index; got ", inputs.sizes(), ", ",
-                            pending.sizes(), ", ", taps.sizes(), ", ", index.sizes(), " ", index.scalar_type(),
-                            ", n = ", n));
-  for (const at::Tensor& t : {inputs, pending, taps}) {
-    TORCH_CHECK_VALUE(t.is_contiguous() && t.device() == inputs.device() && t.scalar_type() == dtype,
-                      "monarch_fftconv: conv_block's tensors must be contiguous, on one device, in one dtype");
-  }
-  TORCH_CHECK_VALUE(index.device() == inputs.device(), "monarch_fftconv: conv_block's index must be on inputs' device");
+  TORCH_CHECK_VALUE(taps.dim() == 2 && taps.size(0) >= 1 && inputs.size(1) % taps.size(0) == 0 &&
+                        taps.size(1) >= 2 * n,
+                    message("monarch_fftconv: conv_block takes taps (G, >= 2n) with G dividing C=", inputs.size(1),
+                            "; got ", taps.sizes(), ", n = ", n));
+  check_like_state({taps}, inputs, "conv_block");
   const c10::cuda::CUDAGuard guard(inputs.device());
   launch_conv_block(inputs, pending, taps, index, n);
 }
@@ -575,21 +583,19 @@ class DirectStepper {
         toeplitz_(std::move(toeplitz)), filter_(std::move(filter)), middle_taps_(std::move(middle_taps)),
         prompt_len_(prompt_len) {
     const auto dtype = inputs_.scalar_type();
+    check_generation_state(inputs_, pending_, index_, "DirectStepper");
     // (No Toeplitz block at all is a state of one token: its one step folds nothing.)
-    TORCH_CHECK_VALUE(inputs_.is_cuda() && (dtype == at::kFloat || dtype == at::kDouble) && inputs_.dim() == 3 &&
-                          prompt_len_ >= 0,
-                      message("monarch_fftconv: DirectStepper takes a CUDA state in float32 or float64 and a prompt "
-                              "length >= 0; got inputs ", inputs_.sizes(), " ", dtype));
+    TORCH_CHECK_VALUE(inputs_.is_cuda() && prompt_len_ >= 0,
+                      message("monarch_fftconv: DirectStepper takes a CUDA state and a prompt length >= 0; got "
+                              "inputs on ", inputs_.device(), ", prompt length ", prompt_len_));
     const int64_t batch = inputs_.size(0), channels = inputs_.size(1), to_generate = inputs_.size(2);
-    TORCH_CHECK_VALUE(pending_.dim() == 3 && pending_.size(0) == batch && pending_.size(1) == channels &&
-                          pending_.size(2) >= to_generate && outputs_.dim() == 3 && outputs_.size(0) == to_generate &&
-                          outputs_.size(1) == batch && outputs_.size(2) == channels &&
-                          first_tap_.sizes() == at::IntArrayRef{channels} && second_tap_.sizes() == first_tap_.sizes() &&
-                          index_.numel() == 1 && index_.scalar_type() == at::kLong && index_.device() == inputs_.device(),
-                      message("monarch_fftconv: DirectStepper takes inputs (B, C, T), pending (B, C, >= T), outputs "
-                              "(T, B, C), taps (C,) and an int64 index; got ", inputs_.sizes(), ", ",
-                              pending_.sizes(), ", ", outputs_.sizes(), ", ", first_tap_.sizes(), ", ", index_.sizes()));
-    std::vector<at::Tensor> values{pending_, outputs_, first_tap_, second_tap_};
+    TORCH_CHECK_VALUE(outputs_.dim() == 3 && outputs_.size(0) == to_generate && outputs_.size(1) == batch &&
+                          outputs_.size(2) == channels && first_tap_.sizes() == at::IntArrayRef{channels} &&
+                          second_tap_.sizes() == first_tap_.sizes(),
+                      message("monarch_fftconv: DirectStepper takes outputs (T, B, C) and taps (C,) for inputs (B, "
+                              "C, T); got ", outputs_.sizes(), ", ", first_tap_.sizes(), ", ", second_tap_.sizes(),
+                              " for ", inputs_.sizes()));
+    check_like_state({outputs_, first_tap_, second_tap_}, inputs_, "DirectStepper");
     int64_t n = 1;  // level q's block: n = 2^q
     for (size_t q = 0; q < toeplitz_.size(); ++q, n *= 2) {
       const at::Tensor& block = toeplitz_[q];
@@ -598,13 +604,7 @@ class DirectStepper {
                         message("monarch_fftconv: DirectStepper's Toeplitz block of level ", q, " must be (G, ", n,
                                 ", ", n, ") with G dividing C=", channels, " and n <= ", mf::kConvStepMaxBlock,
                                 "; got ", block.sizes()));
-      values.push_back(block);
-    }
-    values.push_back(inputs_);
-    for (const at::Tensor& t : values) {
-      TORCH_CHECK_VALUE(t.is_contiguous() && t.device() == inputs_.device() && t.scalar_type() == dtype,
-                        message("monarch_fftconv: DirectStepper's tensors must be contiguous, on one device, in "
-                                "the inputs' dtype"));
+      check_like_state({block}, inputs_, "DirectStepper");
     }
     for (const int64_t q : middle_levels) {
       const int64_t n = power_of_two(q);
