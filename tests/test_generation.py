@@ -754,46 +754,97 @@ def test_conv_block_kernel_is_the_reference_block(gen, dtype, n, groups):
                           index=index, n=n)
 
 
-def conv_block_rows_emulated(inputs, pending, taps, i, n, rows_per_warp, warps, grid):
-    """conv_block_kernel's data flow (generation/conv_step.cu) in PyTorch, loop for loop: warps
-    of a grid-stride loop over items w (channel w mod C, batch rows ⌊w/C⌋·ROWS onward, the last
-    group partial), each lane's outputs m = lane + 32·o, the fma chain over j ascending from the
-    warp's shared copies of the taps and the rows' blocks. Returns the streams each item wrote."""
+def shared_load(values, offset, count, width):
+    """count values of a warp's shared array from offset, as the kernel's loads of width values:
+    each load inside the array and aligned to its width (the arrays start 16-byte aligned)."""
+    assert 0 <= offset and offset + count <= len(values) and offset % width == 0 and count % width == 0, \
+        (offset, count, width)
+    return [value for at in range(offset, offset + count, width) for value in values[at: at + width]]
+
+
+def shared_store(values, offset, stored, width):
+    """The kernel's stores of width values into a warp's shared array: inside it, aligned."""
+    assert 0 <= offset and offset + len(stored) <= len(values) and offset % width == 0 and len(stored) % width == 0, \
+        (offset, len(stored), width)
+    values[offset: offset + len(stored)] = stored
+
+
+def conv_block_rows_emulated(inputs, pending, taps, i, n, rows_per_warp, warps, grid, value_bytes):
+    """conv_block_kernel's data flow (generation/conv_step.cu) on the CPU, loop for loop, its T
+    value_bytes wide (the widths of its shared loads) and the sums in float64 (a product and an
+    add, not one fma): warps of a grid-stride loop over items w (channel w mod C, batch rows
+    ⌊w/C⌋·ROWS onward, the last group partial), each with its shared taps and ROWS rows of inputs
+    (NaN until written and stale across items, so that a row past the batch reaching pending would
+    show); each lane's K = max(n/32, 1) consecutive outputs (lanes past n/K repeating the first
+    ones, storing nothing), its window of K taps, a step of max(K, 4) j's loading the taps below
+    the window and every row's next inputs, and the sums over j ascending; then the sums through
+    the shared rows into pending, every lane at m = lane, lane + 32, ... Returns the streams each
+    item wrote."""
     batch, channels, _ = inputs.shape
     group_size = channels // taps.shape[0]
+    per_lane = max(n // 32, 1)  # K
+    lanes_with_outputs, step = n // per_lane, max(per_lane, 4)
+    vector = 16 // value_bytes  # values a 16-byte load
+    tap_vector = min(per_lane, vector)
     chunks = (batch + rows_per_warp - 1) // rows_per_warp
     items, written = chunks * channels, []
+    inputs_, taps_, pending_ = inputs.tolist(), taps.tolist(), pending.tolist()
     for block_idx in range(grid):
         for warp in range(warps):
+            shared_taps, shared_rows = [float("nan")] * (2 * n), [float("nan")] * (rows_per_warp * n)
             for w in range(block_idx * warps + warp, items, grid * warps):
                 c, b0 = w % channels, w // channels * rows_per_warp
                 rows = min(rows_per_warp, batch - b0)
-                shared_taps = taps[c // group_size, : 2 * n]
-                blocks = [inputs[b0 + r, c, i + 1 - n: i + 1] for r in range(rows)]
+                shared_taps[:] = taps_[c // group_size][: 2 * n]
                 for r in range(rows):
-                    for m in range(n):  # lanes and their outputs
-                        acc = torch.zeros((), dtype=inputs.dtype)
-                        for j in range(n):
-                            acc = acc + blocks[r][j] * shared_taps[n + m - j]
-                        pending[b0 + r, c, i + 1 + m] += acc
+                    shared_rows[r * n: (r + 1) * n] = inputs_[b0 + r][c][i + 1 - n: i + 1]
+                sums = []
+                for lane in range(32):
+                    first = lane % lanes_with_outputs * per_lane
+                    acc = [[0.0] * per_lane for _ in range(rows_per_warp)]
+                    window = shared_load(shared_taps, n + first, per_lane, tap_vector)
+                    for j in range(0, n, step):
+                        x = [shared_load(shared_rows, r * n + j, step, vector) for r in range(rows_per_warp)]
+                        entering = shared_load(shared_taps, n + first - j - step, step, tap_vector)
+                        for d in range(step):
+                            for q in range(per_lane):
+                                tap = window[q - d] if q >= d else entering[step + q - d]
+                                for r in range(rows_per_warp):
+                                    acc[r][q] = acc[r][q] + x[r][d] * tap
+                        window = entering[:per_lane]
+                    sums.append(acc)
+                for lane in range(lanes_with_outputs):
+                    for r in range(rows):
+                        shared_store(shared_rows, r * n + lane * per_lane, sums[lane][r], tap_vector)
+                for r in range(rows):
+                    for lane in range(32):
+                        for m in range(lane, n, 32):
+                            pending_[b0 + r][c][i + 1 + m] += shared_rows[r * n + m]
                     written.append((b0 + r, c))
+    pending.copy_(torch.tensor(pending_, dtype=pending.dtype))
     return written
 
 
-@pytest.mark.parametrize("rows_per_warp, batch, channels, groups, grid", [(1, 3, 6, 3, 2), (4, 7, 6, 2, 3),
-                                                                           (4, 4, 5, 5, 1), (2, 5, 3, 1, 4)])
-def test_conv_block_row_groups_dataflow_fp64(gen, rows_per_warp, batch, channels, groups, grid):
-    """conv_block's indexing by batch rows (a warp ROWS rows of one channel) emulated in float64 on
-    the CPU, with a grid smaller than the items (the grid-stride loop) and partial row groups:
-    every stream written exactly once, the sums those of ops.conv_block_reference."""
+# ROWS 4 only in fp32 (value_bytes 4); n = 16 .. 256: K = 1, 1, 2, 4, 8 (a step of 8 j's)
+@pytest.mark.parametrize("rows_per_warp, batch, channels, groups, grid, n, value_bytes", [
+    (1, 3, 6, 3, 2, 16, 8), (4, 7, 6, 2, 3, 16, 4), (4, 4, 5, 5, 1, 16, 4), (2, 5, 3, 1, 4, 16, 8),
+    (2, 3, 4, 2, 1, 32, 4), (4, 6, 2, 2, 1, 64, 4), (2, 3, 2, 1, 1, 64, 8),
+    (4, 5, 2, 1, 1, 128, 4), (2, 3, 2, 2, 1, 128, 8), (4, 2, 1, 1, 1, 256, 4), (1, 1, 2, 2, 1, 256, 8)])
+def test_conv_block_row_groups_dataflow_fp64(gen, rows_per_warp, batch, channels, groups, grid, n, value_bytes):
+    """conv_block's indexing emulated on the CPU in float64: by batch rows (a warp ROWS rows of one
+    channel), with a grid smaller than the items (the grid-stride loop) and partial row groups; by
+    lanes (K consecutive outputs a lane, the taps in a register window that moves down a step of
+    j's at a time, the shared loads aligned to their widths) for K = 1 .. 8: every stream written
+    exactly once, the sums those of ops.conv_block_reference."""
     from monarch_fftconv import ops
-    n, to_generate, i = 16, 40, 31
+    to_generate, i = 2 * n + 8, 2 * n - 1  # i + 1 = 2n: a fold of the level
     case = conv_block_case(gen, "cpu", torch.float64, n, groups, batch=batch, channels=channels,
                            to_generate=to_generate)
     want = case["pending"].clone()
     ops.conv_block_reference(case["inputs"], want, case["taps"], torch.tensor(i), n)
     got = case["pending"].clone()
-    written = conv_block_rows_emulated(case["inputs"], got, case["taps"], i, n, rows_per_warp, warps=4, grid=grid)
+    written = conv_block_rows_emulated(case["inputs"], got, case["taps"], i, n, rows_per_warp, warps=4, grid=grid,
+                                       value_bytes=value_bytes)
     assert sorted(written) == [(b, c) for b in range(batch) for c in range(channels)]
     assert torch.allclose(got, want, rtol=0, atol=1e-12)
 

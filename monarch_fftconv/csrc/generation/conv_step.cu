@@ -87,19 +87,38 @@ cudaError_t launch(const ConvStepParams<T>& p, cudaStream_t stream) {
 //
 // A warp per ROWS batch rows of one channel (launch_block picks ROWS from the batch; ROWS = 1 is a
 // warp a stream): the group's 2n taps and the ROWS blocks of n inputs into the warp's shared
-// memory, then each lane sums the outputs m = lane, lane + 32, ... of every row over j ascending
-// (one fma a term, the inputs broadcast, the taps read at consecutive addresses across the lanes). A
-// stream's sums are the same fma chain whatever ROWS is: the same bits. Why ROWS > 1: each fma
-// reads a tap from shared memory, one load a multiply-add, so the kernel is bound by the shared
-// memory pipe at a quarter of the fma rate (n = 256 at B·C = 65,536: ~560 µs against ~130 for
-// its multiply-adds, session 26); ROWS rows share each tap load (measured, session 27, H100, B16
-// C4096: n = 128 0.193 -> 0.106 ms a token, n = 256 0.610 -> 0.311).
+// memory, then each lane sums K = max(n/32, 1) consecutive outputs m = K·lane + q of every row
+// over j ascending, one fma a term. A stream's sums are the same fma chain whatever ROWS and K
+// are: the same bits. Output m takes tap n + m - j at j, so a lane's K taps at j + 1 are those at
+// j moved up one with one new below: the lane keeps them in registers (its window) and, a step of
+// max(K, 4) j's at a time, loads the taps below the window (K values a load, at most 16 bytes) and
+// each row's next inputs (16-byte loads, a broadcast). The sums go out through the rows' shared
+// memory, so that the read-modify-write of pending is coalesced.
+// Why: a lane that summed the outputs lane, lane + 32, ... (the first form) loaded a tap from
+// shared memory for every ROWS fmas: K + ROWS/4 loads a j in fp32 for K·ROWS fmas (ptxas merged 4
+// j's inputs into one load), where the shared memory pipe issues at a quarter of the fma rate, so
+// the loads bound it (measured, session 27, H100, B16 C4096: n = 128 0.106 ms a token, n = 256
+// 0.311, with ROWS rows sharing each tap load; 0.193 and 0.610 without). With the window a j is at
+// most 1 + ROWS/4 loads in fp32 ((1 + ROWS)/4 from K = 4), and the fmas bound it. Predicted,
+// unmeasured: at n = 128 the fma floor is ~36 µs and the memory's ~35, so ~0.05-0.06 ms a token;
+// n = 256 ~0.15 ms.
 template <typename T, int N, int ROWS>
 struct ConvBlockTraits {
   static_assert(N >= kConvBlockMinBlock && N <= kConvBlockMaxBlock && (N & (N - 1)) == 0, "n: a power of two");
-  static constexpr int kWarps = 4;                                  // warps a CTA
-  static constexpr int kOutputsPerLane = N < 32 ? 1 : N / 32;
-  static constexpr int kValuesPerWarp = 2 * N + ROWS * N;           // shared: 2n taps, ROWS rows of n inputs
+  static constexpr int kWarps = 4;                                 // warps a CTA
+  static constexpr int kOutputsPerLane = N < 32 ? 1 : N / 32;      // K, consecutive
+  static constexpr int kLanesWithOutputs = N / kOutputsPerLane;    // 16 at n = 16: the rest mirror them
+  // j's a step: the window's length, at least 4 (an fp32 row's inputs, one 16-byte load). A step's
+  // loads replace the whole window, so the loop unrolled twice alternates two sets of registers; a
+  // shift by 4 at K = 8 took K moves a step (SASS, n = 256 fp32: ~6% more instructions a fma).
+  static constexpr int kStep = kOutputsPerLane > 4 ? kOutputsPerLane : 4;
+  static constexpr int kVector = 16 / sizeof(T);                   // values a 16-byte shared load
+  // A lane's window starts at n + K·lane - j (j a multiple of kStep) and its sums in the rows at
+  // 2n + r·n + K·lane: aligned to K values (n >= 16), so loads and stores of up to K.
+  static constexpr int kTapVector = kOutputsPerLane < kVector ? kOutputsPerLane : kVector;
+  static constexpr int kValuesPerWarp = 2 * N + ROWS * N;          // shared: 2n taps, ROWS rows of n inputs
+  static_assert(N % kStep == 0 && kStep % kVector == 0 && kStep % kTapVector == 0, "whole vectors a step");
+  static_assert(N % kVector == 0, "every warp's taps and rows 16-byte aligned");
   static_assert(kWarps * kValuesPerWarp * sizeof(T) <= 48 * 1024, "static shared memory");
 };
 // The rows a warp shares a channel's taps across: as many as the batch has, up to 4 in fp32 and
@@ -107,18 +126,49 @@ struct ConvBlockTraits {
 template <typename T>
 constexpr int kConvBlockMaxRows = sizeof(T) == 4 ? 4 : 2;
 
+// Shared memory to registers and back, V values an access (V·sizeof(T) <= 16, shared V-aligned).
+template <typename T, int V>
+struct alignas(V * sizeof(T)) SharedVector {
+  T v[V];
+};
+template <int V, typename T, int COUNT>
+__device__ __forceinline__ void load_shared(T (&values)[COUNT], const T* shared) {
+  static_assert(COUNT % V == 0, "whole vectors");
+#pragma unroll
+  for (int s = 0; s < COUNT; s += V) {
+    const SharedVector<T, V> loaded = *reinterpret_cast<const SharedVector<T, V>*>(shared + s);
+#pragma unroll
+    for (int t = 0; t < V; ++t) values[s + t] = loaded.v[t];
+  }
+}
+template <int V, typename T, int COUNT>
+__device__ __forceinline__ void store_shared(T* shared, const T (&values)[COUNT]) {
+  static_assert(COUNT % V == 0, "whole vectors");
+#pragma unroll
+  for (int s = 0; s < COUNT; s += V) {
+    SharedVector<T, V> stored;
+#pragma unroll
+    for (int t = 0; t < V; ++t) stored.v[t] = values[s + t];
+    *reinterpret_cast<SharedVector<T, V>*>(shared + s) = stored;
+  }
+}
+
 template <typename T, int N, int ROWS>
 __global__ void __launch_bounds__(ConvBlockTraits<T, N, ROWS>::kWarps * 32)
     conv_block_kernel(const ConvBlockParams<T> p) {
   using Traits = ConvBlockTraits<T, N, ROWS>;
-  constexpr int kPerWarp = Traits::kValuesPerWarp, kOutputs = Traits::kOutputsPerLane;
-  __shared__ T smem[Traits::kWarps * kPerWarp];
+  constexpr int kPerWarp = Traits::kValuesPerWarp, K = Traits::kOutputsPerLane, kStep = Traits::kStep;
+  __shared__ __align__(16) T smem[Traits::kWarps * kPerWarp];
   const int64_t i = p.position >= 0 ? p.position : *p.index;
   // The host checks the room before every step; a block with no room writes nothing.
   if (i + 1 < N || i >= p.to_generate || i + N >= p.pending_len) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   T* taps = smem + warp * kPerWarp;  // taps[t] = k[t], t < 2N
   T* blocks = taps + 2 * N;          // blocks[r·N + j] = inputs[e_r][i+1-N+j], e_r = (b0 + r)·C + c
+  // The lane's outputs m = first + q, q < K. At n = 16 lanes 16 .. 31 repeat lanes 0 .. 15: their
+  // loads stay in range and are the same broadcasts, and they store nothing.
+  const bool owns_outputs = lane < Traits::kLanesWithOutputs;
+  const int first = lane % Traits::kLanesWithOutputs * K;
   const int64_t chunks = (p.batch + ROWS - 1) / ROWS, items = chunks * p.channels;
   const int64_t group_size = p.channels / p.groups;
   // Item w: channel c = w mod C, rows b0 .. b0 + ROWS - 1 (with ROWS = 1, w is the stream e).
@@ -132,35 +182,45 @@ __global__ void __launch_bounds__(ConvBlockTraits<T, N, ROWS>::kWarps * 32)
       for (int j = lane; j < N; j += 32) blocks[r * N + j] = in[j];
     }
     __syncwarp();
-    T sum[ROWS][kOutputs];
+    T sum[ROWS][K];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
 #pragma unroll
-      for (int o = 0; o < kOutputs; ++o) sum[r][o] = T(0);
-#pragma unroll 4
-    for (int j = 0; j < N; ++j) {
-      T x[ROWS];  // rows past the batch's end read stale values whose sums are never stored
+      for (int q = 0; q < K; ++q) sum[r][q] = T(0);
+    T window[K];  // window[q] = taps[N + first + q - j]: the lane's taps at the step's first j
+    load_shared<Traits::kTapVector>(window, taps + N + first);
+    const T* below = taps + N + first - kStep;  // the step's taps below the window
+    const T* step_inputs = blocks;              // row 0's inputs from the step's first j
+#pragma unroll 2
+    for (int j = 0; j < N; j += kStep, below -= kStep, step_inputs += kStep) {
+      T x[ROWS][kStep];  // rows past the batch's end read stale values whose sums are never stored
 #pragma unroll
-      for (int r = 0; r < ROWS; ++r) x[r] = blocks[r * N + j];
+      for (int r = 0; r < ROWS; ++r) load_shared<Traits::kVector>(x[r], step_inputs + r * N);
+      T entering[kStep];  // entering[s] = taps[N + first - j - kStep + s]
+      load_shared<Traits::kTapVector>(entering, below);
 #pragma unroll
-      for (int o = 0; o < kOutputs; ++o) {
-        const int m = lane + 32 * o;
-        if (m < N) {
-          const T tap = taps[N + m - j];
+      for (int d = 0; d < kStep; ++d)
 #pragma unroll
-          for (int r = 0; r < ROWS; ++r) sum[r][o] = fma(x[r], tap, sum[r][o]);
+        for (int q = 0; q < K; ++q) {
+          const T tap = q >= d ? window[q - d] : entering[kStep + q - d];  // taps[N + first + q - (j + d)]
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r) sum[r][q] = fma(x[r][d], tap, sum[r][q]);
         }
+#pragma unroll
+      for (int q = 0; q < K; ++q) window[q] = entering[q];  // down a whole step (kStep >= K)
+    }
+    __syncwarp();  // every lane past its last input: the rows take the sums
+    if (owns_outputs) {
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        if (r >= rows) break;
+        store_shared<Traits::kTapVector>(blocks + r * N + first, sum[r]);
       }
     }
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      if (r >= rows) break;
+    __syncwarp();
+    for (int r = 0; r < rows; ++r) {
       T* out = p.pending + ((b0 + r) * p.channels + c) * p.pending_len + (i + 1);
-#pragma unroll
-      for (int o = 0; o < kOutputs; ++o) {
-        const int m = lane + 32 * o;
-        if (m < N) out[m] += sum[r][o];
-      }
+      for (int m = lane; m < N; m += 32) out[m] += blocks[r * N + m];
     }
     __syncwarp();  // the next item's loads overwrite this one's taps and blocks
   }
