@@ -366,23 +366,28 @@ FUSED_GATED_TRAINING = True
 # fp32-accurate, so within every precision's budget. Its GPU test has not run yet (session 28).
 GATED_CALLS_ON_FP32 = True
 
-# bf16 calls (ENGINE_ROUTE_PRECISIONS) at N = 16384 with fp32 I/O and at least ENGINE_MIN_SEQUENCES
+# bf16/fp16 calls (ENGINE_ROUTE_PRECISIONS) at N = 16384 with fp32 I/O and at least ENGINE_MIN_SEQUENCES
 # sequences (B·C) routed to the tensor-core engine instead of the fp32 kernel. Through the public call, side by
 # side with the fp32 kernel (H100, session 22): 0.303 against 0.340 ms at 16x256x8192, 0.505
 # against 0.642 at 32x256, 2.71 against 3.59 at 64x768; a tie at 2048 sequences, slower below.
-# Error 3.9e-3 (bf16's budget 1e-2). On since session 22, when the route's GPU tests passed.
+# Error 3.9e-3 (bf16's budget 1e-2); fp16 at the peak exponent 7: <to fill>. On since session 22, when
+# the route's GPU tests passed.
 # tc/dispatch.cu's kEngineMinSequences is the same number: the binding runs the engine for such
 # calls whatever this switch says, so this decides only whether they reach the tensor cores.
 ENGINE_ROUTE = True
 ENGINE_MIN_SEQUENCES = 4096
-# The precisions the route takes there. Not fp16: the engine scales each channel's filter
-# spectrum to a peak in [1, 2), so the filtered spectrum is rounded to fp16 at about the input
-# spectrum's own size, and an input of mean 4-8 at L = 8192 (a DC bin of 32768-65536) overflows it
-# to inf/NaN, where the mma.sync kernel stays finite to a mean of 262-1023 and the fp32 kernel to fp32's
-# range (docs/design.md, "fp16's range"; the engine's CPU model, tests/test_tc_engine_dataflow.py).
-# tc/dispatch.cu's route takes the same precisions; MONARCH_FFTCONV_TC_KERNEL=engine still runs
-# fp16 on the engine. Change both together: explain() names the kernel from this tuple.
-ENGINE_ROUTE_PRECISIONS = ("bf16",)
+# The precisions the route takes there: both the engine runs. fp16 was off it in session 29: the
+# engine then scaled each channel's filter spectrum to a peak in [1, 2), so the filtered spectrum
+# was rounded to fp16 at about the input spectrum's own size, and an input of mean 4-8 at L = 8192
+# (a DC bin of 32768-65536) overflowed it to inf/NaN. It is back since session 30, when the peak
+# exponent (engine_traits.cuh, MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT) became 7: the peak in
+# [2^-7, 2^-6) leaves the engine's fp16 the mma.sync kernel's own ceiling, a constant input of 1023
+# at L = 8192 through one tap, 262 through exp(-t/500) (docs/design.md, "fp16's range"; the CPU
+# model, tests/test_tc_engine_dataflow.py; on the GPU: <to fill>). A build with the exponent at 0
+# must take fp16 off again. tc/dispatch.cu's route takes the same precisions; change both together:
+# explain() names the kernel from this tuple. A precision the engine covers but this tuple leaves
+# out takes the fp32 kernel at the route's size (_decide), as every such call did before the route.
+ENGINE_ROUTE_PRECISIONS = ("bf16", "fp16")
 ENGINE_FACTORS = (128, 128)
 
 TF32_TENSOR_CORE_MAX_FFT = 4096  # the largest N at which tf32's tensor-core kernel measured faster
@@ -425,7 +430,7 @@ BACKEND_CHOICES = ("auto", "portable")
 _decisions: dict[tuple, Backend] = {}
 
 # Which tensor-core kernel runs the 128x128 split (N = 16384) in bf16/fp16 (tc/dispatch.cu,
-# pick_hopper): unset, the tensor-core engine for bf16 calls of ENGINE_MIN_SEQUENCES or more with
+# pick_hopper): unset, the tensor-core engine for bf16/fp16 calls of ENGINE_MIN_SEQUENCES or more with
 # fp32 I/O and the mma.sync kernel otherwise; "engine" the engine at any size (fp32 I/O only: docs/
 # design.md, "The next tensor-core engine"); "mma" the mma.sync kernel at any size; any other value
 # is refused (here and by the binding: a misspelt name must not run another kernel). The binding
@@ -576,10 +581,11 @@ def _decide(
                            f"would run as elementwise passes: the fp32 kernel measured faster (H100: 1.23x at "
                            f"64x768x8192 forward, 1.10x at 16x256x8192 fwd+bwd; backends.GATED_CALLS_ON_FP32), "
                            f"more accurate than {precision}", runs_as="fp32")
+    # a precision the engine covers (bf16/fp16: engine_size) that the route leaves out
     if ENGINE_ROUTE and engine_size and precision not in ENGINE_ROUTE_PRECISIONS and requested_tc_kernel() == "":
         return fp32_kernel(plan, f"B·C >= {ENGINE_MIN_SEQUENCES} sequences at N={plan.fft_size} would take the "
-                           f"tensor-core engine, whose {precision} overflows on inputs of mean 4 to 8 and more (it "
-                           f"scales each channel's filter to a peak near 1; docs/design.md, \"fp16's range\"): the "
+                           f"tensor-core engine, whose route leaves {precision} out (backends.ENGINE_ROUTE_PRECISIONS: "
+                           f"{'/'.join(ENGINE_ROUTE_PRECISIONS) or 'none'}; docs/design.md, \"fp16's range\"): the "
                            f"fp32 kernel serves {precision}, more accurate than asked", runs_as="fp32")
     # the engine route; a kernel named in TC_KERNEL_ENV other than the engine keeps the fp32 route
     if ENGINE_ROUTE and engine_size and requested_tc_kernel() in ("", "engine"):

@@ -514,9 +514,9 @@ def test_half_precision_calls_that_fill_the_gpu_take_the_fp32_kernel(hopper_kern
         assert hopper_kernels.select_backend(cuda, dtype, "fp32", plan, wave - 1).name == "cuda-fp32"
 
 
-@pytest.mark.parametrize("precision", ["bf16"])
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_the_engine_route_takes_large_float32_io_calls_at_n_16384(hopper_kernels, monkeypatch, precision):
-    """With ENGINE_ROUTE on, a bf16 call at N = 16384 with fp32 I/O and at least
+    """With ENGINE_ROUTE on, a bf16/fp16 call at N = 16384 with fp32 I/O and at least
     ENGINE_MIN_SEQUENCES sequences takes the tensor cores, naming the engine and why; one
     sequence fewer, 2-byte I/O, another N, or a kernel named in MONARCH_FFTCONV_TC_KERNEL other
     than the engine keep the fp32 kernel. The switch is on by default; off, nothing is routed."""
@@ -550,41 +550,49 @@ def test_the_engine_route_takes_large_float32_io_calls_at_n_16384(hopper_kernels
     assert functional._call_key(*call) != routed_key
 
 
-def test_fp16_calls_of_the_engine_size_take_the_fp32_kernel(hopper_kernels, monkeypatch):
-    """fp16 is off the engine route (its per-channel filter scale overflows fp16 on inputs of mean
-    8: test_tc_engine_dataflow.py's model): a call the route would give the engine takes the
-    fp32 kernel, asked for as fp32 and saying why (with the route off, as every call of that
-    size did before the route); the engine on request still runs it; below the route's size the
-    mma.sync kernel serves as before."""
+def test_a_precision_the_route_leaves_out_takes_the_fp32_kernel_at_the_engine_size(hopper_kernels, monkeypatch):
+    """Both precisions the engine runs are on its route by default (fp16 back since session 30,
+    with the filter's peak near 2^-7: test_tc_engine_dataflow.py's model). One left out of
+    ENGINE_ROUTE_PRECISIONS (as fp16 was in session 29, and must be again for a build with the
+    peak exponent at 0) takes the fp32 kernel at the route's size, asked for as fp32 and saying
+    why in words true of either precision (with the route off, as every call of that size did
+    before the route); the engine on request still runs it; below the route's size the mma.sync
+    kernel serves as before."""
     cuda, plan, many = torch.device("cuda", 0), plan_for(8192), hopper_kernels.ENGINE_MIN_SEQUENCES
     monkeypatch.delenv(hopper_kernels.TC_KERNEL_ENV, raising=False)
-    assert "fp16" not in hopper_kernels.ENGINE_ROUTE_PRECISIONS and hopper_kernels.ENGINE_ROUTE is True
-    backend = hopper_kernels.select_backend(cuda, torch.float32, "fp16", plan, many)
-    assert backend.name == "cuda-fp32" and backend.runs_as == "fp32"
-    assert "overflows" in backend.reason and "fp16's range" in backend.reason
-    monkeypatch.setattr(hopper_kernels, "ENGINE_ROUTE", False)
-    unrouted = hopper_kernels.select_backend(cuda, torch.float32, "fp16", plan, many)
-    assert unrouted.name == "cuda-fp32" and "fills the GPU" in unrouted.reason
-    monkeypatch.setattr(hopper_kernels, "ENGINE_ROUTE", True)
-    monkeypatch.setenv(hopper_kernels.TC_KERNEL_ENV, "engine")
-    requested = hopper_kernels.select_backend(cuda, torch.float32, "fp16", plan, many)
-    assert requested.name == "cuda-tensor-core" and "the tensor-core engine (on request)" in requested.kernel
-    monkeypatch.delenv(hopper_kernels.TC_KERNEL_ENV)
-    small = hopper_kernels.select_backend(cuda, torch.float32, "fp16", plan, 7)
-    assert small.name == "cuda-tensor-core" and "the mma.sync kernel" in small.kernel
-    # the tensor-core kernel's name for a call of the route's size, were it to reach the op
-    assert "mma.sync" in hopper_kernels.tensor_core_backend(plan, "fp16", torch.float32, many).kernel
-    assert "engine" in hopper_kernels.tensor_core_backend(plan, "bf16", torch.float32, many).kernel
-    # the route's precisions are part of every remembered decision: putting fp16 back is seen by
-    # the next identical call, here and in functional's call key
+    assert hopper_kernels.ENGINE_ROUTE_PRECISIONS == ("bf16", "fp16") and hopper_kernels.ENGINE_ROUTE is True
     from monarch_fftconv import functional
     u, k = torch.empty(16, 256, 8192, device="meta"), torch.empty(256, 8192, device="meta")
-    call = (u, k, None, None, None, False, "fp16", None)
-    key_off_route = functional._call_key(*call)
-    monkeypatch.setattr(hopper_kernels, "ENGINE_ROUTE_PRECISIONS", ("bf16", "fp16"))
-    rerouted = hopper_kernels.select_backend(cuda, torch.float32, "fp16", plan, many)
-    assert rerouted.name == "cuda-tensor-core" and "the tensor-core engine" in rerouted.kernel
-    assert functional._call_key(*call) != key_off_route
+    for left_out, kept in (("fp16", "bf16"), ("bf16", "fp16")):
+        routed = hopper_kernels.select_backend(cuda, torch.float32, left_out, plan, many)
+        assert routed.name == "cuda-tensor-core" and "the tensor-core engine" in routed.kernel
+        call = (u, k, None, None, None, False, left_out, None)
+        key_on_route = functional._call_key(*call)
+        monkeypatch.setattr(hopper_kernels, "ENGINE_ROUTE_PRECISIONS", (kept,))
+        # the route's precisions are part of every remembered decision, here and in functional's
+        # call key: taking a precision off (or putting it back) is seen by the next identical call
+        assert functional._call_key(*call) != key_on_route
+        backend = hopper_kernels.select_backend(cuda, torch.float32, left_out, plan, many)
+        assert backend.name == "cuda-fp32" and backend.runs_as == "fp32"
+        assert f"leaves {left_out} out" in backend.reason and f"ENGINE_ROUTE_PRECISIONS: {kept};" in backend.reason
+        assert "fp16's range" in backend.reason and "overflow" not in backend.reason  # true of bf16 too
+        assert hopper_kernels.select_backend(cuda, torch.float32, kept, plan, many).name == "cuda-tensor-core"
+        monkeypatch.setattr(hopper_kernels, "ENGINE_ROUTE", False)
+        unrouted = hopper_kernels.select_backend(cuda, torch.float32, left_out, plan, many)
+        assert unrouted.name == "cuda-fp32" and "fills the GPU" in unrouted.reason
+        monkeypatch.setattr(hopper_kernels, "ENGINE_ROUTE", True)
+        monkeypatch.setenv(hopper_kernels.TC_KERNEL_ENV, "engine")
+        requested = hopper_kernels.select_backend(cuda, torch.float32, left_out, plan, many)
+        assert requested.name == "cuda-tensor-core" and "the tensor-core engine (on request)" in requested.kernel
+        monkeypatch.delenv(hopper_kernels.TC_KERNEL_ENV)
+        small = hopper_kernels.select_backend(cuda, torch.float32, left_out, plan, 7)
+        assert small.name == "cuda-tensor-core" and "the mma.sync kernel" in small.kernel
+        # the tensor-core kernel's name for a call of the route's size, were it to reach the op
+        assert "mma.sync" in hopper_kernels.tensor_core_backend(plan, left_out, torch.float32, many).kernel
+        assert "engine" in hopper_kernels.tensor_core_backend(plan, kept, torch.float32, many).kernel
+        monkeypatch.setattr(hopper_kernels, "ENGINE_ROUTE_PRECISIONS", ("bf16", "fp16"))
+        assert hopper_kernels.select_backend(cuda, torch.float32, left_out, plan, many) == routed
+        assert functional._call_key(*call) == key_on_route
 
 
 def test_the_engine_threshold_is_the_dispatchers():
@@ -595,10 +603,15 @@ def test_the_engine_threshold_is_the_dispatchers():
     found = re.findall(r"constexpr int64_t kEngineMinSequences = (\d+);", source)
     assert found == [str(backends.ENGINE_MIN_SEQUENCES)]
     assert backends.ENGINE_FACTORS == (128, 128) and "p.n1 != 128 || p.n2 != 128" in source
-    # and the route's precisions: bf16 alone, in both
-    assert backends.ENGINE_ROUTE_PRECISIONS == ("bf16",)
+    # and the route's precisions: bf16 and fp16 in both. The dispatcher's route filters no
+    # precision, so it takes every one engine::pick runs (its switch's cases); Python's tuple
+    # names the same ones.
+    assert backends.ENGINE_ROUTE_PRECISIONS == ("bf16", "fp16")
     route = re.search(r"case TensorCoreKernel::kRoute:.*?;", source, re.S).group(0)
-    assert "p.precision == Precision::kBF16" in route and "kFP16" not in route
+    assert "engine::pick(p)" in route and "precision" not in route
+    pick = re.search(r"inline tc::LaunchFn pick\(const ConvForwardParams& p\) \{.*?\n\}", source, re.S).group(0)
+    picked = re.findall(r"case Precision::k(\w+): return &launch<", pick)
+    assert sorted(name.lower() for name in picked) == sorted(backends.ENGINE_ROUTE_PRECISIONS)
 
 
 def test_the_seed_shape_fills_the_gpu_and_the_tiny_shapes_do_not(hopper_kernels):

@@ -119,7 +119,7 @@ def test_zero_and_tiny_channels(precision, engine, gen):
                 assert rel_l2(y[:, c], ref[:, c]) <= BUDGETS[precision], f"channel {c}"
 
 
-@pytest.mark.parametrize("precision", ["bf16"])  # fp16 is off the route: the next test
+@pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("length", [8192, 8188, 4097])
 def test_the_route_runs_the_engine_within_the_budget(length, precision, monkeypatch, gen):
     """ENGINE_ROUTE on (written in session 20 without a GPU): a public call of exactly
@@ -145,22 +145,30 @@ def test_the_route_runs_the_engine_within_the_budget(length, precision, monkeypa
     assert torch.equal(routed, mf.fftconv(u, k, D=d, precision=precision))
 
 
-def test_fp16_calls_of_the_route_size_stay_finite_on_inputs_with_a_mean(monkeypatch, gen):
-    """A public fp16 call the route would have given the engine, u of mean 8 (a DC bin of
-    65536 at L = 8192) through a low-pass filter: the engine's model overflows fp16 there
-    (test_tc_engine_dataflow.py); the call takes the fp32 kernel, finite and within budget.
-    Written in session 29 without a GPU."""
+@pytest.mark.parametrize("mean", [8.0, 64.0])
+def test_fp16_calls_of_the_route_size_stay_finite_on_inputs_with_a_mean(mean, monkeypatch, gen):
+    """A public fp16 call of the route's size, u of mean 8 or 64 (a DC bin of 65536 or 524288 at
+    L = 8192) through a low-pass filter, exp(-t/500): it takes the engine (fp16 back on the route
+    since session 30), finite and within budget, bitwise the requested engine's. With the filter's
+    peak near 2^-7 (engine_traits.cuh's default peak exponent 7) the engine's model keeps both
+    within budget, where the old default 0 overflowed from a mean of 4
+    (test_tc_engine_dataflow.py): a build with MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT=0
+    fails here. Written in session 29, changed in session 30, without a GPU (GPU: <to fill>)."""
     from monarch_fftconv import backends
     monkeypatch.delenv(KERNEL_ENV, raising=False)
     monkeypatch.setattr(backends, "_decisions", {})
     batch, channels, length = 16, backends.ENGINE_MIN_SEQUENCES // 16, 8192
-    u = randn(gen, batch, channels, length, device=DEVICE) + 8.0
+    u = randn(gen, batch, channels, length, device=DEVICE) + mean
     k = torch.exp(-torch.arange(length, device=DEVICE) / 500.0).expand(channels, length).contiguous()
-    y = mf.fftconv(u, k, precision="fp16")  # first: loads the extension, which explain() never does
+    # the call first: it loads the extension, which explain() never does
+    y = poisoned_call(lambda: mf.fftconv(u, k, precision="fp16"), u)
     info = mf.explain(u, k, precision="fp16")
-    assert info["backend"] == "cuda-fp32" and "overflows" in info["reason"], info
+    assert info["backend"] == "cuda-tensor-core" and "the tensor-core engine" in info["kernel"], info
     assert torch.isfinite(y).all()
     assert rel_l2(y, reference(u, k)) <= BUDGETS["fp16"]
+    monkeypatch.setenv(KERNEL_ENV, "engine")
+    monkeypatch.setenv(BACKEND_ENV, "portable")
+    assert torch.equal(y, mf.fftconv(u, k, precision="fp16"))
 
 
 # The engine's fixed-cost switches (binding.cpp, engine_switches_from_env): each one's other

@@ -89,7 +89,9 @@ README_RANGES = [
     ("a wave of the fp32 kernel", rf"B·C·N < SMs × {SIZE}; on an H200, fewer than {SIZE} sequences at\s+L = {SIZE}",
      lambda: (backends.FP32_KERNEL_POINTS_PER_SM, H200_SMS * backends.FP32_KERNEL_POINTS_PER_SM // TC_MAX,
               longest_input(TC_MAX))),
-    ("the engine's split and route", rf"At N = {SIZE}, bf16 calls of B·C ≥ {SIZE} with fp32 I/O take the\s+tensor-core engine",
+    ("the engine's split and route",  # and its precisions: backends.ENGINE_ROUTE_PRECISIONS
+     rf"At N = {SIZE}, {'/'.join(backends.ENGINE_ROUTE_PRECISIONS)} calls of B·C ≥ {SIZE} with fp32 I/O take the\s+"
+     rf"tensor-core engine",
      lambda: (TC_MAX, backends.ENGINE_MIN_SEQUENCES)),
     ("tf32 on tensor cores", rf"tf32 variant measured\s+slower than the fp32 kernel but on small calls at N ≤ {SIZE}",
      lambda: (backends.TF32_TENSOR_CORE_MAX_FFT,)),

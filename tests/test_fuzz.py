@@ -29,7 +29,10 @@ GRAD_FACTOR = 1.5  # gradients: within 1.5x the forward budget
 # Means added to u, half the cases centred, drawn from a stream of their own (so a seed's shapes,
 # precisions and data are those it drew before means were added, in session 29): up to 64, inside
 # every route's documented range for the draw's filters (|Σk| ~ 1). fp16's ceiling on the mma.sync
-# kernel is a mean of min(65504/⌈L/M⌉, ~65504·N/(L·|Σk|)): 1023 at L = 8192 for such filters.
+# kernel is a mean of min(65504/⌈L/M⌉, ~65504·N/(L·|Σk|)): 1023 at L = 8192 for such filters. The
+# engine's, its filter's peak near 2^-7 (engine_traits.cuh's default since session 30), is the same
+# on its CPU model through one tap and exp(-t/500), and there it meets the mma.sync kernel's error
+# on the fuzz's own filters at means 64 and 256 (session 30).
 MEANS = [0.0, 0.0, 0.0, 1.0, 8.0, 64.0]
 
 
@@ -79,11 +82,7 @@ def draw(rng: random.Random, device: str, means: random.Random) -> Case:
         mean=means.choice(MEANS),
     )
     if device == "cuda":  # drawn last, so the CPU's draws (and its seeds' cases) are unchanged
-        case.tc_kernel = rng.choice(["mma", "engine"])
-        if case.tc_kernel == "engine" and case.precision == "fp16":
-            # The engine's fp16 overflows from a mean of 8 (README, "Precision"; off its route until
-            # -DMONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT=7 is measured): asked for, it gets a mean of 0.
-            case.mean = 0.0
+        case.tc_kernel = rng.choice(["mma", "engine"])  # either kernel, any mean: both keep MEANS in range
     return case
 
 

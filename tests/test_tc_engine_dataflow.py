@@ -65,11 +65,11 @@ FP32_EXPONENTS = range(-127, 150)
 
 
 # Where the scaled filter's peak lies: [2^-p, 2^(1-p)): engine_traits.cuh's kFilterPeakExponent,
-# 0 in every build the GPU tests have run (filter_peak's e = 1 - x - p). docs/design.md, "fp16's
-# range", proposes p = 7 (-DMONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT=7): with p = 0 the
-# filtered spectrum is rounded to fp16 at the input spectrum's own size and overflows on inputs
-# of mean 8 (L = 8192); the tests below measure both.
-FILTER_PEAK_EXPONENT = 0
+# the default of MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT (filter_peak's e = 1 - x - p), 7 since
+# session 30 (docs/design.md, "fp16's range"). With p = 0, the old default, the filtered spectrum
+# is rounded to fp16 at the input spectrum's own size and overflows on inputs of mean 4-8
+# (L = 8192); with 7 fp16 reaches the mma.sync kernel's ceiling. The tests below measure both.
+FILTER_PEAK_EXPONENT = 7
 
 
 def _scale_exponent(z: torch.Tensor) -> int:
@@ -518,14 +518,24 @@ FP16_RANGE_FILTERS = {
 
 
 @pytest.mark.parametrize("filter_name", list(FP16_RANGE_FILTERS))
-def test_fp16_overflows_on_inputs_of_mean_8(filter_name):
-    """Why fp16 is off the engine route (backends.ENGINE_ROUTE_PRECISIONS): with the filter's
-    peak scaled into [1, 2), the filtered spectrum's DC bin is about Σu, rounded to fp16 at
-    inverse 2. A constant input of 3 (Σu = 24576 at L = 8192) is exact; of 8 (65536) it comes
+def test_fp16_keeps_inputs_of_mean_8_and_64_at_the_default_peak_exponent_and_overflowed_at_0(filter_name,
+                                                                                              monkeypatch):
+    """Why the peak exponent is 7 and not 0, and why fp16 is back on the engine route
+    (backends.ENGINE_ROUTE_PRECISIONS). At the default p = 7 a constant input of 8 and of 64 at
+    L = 8192 (Σu = 65536 and 524288) comes back within fp16's budget through either filter. At
+    p = 0, the old default (the filter's peak scaled into [1, 2)), the filtered spectrum's DC bin
+    is about Σu, rounded to fp16 at inverse 2: a constant 3 (Σu = 24576) is exact, but 8 comes
     back inf/NaN through either filter (exp(-t/500)'s first failure is at 4.09, one tap's at 8);
-    bf16 keeps fp32's range."""
+    bf16 keeps fp32's range at either exponent."""
+    import sys
+
+    assert FILTER_PEAK_EXPONENT == 7  # the kernel's default: test_the_models_scale_constants_are_the_kernels
     length = 8192
     k = FP16_RANGE_FILTERS[filter_name](length)
+    for mean in (8, 64):
+        y, want = _constant_input_outputs(Engine(length, "fp16"), mean, k)
+        assert torch.isfinite(y).all() and rel_l2(y, want) <= BUDGETS["fp16"], mean
+    monkeypatch.setattr(sys.modules[__name__], "FILTER_PEAK_EXPONENT", 0)
     y, want = _constant_input_outputs(Engine(length, "fp16"), 3, k)
     assert rel_l2(y, want) <= BUDGETS["fp16"]
     y, want = _constant_input_outputs(Engine(length, "fp16"), 8, k)
@@ -537,9 +547,8 @@ def test_fp16_overflows_on_inputs_of_mean_8(filter_name):
 @pytest.mark.parametrize("filter_name", list(FP16_RANGE_FILTERS))
 def test_a_filter_peak_near_2_to_the_minus_7_lifts_the_fp16_ceiling_and_keeps_the_floor(filter_name, monkeypatch,
                                                                                          gen):
-    """The proposal (docs/design.md, "fp16's range"), in the kernel behind
-    MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT and not yet run on a GPU: the peak in [2^-7, 2^-6)
-    puts the engine's ceiling where the mma.sync kernel's is (the portable engine, its model: a
+    """The default since session 30 (docs/design.md, "fp16's range"; on the GPU: <to fill>), beside
+    the old default 0: the peak in [2^-7, 2^-6) puts the engine's ceiling where the mma.sync kernel's is (the portable engine, its model: a
     constant input just under it exact, just over it not finite, through either filter; p = 0 fails
     at 4-8), for the same error at unit scale and at most 2.5x p = 0's at the input's own fp16 floor
     (rms 1e-5, where u itself is subnormal: 4.4e-3 against 2.2e-3 on one draw)."""
@@ -579,7 +588,8 @@ def test_a_filter_peak_near_2_to_the_minus_7_lifts_the_fp16_ceiling_and_keeps_th
 
 def test_the_models_scale_constants_are_the_kernels():
     """HANDOFF_EXPONENT and FILTER_PEAK_EXPONENT are engine_traits.cuh's (the latter's default,
-    the build every GPU test has run), and filter_peak/filter_store apply them as the model does."""
+    the build every GPU test runs unless MONARCH_FFTCONV_NVCC_DEFINES names another), and
+    filter_peak/filter_store apply them as the model does."""
     import re
 
     from monarch_fftconv import _extension
@@ -592,7 +602,7 @@ def test_the_models_scale_constants_are_the_kernels():
     assert "to_handoff = max(to_handoff, -127)" in producer
 
 
-@pytest.mark.parametrize("peak_exponent", [0, 6, 10])
+@pytest.mark.parametrize("peak_exponent", [0, 6, 7, 10])
 def test_both_unscales_stay_finite_powers_of_two_at_every_exponent(peak_exponent, monkeypatch):
     """Every e an fp32 spectrum gives (its peak in [2^-149, 2^128)), shifted by p: the hand-off's
     and y's unscales are fp32 powers of two (y's reaches 2^-136, a subnormal, exact) whose

@@ -23,9 +23,8 @@ template <Precision P, IOType IO>
 cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream);
 
 // The tensor-core engine (docs/design.md, "The next tensor-core engine"): split 128 x 128,
-// bf16/fp16 operands, fp32 I/O so far; bf16 calls of kEngineMinSequences or more, or any size
-// in either type on request (MONARCH_FFTCONV_TC_KERNEL=engine). Any other call keeps the mma.sync
-// kernel.
+// bf16/fp16 operands, fp32 I/O so far; calls of kEngineMinSequences or more, or any size on
+// request (MONARCH_FFTCONV_TC_KERNEL=engine). Any other call keeps the mma.sync kernel.
 inline tc::LaunchFn pick(const ConvForwardParams& p) {
   if (p.io_type != IOType::kFloat32) return nullptr;
   switch (p.precision) {
@@ -38,8 +37,8 @@ inline tc::LaunchFn pick(const ConvForwardParams& p) {
 
 namespace {
 
-// bf16 calls of at least this many sequences (B·C) take the engine where it applies (split 128 x
-// 128, fp32 I/O) unless MONARCH_FFTCONV_TC_KERNEL names a kernel: measured faster
+// Calls of at least this many sequences (B·C) take the engine where it applies (split 128 x 128,
+// bf16/fp16 operands, fp32 I/O) unless MONARCH_FFTCONV_TC_KERNEL names a kernel: measured faster
 // than the fp32 kernel from there (H100, session 20: 1.10x at 16x256x8192, 1.21x at 32x256, 1.24x
 // at 64x768; a tie at 2048 sequences, slower below). Smaller calls keep the mma.sync kernel.
 // backends.ENGINE_MIN_SEQUENCES mirrors it (tests/test_build.py checks).
@@ -53,8 +52,11 @@ constexpr int64_t kEngineMinSequences = 4096;
 tc::LaunchFn pick_hopper(const ConvForwardParams& p) {
   if (p.n1 != 128 || p.n2 != 128) return nullptr;
   switch (p.tc_kernel) {
-    case TensorCoreKernel::kRoute:  // bf16 only: the engine's fp16 overflows on inputs of mean 4-8 (design.md)
-      return p.batch * p.channels >= kEngineMinSequences && p.precision == Precision::kBF16 ? engine::pick(p) : nullptr;
+    // Every precision engine::pick runs, bf16 and fp16 (backends.ENGINE_ROUTE_PRECISIONS names the
+    // same two): fp16 is back since session 30, its filter peak near 2^-7 (engine_traits.cuh's
+    // kFilterPeakExponent); in session 29 the route took bf16 alone, as a peak near 1 overflowed
+    // fp16 on inputs of mean 4-8 (docs/design.md, "fp16's range").
+    case TensorCoreKernel::kRoute: return p.batch * p.channels >= kEngineMinSequences ? engine::pick(p) : nullptr;
     case TensorCoreKernel::kEngine: return engine::pick(p);
     default: return nullptr;
   }

@@ -17,12 +17,18 @@
 #include "tc/io_traits.cuh"
 
 // Where each channel's scaled filter spectrum peaks: [2^-p, 2^(1-p)) for p = this (docs/design.md,
-// "fp16's range"). 0 is the kernel every GPU test has run; 7 gives fp16 the mma.sync kernel's
-// ceiling on the CPU model (the first constant input at L = 8192 that overflows, one tap /
-// exp(-t/500): 1024 / 262, against 8 / 4), written in session 29 and not yet run on a GPU: build
-// with MONARCH_FFTCONV_NVCC_DEFINES=MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT=7 to measure.
+// "fp16's range"). 7 (the default since session 30) gives the engine's fp16 the mma.sync kernel's
+// ceiling: on the CPU model the first constant input at L = 8192 that overflows, one tap /
+// exp(-t/500), is 1024 / 262 (the mma.sync kernel's own), against 8 / 4 at p = 0; that is what put
+// fp16 back on the engine's route (backends.ENGINE_ROUTE_PRECISIONS, tc/dispatch.cu). Its cost:
+// the floor's error at rms(u) = 1e-5 about 2x p = 0's (the model); in time, 16 instructions of the
+// producer's once a channel (nvdisasm, session 29; predicted unchanged). MEASURED: <to fill> (H100: the GPU tests at 7, an fp16 call of mean 8 and 64 on the
+// engine, the time against a p = 0 build). 0 is the old default (every GPU run through session
+// 29); the switch stays for that A/B: build with
+// MONARCH_FFTCONV_NVCC_DEFINES=MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT=0 (such a build's fp16
+// overflows from a mean of 4-8: keep it off the route, ENGINE_ROUTE_PRECISIONS = ("bf16",)).
 #ifndef MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT
-#define MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT 0
+#define MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT 7
 #endif
 
 namespace monarch_fftconv {
@@ -212,9 +218,9 @@ struct EngineTraits {
   // randn/sqrt(L), in budget on the H100) instead of underflowing (fp16 lost every output of a
   // filter scaled by 1e-20 with all of 2^-e in the hand-off). Larger filters are unchanged.
   static constexpr int kHandoffExponent = 13;
-  // The filter's peak lies in [2^-kFilterPeakExponent, 2^(1-kFilterPeakExponent)) once scaled. At 0
-  // the filtered spectrum is as large as u's, whose DC bin Σu overflows fp16 from a mean of 4-8 at
-  // L = 8192; at 7 it overflows where the mma.sync kernel's does (see the macro above).
+  // The filter's peak lies in [2^-kFilterPeakExponent, 2^(1-kFilterPeakExponent)) once scaled. At 7
+  // (the default) fp16 overflows where the mma.sync kernel's does; at 0 the filtered spectrum is as
+  // large as u's, whose DC bin Σu overflows fp16 from a mean of 4-8 at L = 8192 (the macro above).
   static constexpr int kFilterPeakExponent = MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT;
   static_assert(kFilterPeakExponent >= 0 && kFilterPeakExponent <= 10, "a peak between 2^-10 and 2");
 
