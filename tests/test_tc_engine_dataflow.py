@@ -547,7 +547,8 @@ def test_fp16_keeps_inputs_of_mean_8_and_64_at_the_default_peak_exponent_and_ove
 @pytest.mark.parametrize("filter_name", list(FP16_RANGE_FILTERS))
 def test_a_filter_peak_near_2_to_the_minus_7_lifts_the_fp16_ceiling_and_keeps_the_floor(filter_name, monkeypatch,
                                                                                          gen):
-    """The default since session 30 (docs/design.md, "fp16's range"; on the GPU: <to fill>), beside
+    """The default since session 30 (docs/design.md, "fp16's range"; on an H200 in session 30: fp16
+    means 8-200 finite, 400 through exp(-t/500) not, as here), beside
     the old default 0: the peak in [2^-7, 2^-6) puts the engine's ceiling where the mma.sync kernel's is (the portable engine, its model: a
     constant input just under it exact, just over it not finite, through either filter; p = 0 fails
     at 4-8), for the same error at unit scale and at most 2.5x p = 0's at the input's own fp16 floor
