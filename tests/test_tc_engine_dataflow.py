@@ -83,8 +83,8 @@ def _scale_exponent(z: torch.Tensor) -> int:
 
 def _unscales(e: int) -> tuple[float, float]:
     """2^-e split between the hand-off's twiddle and y: the hand-off takes 2^-min(e, 13), so the
-    16-bit values of a tiny channel are those of a filter peaking at 2^-13 (the benchmark's,
-    randn/sqrt(L)), not underflowed; y takes the rest. Both factors are fp32 powers of two for
+    16-bit values of a tiny channel are those of a filter peaking at 2^-(13+p) (2^-13 at p = 0:
+    the benchmark's, randn/sqrt(L)), not underflowed; y takes the rest. Both factors are fp32 powers of two for
     every e an fp32 spectrum gives: at most 2^127, at least 2^-136."""
     assert e + FILTER_PEAK_EXPONENT in FP32_EXPONENTS, e
     to_handoff = max(min(e, HANDOFF_EXPONENT), -127)  # e reaches -127 - p: 2^-to_handoff stays finite
@@ -371,7 +371,7 @@ def test_zero_and_tiny_channels(precision, gen):
     """The filter's 2^e at the ends of its range: an all-zero filter gives exact zeros (and D·u
     with a skip term); a filter scaled by 1e-40 (spectrum peak near 2^-140: 2^e = 2^141 is
     infinite in fp32) stays finite and within the budget, as float64 algebra exactly. Its 16-bit
-    hand-off holds the values of a filter peaking at 2^-13, not zeros: with the hand-off at the
+    hand-off holds the values of a filter peaking at 2^-(13+p), not zeros: with the hand-off at the
     channel's own scale, fp16 lost every output from 1e-20 down, bf16 5% at 1e-40."""
     length, batch = 8192, 3
     engine = Engine(length, precision)

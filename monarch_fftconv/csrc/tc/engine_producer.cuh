@@ -103,7 +103,7 @@ __device__ __forceinline__ void for_each_filter_word(const float2* spec, int pt,
 // The channel's spectrum into the resident buffer: (K + D/N)·2^e in T, e such that the largest
 // component lies in [2^-p, 2^(1-p)), p = EngineTraits::kFilterPeakExponent (0 if it is zero or
 // not finite), and 2^-e split between the hand-off and y (EngineTraits::kHandoffExponent). An fp32
-// peak gives e in [-127 - p, 149 - p]: 2^e itself overflows from e = 128 (a peak below 2^-127;
+// peak gives e in [-127 - p, 149 - p]: 2^e itself overflows from e = 128 (a peak below 2^-(127+p);
 // 0·inf made such a channel NaN), so it is applied as two normal factors, 2^(e/2) then the rest,
 // exact wherever the result is normal; the hand-off's share is kept at least -127, so both
 // unscales are powers of two in [2^-136, 2^127]. Two passes: filter_peak reads only global

@@ -216,11 +216,12 @@ struct EngineTraits {
                 "setmaxnreg takes multiples of 8 in [24, 256]");
   static constexpr int kStages = 2;  // the ring
   static constexpr int kU8PerThread = 8;  // consecutive samples a producer thread loads and stores (16 B)
-  // The filter is resident as (K + D/N)·2^e, largest component in [1, 2). Of the 2^-e that undoes
-  // it, the 16-bit hand-off takes at most 2^-kHandoffExponent and y the rest (fp32, exact): a
-  // tiny channel's hand-off then holds the values of a filter peaking at 2^-13 (the benchmark's,
-  // randn/sqrt(L), in budget on the H100) instead of underflowing (fp16 lost every output of a
-  // filter scaled by 1e-20 with all of 2^-e in the hand-off). Larger filters are unchanged.
+  // The filter is resident as (K + D/N)·2^e, largest component in [2^-p, 2^(1-p)), p =
+  // kFilterPeakExponent. Of the 2^-e that undoes it, the 16-bit hand-off takes at most
+  // 2^-kHandoffExponent and y the rest (fp32, exact): a tiny channel's hand-off then holds the
+  // values of a filter peaking at 2^-(13+p) (2^-13 at p = 0: the benchmark's, randn/sqrt(L), in
+  // budget on the H100) instead of underflowing (fp16 lost every output of a filter scaled by
+  // 1e-20 with all of 2^-e in the hand-off). Larger filters are unchanged.
   static constexpr int kHandoffExponent = 13;
   // The filter's peak lies in [2^-kFilterPeakExponent, 2^(1-kFilterPeakExponent)) once scaled. At 7
   // (the default) fp16 overflows where the mma.sync kernel's does; at 0 the filtered spectrum is as
