@@ -100,6 +100,8 @@ __device__ __forceinline__ void forward_sequences(const ForwardArgs<GATED>& a) {
   for (int64_t sb = (int64_t)blockIdx.x * SPB; sb < nseq; sb += (int64_t)gridDim.x * SPB) {
     const int64_t s = sb + ty;
     const ForwardSeq seq = forward_seq<IO>(a, s, nseq);
+    if constexpr (Choices::kL2Prefetch)
+      prefetch_rows_l2<LOGM, IO, GATED>(a, s, s + (int64_t)gridDim.x * SPB, nseq, kPrefetchU<IO> && a.prefetch, tx);
 
     // ================= forward p1: global -> smem, radix R1, NS = 1, upper half zero
     forward_p1<LOGM, IO, GATED, Choices::kOwnPairs>(sm, re, im, tx, a, pf_cur, seq);
