@@ -90,9 +90,10 @@ struct ForwardIoChoices {
       MONARCH_FFTCONV_FWD_DIRECT_SKIP >= 0 ? MONARCH_FFTCONV_FWD_DIRECT_SKIP == 1 : !(kChosen && LOGM <= 12);
   static constexpr bool kOwnPairs = MONARCH_FFTCONV_FWD_OWN_PAIRS == 1 && sizeof(IO) == 2 && !GATED;
   // prefetch_rows_l2 at the top of each sequence (-DMONARCH_FFTCONV_FWD_L2_PREFETCH=1 only), in
-  // the gated kernels: there ptxas's spills move by at most 24 B a thread, as many down as up (the
-  // N = 16384 uniform kernel's fp32 60/56 -> 56/52 B); in the plain ones the u prefetch alone raised them (sm_90a, stores/loads B: fp32 N = 8192 144/140 ->
-  // 236/232, N = 2048 8/4 -> 72/76; bf16 N = 32768 64/76 -> 280/356, 16384 16/12 -> 104/128).
+  // the gated kernels: there ptxas's spills move by at most 24 B a thread, as many down as up
+  // (the N = 16384 uniform kernel's fp32 60/56 -> 56/52 B); in the plain ones the u prefetch
+  // alone raised them (sm_90a, stores/loads B: fp32 N = 8192 144/140 -> 236/232, N = 2048 8/4 ->
+  // 72/76; bf16 N = 32768 64/76 -> 280/356, 16384 16/12 -> 104/128).
   static constexpr bool kL2Prefetch = MONARCH_FFTCONV_FWD_L2_PREFETCH == 1 && GATED;
 };
 
@@ -173,14 +174,15 @@ __device__ __forceinline__ void prefetch_own_pairs(IO* buf, const IO* src, int L
 }
 
 // Asks L2 for the rows whose loads this slot will wait on and nothing stages: the next sequence's
-// u where the kernel has no staging buffer (fp32 io, or 2-byte io without a.prefetch) and, in the gated
-// kernel, the next sequence's pregate (read with u in p1) and this sequence's postgate (read by
-// the last pass's store, a whole FFT later). Why: forward p1 and the gated store load those rows
+// u where the kernel has no staging buffer (fp32 io, or 2-byte io without a.prefetch) and, in the
+// gated kernel, the next sequence's pregate (read with u in p1) and this sequence's postgate (read
+// by the last pass's store, a whole FFT later). Why: forward p1 and the gated store load those rows
 // synchronously, so each sequence waits on DRAM at both ends (the gated forward's gate passes
 // measured fully additive, docs/performance.md, session 21); the grad kernel's L2 prefetch of its
 // next sequence measured -4 to -7% (session 27). prefetch.global.L2 holds no register and never
 // faults. Predicted, unmeasured: the gated forward kernel -5 to -15% at 16x256x4096 and 8192 (fp32
-// and bf16 io; ForwardIoChoices::kL2Prefetch says why not the plain kernels). Sequence s is (b, c) = (s mod B, s / B), as forward_seq has it.
+// and bf16 io; ForwardIoChoices::kL2Prefetch says why not the plain kernels). Sequence s is
+// (b, c) = (s mod B, s / B), as forward_seq has it.
 template <int LOGM, typename IO, bool GATED>
 __device__ __forceinline__ void prefetch_rows_l2(const ForwardArgs<GATED>& a, int64_t current, int64_t next,
                                                  int64_t nseq, bool u_staged, int tx) {
@@ -190,7 +192,8 @@ __device__ __forceinline__ void prefetch_rows_l2(const ForwardArgs<GATED>& a, in
     const int64_t b = next % a.B, c = next / a.B;
     if (!u_staged) prefetch_span_l2(static_cast<const IO*>(a.u) + b * a.ubs + c * a.ucs, row_bytes, tx, T);
     if constexpr (GATED) {
-      if (a.pregate != nullptr) prefetch_span_l2(static_cast<const IO*>(a.pregate) + (b * a.C + c) * a.L, row_bytes, tx, T);
+      if (a.pregate != nullptr)
+        prefetch_span_l2(static_cast<const IO*>(a.pregate) + (b * a.C + c) * a.L, row_bytes, tx, T);
     }
   }
   if constexpr (GATED) {
