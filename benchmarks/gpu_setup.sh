@@ -23,13 +23,19 @@ export MAX_JOBS=${MAX_JOBS:-16}
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 
-echo "== build"
-build_start=$(date +%s)
-python3 - <<'PY' 2>&1 | tee "$OUT/build.log"
-from monarch_fftconv import _extension
-_extension.build(verbose=False)
-print("extension built")
-PY
-build_status=${PIPESTATUS[0]}
-echo "build took $(( $(date +%s) - build_start )) s (status $build_status)"
-[ "$build_status" -eq 0 ] || exit "$build_status"
+# build_extension LOG: the extension built (or found built) in $MONARCH_FFTCONV_BUILD_DIR with the
+# environment's MONARCH_FFTCONV_NVCC_DEFINES; its output in LOG; the build's status.
+build_extension() {
+  python3 -c 'from monarch_fftconv import _extension; _extension.build(verbose=False); print("extension built")' > "$1" 2>&1
+}
+
+# GPU_SETUP_NO_BUILD=1: the caller builds (benchmarks/ab_builds.sh builds two trees at once).
+if [ -z "${GPU_SETUP_NO_BUILD:-}" ]; then
+  echo "== build"
+  build_start=$(date +%s)
+  build_extension "$OUT/build.log"
+  build_status=$?
+  cat "$OUT/build.log"
+  echo "build took $(( $(date +%s) - build_start )) s (status $build_status)"
+  [ "$build_status" -eq 0 ] || exit "$build_status"
+fi

@@ -1124,3 +1124,49 @@ def test_plain_operator_keeps_the_plain_methods(bench):
     gated = {m.name: m for m in bench.methods.make_methods("cpu", operator=bench.runner.OPERATORS["gated"])}
     assert gated["reference"].entry == "reference_operator"
     assert gated["reference"].flops(1, 2, 256, False, {}) is None   # torch_fft_flops counts plain only
+
+
+def test_ab_builds_checks_the_switch_builds_both_and_alternates(tmp_path):
+    """ab_builds.sh (here with a stub gpu_setup.sh whose build_extension records its environment):
+    a misspelt DEFINES stops it before anything is built; otherwise the default and the variant
+    are built (the variant with the defines, in its own directory), the variant's TESTS run first
+    (a failure stops it before any timing), then the command runs default, variant, default,
+    variant, each with its build's environment and its own log."""
+    repo = tmp_path / "repo"
+    (repo / "benchmarks").mkdir(parents=True)
+    (repo / "benchmarks" / "ab_builds.sh").write_text((Path(_BENCHMARKS) / "ab_builds.sh").read_text())
+    (repo / "benchmarks" / "gpu_setup.sh").write_text(
+        'cd "$(dirname "${BASH_SOURCE[0]}")/.."\nOUT=${OUT:-$PWD/gpu_out}\nmkdir -p "$OUT"\n'
+        'export MONARCH_FFTCONV_BUILD_DIR=${MONARCH_FFTCONV_BUILD_DIR:-/tmp/ab_stub_build}\n'
+        'build_extension() { echo "defines=${MONARCH_FFTCONV_NVCC_DEFINES:-} dir=$MONARCH_FFTCONV_BUILD_DIR jobs=$MAX_JOBS" > "$1"; }\n')
+    (repo / "monarch_fftconv").symlink_to(Path(_BENCHMARKS).parent / "monarch_fftconv")
+    order, out = tmp_path / "order.txt", tmp_path / "out"
+    command = ["bash", "-c", 'echo "defines=${MONARCH_FFTCONV_NVCC_DEFINES:-} dir=$MONARCH_FFTCONV_BUILD_DIR" >> "$ORDER"; '
+               'echo timing-line']
+
+    def ab(defines, **env):
+        full = {k: v for k, v in os.environ.items() if not k.startswith("MONARCH_FFTCONV_")}
+        full.update(OUT=str(out), ORDER=str(order), DEFINES=defines, MAX_JOBS="6", **env)
+        return subprocess.run(["bash", str(repo / "benchmarks" / "ab_builds.sh"), *command], env=full,
+                              capture_output=True, text=True, timeout=120)
+
+    misspelt = ab("MONARCH_FFTCONV_FWD_L2_PREFETCHH=1")
+    assert misspelt.returncode == 2 and "MONARCH_FFTCONV_FWD_L2_PREFETCHH" in misspelt.stdout + misspelt.stderr
+    assert not out.exists() and not order.exists()
+
+    (repo / "failing_test.py").write_text("def test_fails():\n    assert False\n")
+    stopped = ab("MONARCH_FFTCONV_FWD_L2_PREFETCH=1", TESTS=str(repo / "failing_test.py"))
+    assert stopped.returncode == 1 and "nothing timed" in stopped.stdout and not order.exists()
+
+    (repo / "passing_test.py").write_text("import os\n\ndef test_variant_env():\n"
+                                          "    assert os.environ['MONARCH_FFTCONV_NVCC_DEFINES'] == 'MONARCH_FFTCONV_FWD_L2_PREFETCH=1'\n")
+    done = ab("MONARCH_FFTCONV_FWD_L2_PREFETCH=1", TESTS=str(repo / "passing_test.py"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    default, variant = "defines= dir=/tmp/ab_stub_build", "defines=MONARCH_FFTCONV_FWD_L2_PREFETCH=1 dir=/tmp/ab_stub_build_variant"
+    assert (out / "build.log").read_text().strip() == default + " jobs=3"
+    assert (out / "build_variant.log").read_text().strip() == variant + " jobs=3"
+    assert order.read_text().splitlines() == [default, variant, default, variant]
+    for build in ("default", "variant"):
+        for round_ in (1, 2):
+            assert (out / f"ab_{build}_{round_}.log").read_text().strip() == "timing-line"
+    assert done.stdout.count("timing-line") == 4 and "== variant, round 2 (status 0)" in done.stdout
