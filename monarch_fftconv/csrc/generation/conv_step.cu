@@ -101,8 +101,8 @@ cudaError_t launch(const ConvStepParams<T>& p, cudaStream_t stream) {
 // 0.311, with ROWS rows sharing each tap load; 0.193 and 0.610 without). With the window a j is at
 // most 1 + ROWS/4 loads in fp32 ((1 + ROWS)/4 from K = 4), and the fmas bound it. Predicted
 // ~0.05-0.06 ms a token at n = 128 (fma floor ~36 µs, memory ~35), ~0.15 at 256; measured
-// (session 30, H100): 0.085 and 0.234 a token, the n = 128 kernel 64 µs on an H200: its loads and
-// read-modify-write do not overlap its fmas as well as assumed (docs/performance.md).
+// (session 30, H100): 0.085 and 0.234 a token, the n = 128 kernel 64 µs on an H200, near its
+// issue bound (37.7 M warp instructions, 89% FFMA, and a partial last wave; docs/performance.md).
 template <typename T, int N, int ROWS>
 struct ConvBlockTraits {
   static_assert(N >= kConvBlockMinBlock && N <= kConvBlockMaxBlock && (N & (N - 1)) == 0, "n: a power of two");
