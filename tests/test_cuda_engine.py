@@ -153,7 +153,8 @@ def test_fp16_calls_of_the_route_size_stay_finite_on_inputs_with_a_mean(mean, mo
     peak near 2^-7 (engine_traits.cuh's default peak exponent 7) the engine's model keeps both
     within budget, where the old default 0 overflowed from a mean of 4
     (test_tc_engine_dataflow.py): a build with MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT=0
-    fails here. Written in session 29, changed in session 30, without a GPU; passed on an H100 in session 30."""
+    fails here. Written in session 29, changed in session 30 without a GPU, then passed on an
+    H100 in session 30."""
     from monarch_fftconv import backends
     monkeypatch.delenv(KERNEL_ENV, raising=False)
     monkeypatch.setattr(backends, "_decisions", {})
