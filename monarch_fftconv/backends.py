@@ -366,13 +366,13 @@ FUSED_GATED_TRAINING = True
 # fp32-accurate, so within every precision's budget. Its GPU test passed in session 30 (H100).
 GATED_CALLS_ON_FP32 = True
 
-# bf16/fp16 calls (ENGINE_ROUTE_PRECISIONS) at N = 16384 with fp32 I/O and at least ENGINE_MIN_SEQUENCES
-# sequences (B·C) routed to the tensor-core engine instead of the fp32 kernel. Through the public call, side by
-# side with the fp32 kernel (H100, session 22): 0.303 against 0.340 ms at 16x256x8192, 0.505
-# against 0.642 at 32x256, 2.71 against 3.59 at 64x768; a tie at 2048 sequences, slower below.
-# Error 3.9e-3 (bf16's budget 1e-2); fp16 at the peak exponent 7: 5.4e-4
-# (H100, session 30: 0.286 against 0.300 ms at 16x256x8192, 2.70 against 3.15 at 64x768x8192). On since session 22, when
-# the route's GPU tests passed.
+# bf16/fp16 calls (ENGINE_ROUTE_PRECISIONS) at N = 16384 with fp32 I/O and at least
+# ENGINE_MIN_SEQUENCES sequences (B·C) routed to the tensor-core engine instead of the fp32 kernel.
+# Through the public call, side by side with the fp32 kernel (H100, session 22): 0.303 against
+# 0.340 ms at 16x256x8192, 0.505 against 0.642 at 32x256, 2.71 against 3.59 at 64x768; a tie at
+# 2048 sequences, slower below. Error 3.9e-3 (bf16's budget 1e-2); fp16 at the peak exponent 7:
+# 5.4e-4 (H100, session 30: 0.286 against 0.300 ms at 16x256x8192, 2.70 against 3.15 at
+# 64x768x8192). On since session 22, when the route's GPU tests passed.
 # tc/dispatch.cu's kEngineMinSequences is the same number: the binding runs the engine for such
 # calls whatever this switch says, so this decides only whether they reach the tensor cores.
 ENGINE_ROUTE = True
@@ -384,11 +384,11 @@ ENGINE_MIN_SEQUENCES = 4096
 # exponent (engine_traits.cuh, MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT) became 7: the peak in
 # [2^-7, 2^-6) leaves the engine's fp16 the mma.sync kernel's own ceiling, a constant input of 1023
 # at L = 8192 through one tap, 262 through exp(-t/500) (docs/design.md, "fp16's range"; the CPU
-# model, tests/test_tc_engine_dataflow.py; on an H200, session 30: means 8-200
-# finite, 400 through exp(-t/500) not). A build with the exponent at 0
-# must take fp16 off again. tc/dispatch.cu's route takes the same precisions; change both together:
-# explain() names the kernel from this tuple. A precision the engine covers but this tuple leaves
-# out takes the fp32 kernel at the route's size (_decide), as every such call did before the route.
+# model, tests/test_tc_engine_dataflow.py; on an H200, session 30: means 8-200 finite, 400
+# through exp(-t/500) not). A build with the exponent at 0 must take fp16 off again.
+# tc/dispatch.cu's route takes the same precisions; change both together: explain() names the
+# kernel from this tuple. A precision the engine covers but this tuple leaves out takes the fp32
+# kernel at the route's size (_decide), as every such call did before the route.
 ENGINE_ROUTE_PRECISIONS = ("bf16", "fp16")
 ENGINE_FACTORS = (128, 128)
 
@@ -432,8 +432,8 @@ BACKEND_CHOICES = ("auto", "portable")
 _decisions: dict[tuple, Backend] = {}
 
 # Which tensor-core kernel runs the 128x128 split (N = 16384) in bf16/fp16 (tc/dispatch.cu,
-# pick_hopper): unset, the tensor-core engine for bf16/fp16 calls of ENGINE_MIN_SEQUENCES or more with
-# fp32 I/O and the mma.sync kernel otherwise; "engine" the engine at any size (fp32 I/O only: docs/
+# pick_hopper): unset, the tensor-core engine for bf16/fp16 calls of ENGINE_MIN_SEQUENCES or more
+# with fp32 I/O and the mma.sync kernel otherwise; "engine" the engine at any size (fp32 I/O only: docs/
 # design.md, "The next tensor-core engine"); "mma" the mma.sync kernel at any size; any other value
 # is refused (here and by the binding: a misspelt name must not run another kernel). The binding
 # reads the same variable per call; here it names the kernel in explain() and keeps a named kernel
