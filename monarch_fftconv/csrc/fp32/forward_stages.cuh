@@ -182,7 +182,9 @@ __device__ __forceinline__ void prefetch_own_pairs(IO* buf, const IO* src, int L
 // next sequence measured -4 to -7% (session 27). prefetch.global.L2 holds no register and never
 // faults. Predicted, unmeasured: the gated forward kernel -5 to -15% at 16x256x4096 and 8192 (fp32
 // and bf16 io; ForwardIoChoices::kL2Prefetch says why not the plain kernels). Sequence s is
-// (b, c) = (s mod B, s / B), as forward_seq has it.
+// (b, c) = (s mod B, s / B), as forward_seq has it, derived here from the indices rather than
+// taken as ForwardSeq values (current's and forward_seq(next)): that form compiled with more
+// spills in half the gated instances (ptxas, session 30: up to +44 B loads a thread, bf16 N = 8192).
 template <int LOGM, typename IO, bool GATED>
 __device__ __forceinline__ void prefetch_rows_l2(const ForwardArgs<GATED>& a, int64_t current, int64_t next,
                                                  int64_t nseq, bool u_staged, int tx) {
