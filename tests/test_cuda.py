@@ -341,6 +341,7 @@ def test_uniform_pair_sweeps_give_the_same_bits(batch, channels, length, two_sid
 @pytest.mark.parametrize("env, value, message", [
     (GRAD_ACCUMULATOR_ENV, "onchip", "MONARCH_FFTCONV_GRAD_ACCUMULATOR must be 'auto' or 'global'"),
     (GRAD_UNIFORM_PAIRS_ENV, "yes", "MONARCH_FFTCONV_GRAD_UNIFORM_PAIRS must be '1' or '0'"),
+    ("MONARCH_FFTCONV_GRAD_SPLIT", "on", "MONARCH_FFTCONV_GRAD_SPLIT must be '0' or '1'"),
 ])
 def test_an_unknown_backward_choice_is_refused(env, value, message, monkeypatch, gen):
     u, k = randn(gen, 2, 3, 1000, device=DEVICE), randn(gen, 3, 1000, device=DEVICE)
@@ -348,6 +349,70 @@ def test_an_unknown_backward_choice_is_refused(env, value, message, monkeypatch,
     monkeypatch.setenv(env, value)
     with pytest.raises(ValueError, match=message):
         ops.fftconv_backward_op(u, u, spectrum, None, 1000, "fp32")
+
+
+GRAD_SPLIT_ENV = "MONARCH_FFTCONV_GRAD_SPLIT"  # read by the binding at each backward call
+
+
+@pytest.mark.watchdog(GPU_WATCHDOG_S)  # a new kernel (the filter sums alone): a hang fails, not stalls
+@pytest.mark.parametrize("batch, channels, groups, length, filter_len, io_dtype", [
+    (3, 4, 4, 12345, 3001, torch.float32),  # N = 32768, odd sizes, Lk < L
+    (2, 6, 3, 16384, 16384, torch.float32),  # grouped, the whole length
+    (5, 3, 3, 9000, 1, torch.bfloat16),  # a one-tap filter, 2-byte I/O
+    (2, 2, 2, 4097, 999, torch.float16),  # N = 16384: no split there, the fused kernel
+])
+def test_split_backward_against_float64(batch, channels, groups, length, filter_len, io_dtype, monkeypatch, gen):
+    """MONARCH_FFTCONV_GRAD_SPLIT=1: at N = 32768 the grad kernel's filter sums alone and du by the
+    forward kernel on the conjugated spectrum. du, dk (plain and two-sided), dD against float64,
+    with and without the skip term; within the fp32 budget of the fused backward's results;
+    deterministic. Elsewhere the switch changes nothing: the same bits as the fused call."""
+    u = randn(gen, batch, channels, length, device=DEVICE).to(io_dtype)
+    grad = randn(gen, batch, channels, length, device=DEVICE).to(io_dtype)
+    k, D = randn(gen, groups, filter_len, device=DEVICE) / filter_len**0.5, randn(gen, channels, device=DEVICE)
+    per_channel = k.repeat_interleave(channels // groups, dim=0).double()
+    spectrum = ops.filter_spectrum(k, length, "fp32")
+    n = 2 * length
+    g64, u64 = grad.double(), u.double()
+    circle = torch.fft.irfft(torch.fft.rfft(g64, n=n) * torch.fft.rfft(u64, n=n).conj(), n=n).sum(0)
+    lags = torch.arange(filter_len, device=DEVICE)
+    want_dk = circle[:, lags].unflatten(0, (groups, channels // groups)).sum(1)
+    want_rev = circle[:, (n - lags) % n].unflatten(0, (groups, channels // groups)).sum(1)
+    budget = 1.5 * BUDGETS["fp32"] + 2 * IO_ROUNDING[io_dtype]
+    for skip in (D, None):
+        want_du = torch.fft.irfft(torch.fft.rfft(g64, n=n) * torch.fft.rfft(per_channel, n=n).conj(), n=n)[..., :length]
+        if skip is not None:
+            want_du = want_du + skip.double()[:, None] * g64
+        monkeypatch.setenv(GRAD_SPLIT_ENV, "1")
+        split = poisoned_call(lambda: ops.fftconv_backward_op(grad, u, spectrum, skip, filter_len, "fp32"), u)
+        again = ops.fftconv_backward_op(grad, u, spectrum, skip, filter_len, "fp32")
+        _, dk2, _ = ops.fftconv_backward_two_sided_op(grad, u, spectrum, skip, filter_len, "fp32")
+        monkeypatch.setenv(GRAD_SPLIT_ENV, "0")
+        fused = ops.fftconv_backward_op(grad, u, spectrum, skip, filter_len, "fp32")
+        du, dk, dskip = split
+        assert du.dtype == io_dtype and torch.isfinite(du).all() and torch.isfinite(dk).all()
+        assert rel_l2(du, want_du) <= budget and rel_l2(dk, want_dk) <= 1.5 * BUDGETS["fp32"]
+        assert rel_l2(dk2[:, 0], want_dk) <= 1.5 * BUDGETS["fp32"] and rel_l2(dk2[:, 1], want_rev) <= 1.5 * BUDGETS["fp32"]
+        if skip is not None:
+            assert rel_l2(dskip, (u64 * g64).sum((0, 2))) <= 1.5 * BUDGETS["fp32"]
+        assert all(torch.equal(a, b) for a, b in zip(split, again))
+        if n <= 16384:
+            assert all(torch.equal(a, b) for a, b in zip(split, fused))
+        else:
+            assert rel_l2(du, fused[0]) <= budget and rel_l2(dk, fused[1]) <= 1.5 * BUDGETS["fp32"]
+
+
+@pytest.mark.watchdog(GPU_WATCHDOG_S)
+def test_split_backward_leaves_the_gated_step_fused(monkeypatch, gen):
+    """The gated grad kernel needs dx for its store: a gated call at N = 32768 stays fused under
+    MONARCH_FFTCONV_GRAD_SPLIT=1, the same bits."""
+    u, grad, pre, post = (randn(gen, 2, 3, 10000, device=DEVICE) for _ in range(4))
+    k, D = randn(gen, 3, 10000, device=DEVICE) / 100, randn(gen, 3, device=DEVICE)
+    spectrum = ops.filter_spectrum(k, 10000, "fp32")
+    runs = []
+    for choice in ("1", "0"):
+        monkeypatch.setenv(GRAD_SPLIT_ENV, choice)
+        runs.append(ops.gated_fftconv_backward_op(grad, u, spectrum, D, pre, post, 10000, "fp32"))
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
 
 
 FWD_UNIFORM_PAIRS_ENV = "MONARCH_FFTCONV_FWD_UNIFORM_PAIRS"  # read by the binding at each fp32 forward call

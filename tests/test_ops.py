@@ -126,3 +126,35 @@ def test_ops_dispatch_by_device():
         if _extension._result is None:  # not loaded in this process
             assert not torch._C._dispatch_has_kernel_for_dispatch_key(op._qualname, "CUDA"), op._qualname
     assert not [name for name in torch._C._dispatch_get_all_op_names() if name.startswith("monarch_fftconv_cuda::")]
+
+
+@pytest.mark.parametrize("batch, channels, length, filter_len", [(2, 3, 12345, 3001), (3, 2, 9000, 9000), (2, 3, 777, 1)])
+@pytest.mark.parametrize("two_sided", [False, True])
+def test_the_conjugated_spectrum_correlates(batch, channels, length, filter_len, two_sided, gen):
+    """The split backward's du (binding.cpp, MONARCH_FFTCONV_GRAD_SPLIT): the forward on dy with
+    the spectrum's entries conjugated, in the kernels' layout (C, n1/2+1, M, 2), skip term
+    included, is the correlation of dy with k' = k + D·δ, in float64: every stored entry is
+    the spectrum at some frequency, and conj(K + D/N) = conj K + D/N."""
+    grad = randn(gen, batch, channels, length, dtype=torch.float64)
+    D = randn(gen, channels, dtype=torch.float64)
+    if two_sided:
+        k = randn(gen, channels, 2, filter_len, dtype=torch.float64)
+        spectrum = ops.filter_spectrum_two_sided(k, length, "fp32")
+        circle = torch.zeros(channels, 2 * length, dtype=torch.float64)
+        circle[:, :filter_len] = k[:, 0]
+        circle[:, (2 * length - torch.arange(filter_len)) % (2 * length)] += k[:, 1]  # lag -s; -0 is lag 0
+    else:
+        k = randn(gen, channels, filter_len, dtype=torch.float64)
+        spectrum = ops.filter_spectrum(k, length, "fp32")
+        circle = torch.nn.functional.pad(k, (0, 2 * length - filter_len))
+    conjugated = spectrum.clone()
+    conjugated[..., 1].neg_()
+    du = ops.conv_forward(grad, conjugated, D, "fp32")
+    n = 2 * length
+    want = torch.fft.irfft(torch.fft.rfft(grad, n=n) * torch.fft.rfft(circle, n=n).conj(), n=n)[..., :length]
+    want = want + D[:, None] * grad
+    assert rel_l2(du, want) <= 1e-12
+    if not two_sided:
+        du_backward = ops.fftconv_backward(grad, randn(gen, batch, channels, length, dtype=torch.float64), spectrum,
+                                           D, filter_len, "fp32")[0]
+        assert rel_l2(du, du_backward) <= 1e-12

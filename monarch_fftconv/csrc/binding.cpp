@@ -822,6 +822,14 @@ bool grad_uniform_pairs_from_env() { return !env_switch("MONARCH_FFTCONV_GRAD_UN
 // path, for side-by-side benchmarks).
 bool forward_uniform_pairs_from_env() { return !env_switch("MONARCH_FFTCONV_FWD_UNIFORM_PAIRS", "1", "0"); }
 
+// Whether the fused backward splits where its grad kernel keeps its sums in a global scratch
+// (N = 32768, ungated calls; ConvBackwardParams::filter_grad_only), from
+// MONARCH_FFTCONV_GRAD_SPLIT, read at each call: unset or "0" (the one fused grad kernel, the
+// default until the split is measured), "1" (the filter sums alone in the grad kernel, du by
+// the forward kernel on dy with the conjugated spectrum). The same arithmetic in another order:
+// not the same bits.
+bool grad_split_from_env() { return env_switch("MONARCH_FFTCONV_GRAD_SPLIT", "0", "1"); }
+
 // The tensor-core kernel a 128 x 128 call takes (ConvForwardParams::tc_kernel), from
 // MONARCH_FFTCONV_TC_KERNEL, read at each tensor-core call: unset (the route), "engine" or "mma";
 // any other value is refused, before a launch, so that a misspelt name fails instead of running
@@ -866,6 +874,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
   precision_of(precision);  // a known name; the arithmetic is fp32 whatever it is
   const mf::GradAccumulator accumulator = grad_accumulator_from_env();  // checked on every route
   const bool uniform_pairs = grad_uniform_pairs_from_env();
+  const bool split_asked = grad_split_from_env();
   const at::Tensor u = time_contiguous(u_in);
   const at::Tensor spectrum = spectrum_in.to(at::kFloat).contiguous();
   const Split split = check_plan(u, spectrum);
@@ -932,12 +941,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
   p.pregate = pregate ? pregate->data_ptr() : nullptr;
   p.postgate = postgate ? postgate->data_ptr() : nullptr;
   p.grad_pregate = pregate && dpregate != nullptr ? dpregate->data_ptr() : nullptr;
+  // The split backward where it is asked for and the kernels have it (their answer: a workspace
+  // size; N = 32768 ungated): the grad kernel's filter sums alone, then du = the correlation of
+  // dy with k' by the forward kernel, on the conjugated spectrum (the skip term folds in the same).
+  p.filter_grad_only = split_asked && p.pregate == nullptr && p.postgate == nullptr;
+  if (p.filter_grad_only && mf::conv_backward_fp32_workspace_bytes(p) == 0) p.filter_grad_only = false;
   const size_t workspace_bytes = mf::conv_backward_fp32_workspace_bytes(p);
   TORCH_CHECK(workspace_bytes > 0, "monarch_fftconv: no backward kernel for this call");
   // from the caching allocator, on this stream: freed when the kernels are done with it
   const at::Tensor workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, u.options().dtype(at::kByte));
   p.workspace = workspace.data_ptr();
   check_launch(mf::conv_backward_fp32(p, current_stream(u)));
+  if (p.filter_grad_only) {
+    at::Tensor conjugated = spectrum.clone();
+    conjugated.select(-1, 1).neg_();
+    du = conv_forward(grad, conjugated, skip, "fp32");
+  }
   group_sum();
   return {du, dk, dskip};
 }

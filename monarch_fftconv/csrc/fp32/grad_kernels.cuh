@@ -164,8 +164,13 @@ __device__ __forceinline__ void inverse_passes_gated(float* re, float* im, int t
 // (for_each_pair_uniform), thread 0 included; otherwise for_each_pair's separate thread-0 path.
 // GATED: the gated step's (x = pregate ⊙ u and dz = postgate ⊙ dy transformed, du and dpregate
 // stored by inverse_passes_gated); the ungated instance is the code as it was.
-template <int LOGM, typename IO, bool ON_CHIP, bool UNIFORM_PAIRS, bool GATED = false>
+// WITH_DU = false: the accumulator alone (the split backward's filter sums: no filter stage,
+// no filter sweep, no inverse passes; du is the caller's, a forward call with the conjugated
+// spectrum). The next iteration's forward passes start with a barrier before they write smem,
+// so nothing here waits for the other threads' mid passes.
+template <int LOGM, typename IO, bool ON_CHIP, bool UNIFORM_PAIRS, bool GATED = false, bool WITH_DU = true>
 __device__ __forceinline__ void grad_iterations(const GradArgs& g) {
+  static_assert(WITH_DU || !GATED, "the split backward is ungated: the gated store needs dx");
   using P = Plan<LOGM>;
   using Layout = GradLayout<LOGM, ON_CHIP>;
   constexpr int M = P::M, T = P::T, SPB = P::SPB;
@@ -259,9 +264,11 @@ __device__ __forceinline__ void grad_iterations(const GradArgs& g) {
     }
 
     // The filter stage's copy runs while the accumulator sweep below waits on memory.
-    __syncthreads();  // all of Z is in registers: smem becomes the filter stage
-    if (UNIFORM_PAIRS && T % a.n2 == 0) stage_filter_begin_fixed_column<T>(stage, a, c, valid, tx);
-    else stage_filter_begin<T>(stage, a, c, valid, tx);
+    if constexpr (WITH_DU) {
+      __syncthreads();  // all of Z is in registers: smem becomes the filter stage
+      if (UNIFORM_PAIRS && T % a.n2 == 0) stage_filter_begin_fixed_column<T>(stage, a, c, valid, tx);
+      else stage_filter_begin<T>(stage, a, c, valid, tx);
+    }
 
     // acc += conj(X_u)·X_dy per pair, in a sweep of its own: the filter sweep below then
     // holds no X_u values (the split is cheap to redo).
@@ -280,6 +287,7 @@ __device__ __forceinline__ void grad_iterations(const GradArgs& g) {
         sum = make_float4(pk.x, pk.y, pm.x, pm.y);
       });
     }
+    if constexpr (!WITH_DU) continue;
 
     // du = IFFT(X_dy · conj K')
     stage_filter_end<T>(stage, a, c, valid, tx);
@@ -350,6 +358,18 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, (GradLayout<LOGM, ON_CHIP
   grad_iterations<LOGM, IO, ON_CHIP, UNIFORM_PAIRS, true>(g);
 }
 
+// The split backward's filter sums (WITH_DU = false): the scratch route's accumulator without
+// du, built where the grad kernel cannot keep its sums on chip (kSplitBackward); the caller
+// stores du with a forward call on the conjugated spectrum (binding.cpp, GradSplit).
+template <int LOGM>
+constexpr bool kSplitBackward = (Plan<LOGM>::THREADS > 256);
+
+template <int LOGM, typename IO>
+__global__ void __launch_bounds__(Plan<LOGM>::THREADS, (GradLayout<LOGM, false>::kMinCtas))
+    fftconv_fp32_filter_sums_kernel(const GradArgs g) {
+  grad_iterations<LOGM, IO, false, false, false, false>(g);
+}
+
 // TWO_SIDED: dk (C, 2, Lk), lag -s stored from the circle's bin N - s beside lag s.
 template <int LOGM, bool TWO_SIDED>
 __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) filter_grad_kernel(const GradArgs g) {
@@ -417,26 +437,28 @@ struct GradShape {
   size_t smem;  // the grad kernel's dynamic shared memory
 };
 
-// The grad kernel of a route and sweep, gated or not.
-template <int LOGM, typename IO, bool ON_CHIP, bool UNIFORM_PAIRS, bool GATED>
+// The grad kernel of a route and sweep, gated or not, with du or without (the split backward).
+template <int LOGM, typename IO, bool ON_CHIP, bool UNIFORM_PAIRS, bool GATED, bool WITH_DU>
 constexpr auto grad_kernel() {
   static_assert(ON_CHIP || !UNIFORM_PAIRS, "the uniform pair sweeps are built for the on-chip route only");
   static_assert(!GATED || kGatedGradIO<IO>, "the gated grad kernel is built for kGatedGradIO only");
-  if constexpr (GATED) return fftconv_fp32_gated_grad_kernel<LOGM, IO, ON_CHIP, UNIFORM_PAIRS>;
+  static_assert(WITH_DU || (kSplitBackward<LOGM> && !ON_CHIP && !GATED), "the filter sums alone: kSplitBackward");
+  if constexpr (!WITH_DU) return fftconv_fp32_filter_sums_kernel<LOGM, IO>;
+  else if constexpr (GATED) return fftconv_fp32_gated_grad_kernel<LOGM, IO, ON_CHIP, UNIFORM_PAIRS>;
   else if constexpr (UNIFORM_PAIRS) return fftconv_fp32_grad_uniform_pairs_kernel<LOGM, IO>;
   else return fftconv_fp32_grad_kernel<LOGM, IO, ON_CHIP>;
 }
 
 // How the batch is cut into work items: enough items to fill the GPU once, each as long a
 // run of the batch as that allows (fewer partial accumulators to sum).
-template <int LOGM, typename IO, bool ON_CHIP, bool UNIFORM_PAIRS, bool GATED>
+template <int LOGM, typename IO, bool ON_CHIP, bool UNIFORM_PAIRS, bool GATED, bool WITH_DU>
 cudaError_t grad_shape(const ConvBackwardParams& p, GradShape& shape) {
   using P = Plan<LOGM>;
   using Layout = GradLayout<LOGM, ON_CHIP>;
   int ctas = 0, sms = 0;
   shape.smem = Layout::smem_bytes(p.n1, p.n2);
   if (shape.smem > max_smem_per_cta(Layout::kMinCtas)) return cudaErrorInvalidConfiguration;
-  const cudaError_t err = residency<grad_kernel<LOGM, IO, ON_CHIP, UNIFORM_PAIRS, GATED>()>(P::THREADS, shape.smem, ctas, sms);
+  const cudaError_t err = residency<grad_kernel<LOGM, IO, ON_CHIP, UNIFORM_PAIRS, GATED, WITH_DU>()>(P::THREADS, shape.smem, ctas, sms);
   if (err != cudaSuccess) return err;
   const int64_t slots = (int64_t)ctas * sms * P::SPB;
   int64_t chunks = slots / p.channels;
@@ -448,12 +470,12 @@ cudaError_t grad_shape(const ConvBackwardParams& p, GradShape& shape) {
   return cudaSuccess;
 }
 
-template <int LOGM, typename IO, bool ON_CHIP, bool UNIFORM_PAIRS, bool GATED>
+template <int LOGM, typename IO, bool ON_CHIP, bool UNIFORM_PAIRS, bool GATED, bool WITH_DU = true>
 cudaError_t launch_grad(const ConvBackwardParams& p, cudaStream_t stream, size_t* workspace_bytes) {
   using P = Plan<LOGM>;
   using Layout = GradLayout<LOGM, ON_CHIP>;
   GradShape shape;
-  cudaError_t err = grad_shape<LOGM, IO, ON_CHIP, UNIFORM_PAIRS, GATED>(p, shape);
+  cudaError_t err = grad_shape<LOGM, IO, ON_CHIP, UNIFORM_PAIRS, GATED, WITH_DU>(p, shape);
   if (err != cudaSuccess) return err;
   if (workspace_bytes != nullptr) {
     *workspace_bytes = shape.workspace_bytes;
@@ -483,7 +505,7 @@ cudaError_t launch_grad(const ConvBackwardParams& p, cudaStream_t stream, size_t
                          : residency<filter_grad_kernel<LOGM, false>>(P::THREADS, smem, ctas, sms)) != cudaSuccess)
     return err;
   const dim3 block(P::T, P::SPB);
-  grad_kernel<LOGM, IO, ON_CHIP, UNIFORM_PAIRS, GATED>()
+  grad_kernel<LOGM, IO, ON_CHIP, UNIFORM_PAIRS, GATED, WITH_DU>()
       <<<(unsigned)((shape.items + P::SPB - 1) / P::SPB), block, shape.smem, stream>>>(g);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
   filter_grad<<<(unsigned)((p.channels + P::SPB - 1) / P::SPB), block, smem, stream>>>(g);
@@ -497,6 +519,13 @@ cudaError_t launch_grad(const ConvBackwardParams& p, cudaStream_t stream, size_t
 // GATED: the gated kernels, on the same routes as the ungated ones.
 template <int LOGM, typename IO, bool GATED>
 cudaError_t launch_grad_route_of(const ConvBackwardParams& p, cudaStream_t stream, size_t* workspace_bytes) {
+  if (p.filter_grad_only) {  // the split backward's filter sums (the binding's GradSplit)
+    if constexpr (kSplitBackward<LOGM> && !GATED) {
+      return launch_grad<LOGM, IO, false, false, false, false>(p, stream, workspace_bytes);
+    } else {
+      return cudaErrorInvalidValue;
+    }
+  }
   if constexpr (Plan<LOGM>::THREADS <= 256) {
     if (p.accumulator == GradAccumulator::kAuto &&
         GradLayout<LOGM, true>::smem_bytes(p.n1, p.n2) <= max_smem_per_cta(1))
