@@ -365,7 +365,8 @@ def test_split_backward_against_float64(batch, channels, groups, length, filter_
     """MONARCH_FFTCONV_GRAD_SPLIT=1: at N = 32768 the grad kernel's filter sums alone and du by the
     forward kernel on the conjugated spectrum. du, dk (plain and two-sided), dD against float64,
     with and without the skip term; within the fp32 budget of the fused backward's results;
-    deterministic. Elsewhere the switch changes nothing: the same bits as the fused call."""
+    deterministic; the uniform pair sweeps (the default) and thread 0's own path give the same
+    bits. Elsewhere the switch changes nothing: the same bits as the fused call."""
     u = randn(gen, batch, channels, length, device=DEVICE).to(io_dtype)
     grad = randn(gen, batch, channels, length, device=DEVICE).to(io_dtype)
     k, D = randn(gen, groups, filter_len, device=DEVICE) / filter_len**0.5, randn(gen, channels, device=DEVICE)
@@ -386,6 +387,9 @@ def test_split_backward_against_float64(batch, channels, groups, length, filter_
         split = poisoned_call(lambda: ops.fftconv_backward_op(grad, u, spectrum, skip, filter_len, "fp32"), u)
         again = ops.fftconv_backward_op(grad, u, spectrum, skip, filter_len, "fp32")
         _, dk2, _ = ops.fftconv_backward_two_sided_op(grad, u, spectrum, skip, filter_len, "fp32")
+        monkeypatch.setenv(GRAD_UNIFORM_PAIRS_ENV, "0")  # the filter sums with thread 0's own path
+        own_path = ops.fftconv_backward_op(grad, u, spectrum, skip, filter_len, "fp32")
+        monkeypatch.delenv(GRAD_UNIFORM_PAIRS_ENV)
         monkeypatch.setenv(GRAD_SPLIT_ENV, "0")
         fused = ops.fftconv_backward_op(grad, u, spectrum, skip, filter_len, "fp32")
         du, dk, dskip = split
@@ -395,6 +399,7 @@ def test_split_backward_against_float64(batch, channels, groups, length, filter_
         if skip is not None:
             assert rel_l2(dskip, (u64 * g64).sum((0, 2))) <= 1.5 * BUDGETS["fp32"]
         assert all(torch.equal(a, b) for a, b in zip(split, again))
+        assert all(torch.equal(a, b) for a, b in zip(split, own_path))  # the same sums: only the control flow differs
         if n <= 16384:
             assert all(torch.equal(a, b) for a, b in zip(split, fused))
         else:

@@ -360,14 +360,17 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, (GradLayout<LOGM, ON_CHIP
 
 // The split backward's filter sums (WITH_DU = false): the scratch route's accumulator without
 // du, built where the grad kernel cannot keep its sums on chip (kSplitBackward); the caller
-// stores du with a forward call on the conjugated spectrum (binding.cpp, GradSplit).
+// stores du with a forward call on the conjugated spectrum (binding.cpp, grad_split_from_env).
+// UNIFORM_PAIRS (the default, as on the on-chip route): with no filter sweep the uniform sweeps
+// fit 128 registers (ptxas at N = 32768: 8/8 B spilled, thread 0's own path 96/176), and with
+// one CTA per SM nothing hides thread 0's path. Its sweeps need no filter walks (no n1 | M/16).
 template <int LOGM>
 constexpr bool kSplitBackward = (Plan<LOGM>::THREADS > 256);
 
-template <int LOGM, typename IO>
+template <int LOGM, typename IO, bool UNIFORM_PAIRS>
 __global__ void __launch_bounds__(Plan<LOGM>::THREADS, (GradLayout<LOGM, false>::kMinCtas))
     fftconv_fp32_filter_sums_kernel(const GradArgs g) {
-  grad_iterations<LOGM, IO, false, false, false, false>(g);
+  grad_iterations<LOGM, IO, false, UNIFORM_PAIRS, false, false>(g);
 }
 
 // TWO_SIDED: dk (C, 2, Lk), lag -s stored from the circle's bin N - s beside lag s.
@@ -440,10 +443,11 @@ struct GradShape {
 // The grad kernel of a route and sweep, gated or not, with du or without (the split backward).
 template <int LOGM, typename IO, bool ON_CHIP, bool UNIFORM_PAIRS, bool GATED, bool WITH_DU>
 constexpr auto grad_kernel() {
-  static_assert(ON_CHIP || !UNIFORM_PAIRS, "the uniform pair sweeps are built for the on-chip route only");
+  static_assert(ON_CHIP || !UNIFORM_PAIRS || !WITH_DU,
+                "the uniform pair sweeps are built for the on-chip route and the filter sums only");
   static_assert(!GATED || kGatedGradIO<IO>, "the gated grad kernel is built for kGatedGradIO only");
   static_assert(WITH_DU || (kSplitBackward<LOGM> && !ON_CHIP && !GATED), "the filter sums alone: kSplitBackward");
-  if constexpr (!WITH_DU) return fftconv_fp32_filter_sums_kernel<LOGM, IO>;
+  if constexpr (!WITH_DU) return fftconv_fp32_filter_sums_kernel<LOGM, IO, UNIFORM_PAIRS>;
   else if constexpr (GATED) return fftconv_fp32_gated_grad_kernel<LOGM, IO, ON_CHIP, UNIFORM_PAIRS>;
   else if constexpr (UNIFORM_PAIRS) return fftconv_fp32_grad_uniform_pairs_kernel<LOGM, IO>;
   else return fftconv_fp32_grad_kernel<LOGM, IO, ON_CHIP>;
@@ -521,7 +525,8 @@ template <int LOGM, typename IO, bool GATED>
 cudaError_t launch_grad_route_of(const ConvBackwardParams& p, cudaStream_t stream, size_t* workspace_bytes) {
   if (p.filter_grad_only) {  // the split backward's filter sums (the binding's GradSplit)
     if constexpr (kSplitBackward<LOGM> && !GATED) {
-      return launch_grad<LOGM, IO, false, false, false, false>(p, stream, workspace_bytes);
+      return p.uniform_pairs ? launch_grad<LOGM, IO, false, true, false, false>(p, stream, workspace_bytes)
+                             : launch_grad<LOGM, IO, false, false, false, false>(p, stream, workspace_bytes);
     } else {
       return cudaErrorInvalidValue;
     }
