@@ -188,6 +188,27 @@ std::optional<at::Tensor> gate_term(const std::optional<at::Tensor>& gate, const
   return gate->contiguous();
 }
 
+// A forward launch's tensors and plan (the precision, gates and switches are the caller's):
+// u with its batch and channel strides, the per-channel float32 spectrum, y like u, contiguous.
+mf::ConvForwardParams forward_params(const at::Tensor& u, const at::Tensor& spectrum,
+                                     const std::optional<at::Tensor>& skip, at::Tensor& y, const Split& split) {
+  mf::ConvForwardParams p{};
+  p.u = u.data_ptr();
+  p.u_batch_stride = u.stride(0);
+  p.u_channel_stride = u.stride(1);
+  p.filter_spectrum = spectrum.data_ptr<float>();
+  p.skip = skip ? skip->data_ptr<float>() : nullptr;
+  p.y = y.data_ptr();
+  p.batch = u.size(0);
+  p.channels = u.size(1);
+  p.seq_len = u.size(2);
+  p.fft_size = static_cast<int>(split.fft_size);
+  p.n1 = static_cast<int>(split.n1);
+  p.n2 = static_cast<int>(split.n2);
+  p.io_type = io_type_of(u);
+  return p;
+}
+
 // u may have any batch and channel strides; a u that is not contiguous in time, and a
 // spectrum or skip term that is not contiguous float32, are copied once (the kernels
 // compute in fp32 whatever the caller's dtype).
@@ -251,20 +272,7 @@ at::Tensor conv_forward_gated_z(const at::Tensor& u_in, const at::Tensor& spectr
   if (z_out != nullptr) *z_out = at::empty(u.sizes(), u.options());
   if (y.numel() == 0) return y;
 
-  mf::ConvForwardParams p{};
-  p.u = u.data_ptr();
-  p.u_batch_stride = u.stride(0);
-  p.u_channel_stride = u.stride(1);
-  p.filter_spectrum = spectrum.data_ptr<float>();
-  p.skip = skip ? skip->data_ptr<float>() : nullptr;
-  p.y = y.data_ptr();
-  p.batch = u.size(0);
-  p.channels = u.size(1);
-  p.seq_len = u.size(2);
-  p.fft_size = static_cast<int>(split.fft_size);
-  p.n1 = static_cast<int>(split.n1);
-  p.n2 = static_cast<int>(split.n2);
-  p.io_type = io_type_of(u);
+  mf::ConvForwardParams p = forward_params(u, spectrum, skip, y, split);
   p.precision = kernel_precision;
   p.pregate = pregate ? pregate->data_ptr() : nullptr;
   p.postgate = postgate ? postgate->data_ptr() : nullptr;
@@ -952,10 +960,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
   const at::Tensor workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, u.options().dtype(at::kByte));
   p.workspace = workspace.data_ptr();
   check_launch(mf::conv_backward_fp32(p, current_stream(u)));
-  if (p.filter_grad_only) {
-    at::Tensor conjugated = spectrum.clone();
+  if (p.filter_grad_only) {  // du into its own buffer: the step's peak memory as the fused kernel's
+    at::Tensor conjugated = per_channel.clone();
     conjugated.select(-1, 1).neg_();
-    du = conv_forward(grad, conjugated, skip, "fp32");
+    mf::ConvForwardParams f = forward_params(grad, conjugated, skip, du, split);
+    f.precision = mf::Precision::kFP32;
+    f.uniform_pairs = forward_uniform_pairs_from_env();
+    check_launch(mf::conv_forward_fp32(f, current_stream(u)));
   }
   group_sum();
   return {du, dk, dskip};
