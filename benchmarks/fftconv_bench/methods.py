@@ -415,9 +415,15 @@ def convolutions(device: str, *, compile: bool = False,
     convs.append(cudnn_convolution(device, lacks_operator(
         "cudnn.ops.fft_causal_conv1d takes one causal filter per channel, no gates or D")))
     convs.append(Convolution("monarch-scratch-grad", "monarch", "fp32", "fftconv_op + scratch-route backward",
-                             bind_function(_ScratchGradConv.apply), _explain("fp32", operator), _monarch_flops,
+                             bind_function(_backward_switched(GRAD_ACCUMULATOR_ENV, "global")),
+                             _explain("fp32", operator), _monarch_flops,
                              unavailable=lacks_operator("a causal filter per channel, no gates or D")
                              or (None if device == "cuda" else "the scratch route is the CUDA backward's")))
+    convs.append(Convolution("monarch-split-grad", "monarch", "fp32", "fftconv_op + split backward (N = 32768)",
+                             bind_function(_backward_switched(GRAD_SPLIT_ENV, "1")),
+                             _explain("fp32", operator), _monarch_flops,
+                             unavailable=lacks_operator("a causal filter per channel, no gates or D")
+                             or (None if device == "cuda" else "the split backward is the CUDA backward's")))
     switched = [("monarch-grouped-ops", "the ops on G filter rows", "GROUPS_IN_KERNELS", True, "grouped",
                  operator.name != "grouped", "fp32"),
                 ("monarch-aten-gates", "fftconv_op with ATen gates around it", "FUSED_GATES", False, "gated",
@@ -571,9 +577,11 @@ def cudnn_convolution(device: str, lacks_operator: Optional[str] = None) -> Conv
 TENSOR_CORE_PRECISIONS = ("bf16", "fp16", "tf32")
 # Rows run only when --methods names them: the tensor-core op, and the switches' routes beside
 # the defaults (the fp32 backward's scratch route, the fused gates, the ops on grouped rows).
-ON_REQUEST_PREFIXES = ("monarch-tc[", "monarch-scratch-grad", "monarch-aten-gates", "monarch-grouped-ops",
-                       "monarch-unfused-gated-train", "monarch-tc-gates[")
-GRAD_ACCUMULATOR_ENV = "MONARCH_FFTCONV_GRAD_ACCUMULATOR"  # read by the binding at each backward call
+ON_REQUEST_PREFIXES = ("monarch-tc[", "monarch-scratch-grad", "monarch-split-grad", "monarch-aten-gates",
+                       "monarch-grouped-ops", "monarch-unfused-gated-train", "monarch-tc-gates[")
+# Read by the binding at each backward call.
+GRAD_ACCUMULATOR_ENV = "MONARCH_FFTCONV_GRAD_ACCUMULATOR"
+GRAD_SPLIT_ENV = "MONARCH_FFTCONV_GRAD_SPLIT"
 
 
 @contextlib.contextmanager
@@ -622,24 +630,29 @@ def _explain_switched(precision: str, operator: Operator, switch: str, value: bo
     return explain
 
 
-class _ScratchGradConv(torch.autograd.Function):
-    """monarch[fp32]'s forward op, and its backward op with the per-channel sums in the global
-    scratch (MONARCH_FFTCONV_GRAD_ACCUMULATOR=global, set around the call only): the route the
-    on-chip accumulator replaced, timed beside it."""
+def _backward_switched(name: str, value: str) -> Callable[..., Tensor]:
+    """monarch[fp32]'s forward op, and its backward op with the binding's switch `name` = value
+    set around the call only, timed beside the default: the per-channel sums in the global
+    scratch (MONARCH_FFTCONV_GRAD_ACCUMULATOR=global, the route the on-chip accumulator
+    replaced), or the split backward (MONARCH_FFTCONV_GRAD_SPLIT=1: at N = 32768 the filter sums
+    alone and du by the forward kernel)."""
 
-    @staticmethod
-    def forward(ctx, u: Tensor, k: Tensor) -> Tensor:
-        y, spectrum = mf.ops.fftconv_op(u, k, None, "fp32")
-        ctx.save_for_backward(u, spectrum)
-        ctx.filter_len = k.shape[-1]
-        return y
+    class SwitchedBackwardConv(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, u: Tensor, k: Tensor) -> Tensor:
+            y, spectrum = mf.ops.fftconv_op(u, k, None, "fp32")
+            ctx.save_for_backward(u, spectrum)
+            ctx.filter_len = k.shape[-1]
+            return y
 
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        u, spectrum = ctx.saved_tensors
-        with _set(os.environ, GRAD_ACCUMULATOR_ENV, "global"):
-            du, dk, _ = mf.ops.fftconv_backward_op(grad.contiguous(), u, spectrum, None, ctx.filter_len, "fp32")
-        return du, dk
+        @staticmethod
+        def backward(ctx, grad: Tensor):
+            u, spectrum = ctx.saved_tensors
+            with _set(os.environ, name, value):
+                du, dk, _ = mf.ops.fftconv_backward_op(grad.contiguous(), u, spectrum, None, ctx.filter_len, "fp32")
+            return du, dk
+
+    return SwitchedBackwardConv.apply
 
 
 def _bind_tensor_core(precision: str) -> Callable[..., Bound]:
