@@ -407,17 +407,37 @@ def test_split_backward_against_float64(batch, channels, groups, length, filter_
 
 
 @pytest.mark.watchdog(GPU_WATCHDOG_S)
-def test_split_backward_leaves_the_gated_step_fused(monkeypatch, gen):
-    """The gated grad kernel needs dx for its store: a gated call at N = 32768 stays fused under
-    MONARCH_FFTCONV_GRAD_SPLIT=1, the same bits."""
-    u, grad, pre, post = (randn(gen, 2, 3, 10000, device=DEVICE) for _ in range(4))
-    k, D = randn(gen, 3, 10000, device=DEVICE) / 100, randn(gen, 3, device=DEVICE)
-    spectrum = ops.filter_spectrum(k, 10000, "fp32")
-    runs = []
+@pytest.mark.parametrize("gates", ["both", "pregate", "postgate"])
+@pytest.mark.parametrize("length", [10000, 3000])  # N = 32768 (split), 8192 (fused either way)
+def test_split_backward_of_the_gated_step(gates, length, monkeypatch, gen):
+    """The gated step under MONARCH_FFTCONV_GRAD_SPLIT=1: the filter sums of x = pregate ⊙ u and
+    dz = postgate ⊙ dy, then the forward kernel with its gates swapped (dz its load; with a
+    pregate, y = u ⊙ dx = dpregate and z = dx, then du = pregate ⊙ dx). du, dk, dD, dpregate
+    against float64 autograd and within the fp32 budget of the fused gated kernel's; where the
+    split does not apply (N = 8192), the same bits."""
+    u, grad, pre, post = (randn(gen, 2, 3, length, device=DEVICE) for _ in range(4))
+    pre = pre if gates in ("both", "pregate") else None
+    post = post if gates in ("both", "postgate") else None
+    k, D = randn(gen, 3, length // 2, device=DEVICE) / 70, randn(gen, 3, device=DEVICE)
+    spectrum = ops.filter_spectrum(k, length, "fp32")
+    runs = {}
     for choice in ("1", "0"):
         monkeypatch.setenv(GRAD_SPLIT_ENV, choice)
-        runs.append(ops.gated_fftconv_backward_op(grad, u, spectrum, D, pre, post, 10000, "fp32"))
-    assert all(torch.equal(a, b) for a, b in zip(*runs))
+        runs[choice] = ops.gated_fftconv_backward_op(grad, u, spectrum, D, pre, post, k.shape[-1], "fp32")
+    leaves = [t.double().requires_grad_() for t in (u, k, D)] + ([pre.double().requires_grad_()] if pre is not None else [])
+    u64, k64, D64 = leaves[:3]
+    x = u64 * leaves[3] if pre is not None else u64
+    z = reference(x, k64, D64)
+    y = z * post.double() if post is not None else z
+    want = torch.autograd.grad(y, leaves, grad.double())
+    split, fused = runs["1"], runs["0"]
+    got = list(split[:3]) + ([split[3]] if pre is not None else [])
+    for name, a, w in zip(("du", "dk", "dD", "dpregate"), got, want):
+        assert torch.isfinite(a).all() and rel_l2(a, w) <= 1.5 * BUDGETS["fp32"], name
+    if length > 8192:
+        assert all(rel_l2(a, b) <= 1.5 * BUDGETS["fp32"] for a, b in zip(split, fused) if a.numel())
+    else:
+        assert all(torch.equal(a, b) for a, b in zip(split, fused))
 
 
 FWD_UNIFORM_PAIRS_ENV = "MONARCH_FFTCONV_FWD_UNIFORM_PAIRS"  # read by the binding at each fp32 forward call

@@ -950,9 +950,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
   p.postgate = postgate ? postgate->data_ptr() : nullptr;
   p.grad_pregate = pregate && dpregate != nullptr ? dpregate->data_ptr() : nullptr;
   // The split backward where it is asked for and the kernels have it (their answer: a workspace
-  // size; N = 32768 ungated): the grad kernel's filter sums alone, then du = the correlation of
-  // dy with k' by the forward kernel, on the conjugated spectrum (the skip term folds in the same).
-  p.filter_grad_only = split_asked && p.pregate == nullptr && p.postgate == nullptr;
+  // size; N = 32768): the grad kernel's filter sums alone, then du = the correlation of dy with
+  // k' by the forward kernel, on the conjugated spectrum (the skip term folds in the same).
+  p.filter_grad_only = split_asked;
   if (p.filter_grad_only && mf::conv_backward_fp32_workspace_bytes(p) == 0) p.filter_grad_only = false;
   const size_t workspace_bytes = mf::conv_backward_fp32_workspace_bytes(p);
   TORCH_CHECK(workspace_bytes > 0, "monarch_fftconv: no backward kernel for this call");
@@ -966,7 +966,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
     mf::ConvForwardParams f = forward_params(grad, conjugated, skip, du, split);
     f.precision = mf::Precision::kFP32;
     f.uniform_pairs = forward_uniform_pairs_from_env();
+    // Gated: the forward's load gate is the postgate, dx = corr(postgate ⊙ dy, k'). With a
+    // pregate its store gate is u, so y = u ⊙ dx = dpregate and z = dx lands in du, then
+    // du = pregate ⊙ dx in place: no buffer beyond the fused kernel's.
+    f.pregate = p.postgate;
+    at::Tensor u_rows;  // u as the forward's gate: contiguous (B, C, L)
+    if (p.pregate != nullptr) {
+      u_rows = u.contiguous();
+      f.postgate = u_rows.data_ptr();
+      f.y = dpregate->data_ptr();
+      f.pre_postgate_out = du.data_ptr();
+    }
     check_launch(mf::conv_forward_fp32(f, current_stream(u)));
+    if (p.pregate != nullptr) du.mul_(*pregate);
   }
   group_sum();
   return {du, dk, dskip};

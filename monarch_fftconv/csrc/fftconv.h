@@ -106,9 +106,10 @@ struct ConvBackwardParams {
   GradAccumulator accumulator;    // kAuto unless a benchmark asks
   bool uniform_pairs;             // the grad kernel's pair sweeps without thread 0's own path (on-chip route)
   bool two_sided;                 // grad_filter[c][1][s] = lag -s, Σ_b Σ_t dy[t]·u[t+s], beside lag s
-  // The split backward (N = 32768 only, ungated): grad_filter and grad_skip alone, grad_u unused
-  // (may be null). The caller stores grad_u itself: conv_forward_fp32 on dy with the conjugated
-  // filter spectrum (the correlation with k', skip term included: conj(K + D/N) = conj K + D/N).
+  // The split backward (N = 32768 only): grad_filter and grad_skip alone, grad_u and grad_pregate
+  // unused (may be null). The caller stores them itself: conv_forward_fp32 on dy with the
+  // conjugated filter spectrum (the correlation with k', skip term included: conj(K + D/N) =
+  // conj K + D/N); gated, with dz = postgate ⊙ dy its load and du = pregate ⊙ dx its store.
   bool filter_grad_only;
   // The gated training step (y = postgate ⊙ z, z = conv(x) + D·x, x = pregate ⊙ u), each gate
   // (batch, channels, seq_len) contiguous in io_type, or nullptr. With either gate the grad kernel

@@ -165,12 +165,11 @@ __device__ __forceinline__ void inverse_passes_gated(float* re, float* im, int t
 // GATED: the gated step's (x = pregate ⊙ u and dz = postgate ⊙ dy transformed, du and dpregate
 // stored by inverse_passes_gated); the ungated instance is the code as it was.
 // WITH_DU = false: the accumulator alone (the split backward's filter sums: no filter stage,
-// no filter sweep, no inverse passes; du is the caller's, a forward call with the conjugated
-// spectrum). The next iteration's forward passes start with a barrier before they write smem,
-// so nothing here waits for the other threads' mid passes.
+// no filter sweep, no inverse passes; du (GATED: du and dpregate) is the caller's, a forward
+// call with the conjugated spectrum). The next iteration's forward passes start with a barrier
+// before they write smem, so nothing here waits for the other threads' mid passes.
 template <int LOGM, typename IO, bool ON_CHIP, bool UNIFORM_PAIRS, bool GATED = false, bool WITH_DU = true>
 __device__ __forceinline__ void grad_iterations(const GradArgs& g) {
-  static_assert(WITH_DU || !GATED, "the split backward is ungated: the gated store needs dx");
   using P = Plan<LOGM>;
   using Layout = GradLayout<LOGM, ON_CHIP>;
   constexpr int M = P::M, T = P::T, SPB = P::SPB;
@@ -367,10 +366,11 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, (GradLayout<LOGM, ON_CHIP
 template <int LOGM>
 constexpr bool kSplitBackward = (Plan<LOGM>::THREADS > 256);
 
-template <int LOGM, typename IO, bool UNIFORM_PAIRS>
+// GATED: the sums of x = pregate ⊙ u and dz = postgate ⊙ dy (the gated step's).
+template <int LOGM, typename IO, bool UNIFORM_PAIRS, bool GATED>
 __global__ void __launch_bounds__(Plan<LOGM>::THREADS, (GradLayout<LOGM, false>::kMinCtas))
     fftconv_fp32_filter_sums_kernel(const GradArgs g) {
-  grad_iterations<LOGM, IO, false, UNIFORM_PAIRS, false, false>(g);
+  grad_iterations<LOGM, IO, false, UNIFORM_PAIRS, GATED, false>(g);
 }
 
 // TWO_SIDED: dk (C, 2, Lk), lag -s stored from the circle's bin N - s beside lag s.
@@ -446,8 +446,8 @@ constexpr auto grad_kernel() {
   static_assert(ON_CHIP || !UNIFORM_PAIRS || !WITH_DU,
                 "the uniform pair sweeps are built for the on-chip route and the filter sums only");
   static_assert(!GATED || kGatedGradIO<IO>, "the gated grad kernel is built for kGatedGradIO only");
-  static_assert(WITH_DU || (kSplitBackward<LOGM> && !ON_CHIP && !GATED), "the filter sums alone: kSplitBackward");
-  if constexpr (!WITH_DU) return fftconv_fp32_filter_sums_kernel<LOGM, IO, UNIFORM_PAIRS>;
+  static_assert(WITH_DU || (kSplitBackward<LOGM> && !ON_CHIP), "the filter sums alone: kSplitBackward");
+  if constexpr (!WITH_DU) return fftconv_fp32_filter_sums_kernel<LOGM, IO, UNIFORM_PAIRS, GATED>;
   else if constexpr (GATED) return fftconv_fp32_gated_grad_kernel<LOGM, IO, ON_CHIP, UNIFORM_PAIRS>;
   else if constexpr (UNIFORM_PAIRS) return fftconv_fp32_grad_uniform_pairs_kernel<LOGM, IO>;
   else return fftconv_fp32_grad_kernel<LOGM, IO, ON_CHIP>;
@@ -523,10 +523,10 @@ cudaError_t launch_grad(const ConvBackwardParams& p, cudaStream_t stream, size_t
 // GATED: the gated kernels, on the same routes as the ungated ones.
 template <int LOGM, typename IO, bool GATED>
 cudaError_t launch_grad_route_of(const ConvBackwardParams& p, cudaStream_t stream, size_t* workspace_bytes) {
-  if (p.filter_grad_only) {  // the split backward's filter sums (the binding's GradSplit)
-    if constexpr (kSplitBackward<LOGM> && !GATED) {
-      return p.uniform_pairs ? launch_grad<LOGM, IO, false, true, false, false>(p, stream, workspace_bytes)
-                             : launch_grad<LOGM, IO, false, false, false, false>(p, stream, workspace_bytes);
+  if (p.filter_grad_only) {  // the split backward's filter sums (the binding's grad_split_from_env)
+    if constexpr (kSplitBackward<LOGM>) {
+      return p.uniform_pairs ? launch_grad<LOGM, IO, false, true, GATED, false>(p, stream, workspace_bytes)
+                             : launch_grad<LOGM, IO, false, false, GATED, false>(p, stream, workspace_bytes);
     } else {
       return cudaErrorInvalidValue;
     }
