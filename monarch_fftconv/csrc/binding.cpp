@@ -831,7 +831,7 @@ bool grad_uniform_pairs_from_env() { return !env_switch("MONARCH_FFTCONV_GRAD_UN
 bool forward_uniform_pairs_from_env() { return !env_switch("MONARCH_FFTCONV_FWD_UNIFORM_PAIRS", "1", "0"); }
 
 // Whether the fused backward splits where its grad kernel keeps its sums in a global scratch
-// (N = 32768, ungated calls; ConvBackwardParams::filter_grad_only), from
+// (N = 32768, gated or not; ConvBackwardParams::filter_grad_only), from
 // MONARCH_FFTCONV_GRAD_SPLIT, read at each call: unset or "0" (the one fused grad kernel, the
 // default until the split is measured), "1" (the filter sums alone in the grad kernel, du by
 // the forward kernel on dy with the conjugated spectrum). The same arithmetic in another order:
@@ -960,7 +960,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
   const at::Tensor workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, u.options().dtype(at::kByte));
   p.workspace = workspace.data_ptr();
   check_launch(mf::conv_backward_fp32(p, current_stream(u)));
-  if (p.filter_grad_only) {  // du into its own buffer: the step's peak memory as the fused kernel's
+  if (p.filter_grad_only) {  // du into its own buffer: the fused kernel's peak memory + the conjugated copy
     at::Tensor conjugated = per_channel.clone();
     conjugated.select(-1, 1).neg_();
     mf::ConvForwardParams f = forward_params(grad, conjugated, skip, du, split);
