@@ -352,6 +352,15 @@ def test_an_unknown_backward_choice_is_refused(env, value, message, monkeypatch,
 
 
 GRAD_SPLIT_ENV = "MONARCH_FFTCONV_GRAD_SPLIT"  # read by the binding at each backward call
+SPLIT_KERNEL = "fftconv_fp32_filter_sums_kernel"
+
+
+def kernels_launched(fn) -> set[str]:
+    """The CUDA kernels fn launches (torch.profiler), by name."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {event.name for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA}
 
 
 @pytest.mark.watchdog(GPU_WATCHDOG_S)  # a new kernel (the filter sums alone): a hang fails, not stalls
@@ -360,13 +369,16 @@ GRAD_SPLIT_ENV = "MONARCH_FFTCONV_GRAD_SPLIT"  # read by the binding at each bac
     (2, 6, 3, 16384, 16384, torch.float32),  # grouped, the whole length
     (5, 3, 3, 9000, 1, torch.bfloat16),  # a one-tap filter, 2-byte I/O
     (2, 2, 2, 4097, 999, torch.float16),  # N = 16384: no split there, the fused kernel
+    (3, 160, 160, 12345, 3001, torch.float32),  # C > SMs: a work item sums several sequences
 ])
 def test_split_backward_against_float64(batch, channels, groups, length, filter_len, io_dtype, monkeypatch, gen):
     """MONARCH_FFTCONV_GRAD_SPLIT=1: at N = 32768 the grad kernel's filter sums alone and du by the
     forward kernel on the conjugated spectrum. du, dk (plain and two-sided), dD against float64,
     with and without the skip term; within the fp32 budget of the fused backward's results;
     deterministic; the uniform pair sweeps (the default) and thread 0's own path give the same
-    bits. Elsewhere the switch changes nothing: the same bits as the fused call."""
+    bits; the filter sums kernel runs (profiler) at N = 32768 and nowhere else, where the switch
+    changes nothing: the same bits as the fused call. With C above the SM count a work item walks
+    several sequences (the accumulator's read-modify-write, the barrier between iterations)."""
     u = randn(gen, batch, channels, length, device=DEVICE).to(io_dtype)
     grad = randn(gen, batch, channels, length, device=DEVICE).to(io_dtype)
     k, D = randn(gen, groups, filter_len, device=DEVICE) / filter_len**0.5, randn(gen, channels, device=DEVICE)
@@ -385,6 +397,8 @@ def test_split_backward_against_float64(batch, channels, groups, length, filter_
             want_du = want_du + skip.double()[:, None] * g64
         monkeypatch.setenv(GRAD_SPLIT_ENV, "1")
         split = poisoned_call(lambda: ops.fftconv_backward_op(grad, u, spectrum, skip, filter_len, "fp32"), u)
+        launched = kernels_launched(lambda: ops.fftconv_backward_op(grad, u, spectrum, skip, filter_len, "fp32"))
+        assert any(SPLIT_KERNEL in name for name in launched) == (n > 16384), sorted(launched)
         again = ops.fftconv_backward_op(grad, u, spectrum, skip, filter_len, "fp32")
         _, dk2, _ = ops.fftconv_backward_two_sided_op(grad, u, spectrum, skip, filter_len, "fp32")
         monkeypatch.setenv(GRAD_UNIFORM_PAIRS_ENV, "0")  # the filter sums with thread 0's own path
@@ -408,22 +422,31 @@ def test_split_backward_against_float64(batch, channels, groups, length, filter_
 
 @pytest.mark.watchdog(GPU_WATCHDOG_S)
 @pytest.mark.parametrize("gates", ["both", "pregate", "postgate"])
-@pytest.mark.parametrize("length", [10000, 3000])  # N = 32768 (split), 8192 (fused either way)
-def test_split_backward_of_the_gated_step(gates, length, monkeypatch, gen):
+@pytest.mark.parametrize("batch, channels, length", [(2, 3, 10000), (3, 160, 10000), (2, 3, 3000)])
+def test_split_backward_of_the_gated_step(gates, batch, channels, length, monkeypatch, gen):
     """The gated step under MONARCH_FFTCONV_GRAD_SPLIT=1: the filter sums of x = pregate ⊙ u and
     dz = postgate ⊙ dy, then the forward kernel with its gates swapped (dz its load; with a
     pregate, y = u ⊙ dx = dpregate and z = dx, then du = pregate ⊙ dx). du, dk, dD, dpregate
     against float64 autograd and within the fp32 budget of the fused gated kernel's; where the
-    split does not apply (N = 8192), the same bits."""
-    u, grad, pre, post = (randn(gen, 2, 3, length, device=DEVICE) for _ in range(4))
+    split does not apply (N = 8192), the same bits. u strided over channels (the forward's gate
+    is then a contiguous copy of it); C = 160 > SMs: several sequences a work item."""
+    base, grad, pre, post = (randn(gen, batch, channels, length, device=DEVICE) for _ in range(4))
+    u = torch.cat([base, base], dim=1)[:, ::2]  # channel stride 2
     pre = pre if gates in ("both", "pregate") else None
     post = post if gates in ("both", "postgate") else None
-    k, D = randn(gen, 3, length // 2, device=DEVICE) / 70, randn(gen, 3, device=DEVICE)
+    k, D = randn(gen, channels, length // 2, device=DEVICE) / 70, randn(gen, channels, device=DEVICE)
     spectrum = ops.filter_spectrum(k, length, "fp32")
     runs = {}
     for choice in ("1", "0"):
         monkeypatch.setenv(GRAD_SPLIT_ENV, choice)
         runs[choice] = ops.gated_fftconv_backward_op(grad, u, spectrum, D, pre, post, k.shape[-1], "fp32")
+    launched = kernels_launched(lambda: ops.gated_fftconv_backward_op(grad, u, spectrum, D, pre, post, k.shape[-1],
+                                                                      "fp32"))
+    assert not any(SPLIT_KERNEL in name for name in launched)  # the switch is "0" now
+    monkeypatch.setenv(GRAD_SPLIT_ENV, "1")
+    launched = kernels_launched(lambda: ops.gated_fftconv_backward_op(grad, u, spectrum, D, pre, post, k.shape[-1],
+                                                                      "fp32"))
+    assert any(SPLIT_KERNEL in name for name in launched) == (length > 8192), sorted(launched)
     leaves = [t.double().requires_grad_() for t in (u, k, D)] + ([pre.double().requires_grad_()] if pre is not None else [])
     u64, k64, D64 = leaves[:3]
     x = u64 * leaves[3] if pre is not None else u64

@@ -132,9 +132,10 @@ def test_ops_dispatch_by_device():
 @pytest.mark.parametrize("two_sided", [False, True])
 def test_the_conjugated_spectrum_correlates(batch, channels, length, filter_len, two_sided, gen):
     """The split backward's du (binding.cpp, MONARCH_FFTCONV_GRAD_SPLIT): the forward on dy with
-    the spectrum's entries conjugated, in the kernels' layout (C, n1/2+1, M, 2), skip term
-    included, is the correlation of dy with k' = k + D·δ, in float64: every stored entry is
-    the spectrum at some frequency, and conj(K + D/N) = conj K + D/N."""
+    the spectrum's entries conjugated, in the kernels' layout (C, n1/2+1, M, 2), is the
+    correlation of dy with k, in float64 (every stored entry is the spectrum at one frequency),
+    one-sided and two-sided; with the skip term, the correlation with k' = k + D·δ. (The CPU op
+    adds D·dy itself; the CUDA kernels fold D/N into the real parts, which conjugation keeps.)"""
     grad = randn(gen, batch, channels, length, dtype=torch.float64)
     D = randn(gen, channels, dtype=torch.float64)
     if two_sided:

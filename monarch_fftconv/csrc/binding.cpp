@@ -957,10 +957,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
   const size_t workspace_bytes = mf::conv_backward_fp32_workspace_bytes(p);
   TORCH_CHECK(workspace_bytes > 0, "monarch_fftconv: no backward kernel for this call");
   // from the caching allocator, on this stream: freed when the kernels are done with it
-  const at::Tensor workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, u.options().dtype(at::kByte));
+  at::Tensor workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, u.options().dtype(at::kByte));
   p.workspace = workspace.data_ptr();
   check_launch(mf::conv_backward_fp32(p, current_stream(u)));
   if (p.filter_grad_only) {  // du into its own buffer: the fused kernel's peak memory + the conjugated copy
+    workspace.reset();  // stream-ordered: its block may serve the copy below
     at::Tensor conjugated = per_channel.clone();
     conjugated.select(-1, 1).neg_();
     mf::ConvForwardParams f = forward_params(grad, conjugated, skip, du, split);
