@@ -953,8 +953,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
   // size; N = 32768): the grad kernel's filter sums alone, then du = the correlation of dy with
   // k' by the forward kernel, on the conjugated spectrum (the skip term folds in the same).
   p.filter_grad_only = split_asked;
-  if (p.filter_grad_only && mf::conv_backward_fp32_workspace_bytes(p) == 0) p.filter_grad_only = false;
-  const size_t workspace_bytes = mf::conv_backward_fp32_workspace_bytes(p);
+  size_t workspace_bytes = mf::conv_backward_fp32_workspace_bytes(p);
+  if (p.filter_grad_only && workspace_bytes == 0) {
+    p.filter_grad_only = false;
+    workspace_bytes = mf::conv_backward_fp32_workspace_bytes(p);
+  }
   TORCH_CHECK(workspace_bytes > 0, "monarch_fftconv: no backward kernel for this call");
   // from the caching allocator, on this stream: freed when the kernels are done with it
   at::Tensor workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, u.options().dtype(at::kByte));
@@ -962,8 +965,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
   check_launch(mf::conv_backward_fp32(p, current_stream(u)));
   if (p.filter_grad_only) {  // du into its own buffer: the fused kernel's peak memory + the conjugated copy
     workspace.reset();  // stream-ordered: its block may serve the copy below
-    at::Tensor conjugated = per_channel.clone();
-    conjugated.select(-1, 1).neg_();
+    const at::Tensor conjugated = at::view_as_real(at::view_as_complex(per_channel).conj_physical());  // one pass
     mf::ConvForwardParams f = forward_params(grad, conjugated, skip, du, split);
     f.precision = mf::Precision::kFP32;
     f.uniform_pairs = forward_uniform_pairs_from_env();
