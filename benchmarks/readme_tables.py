@@ -4,6 +4,7 @@
     python benchmarks/readme_tables.py                          # gpu_out/bench_json/*.json
     python benchmarks/readme_tables.py gpu_out/bench_json       # a directory of results.json files
     python benchmarks/readme_tables.py a/results.json b/results.json --check
+    python benchmarks/readme_tables.py docs/runs/RUN --figure docs/img/readme_times.png   # the committed form
 
 Reads the results.json files that `bench_cufft.py` writes (benchmarks/fftconv_bench/outputs.py:
 the run's metadata and one row per shape x pass x method) and writes one markdown table per
@@ -20,6 +21,12 @@ question, with the run's date, device, sources and commands above them:
 copies their JSON into $OUT/bench_json/, the default here. The files given must be one run's:
 the same sources digest and device (the script refuses a mix).
 
+`--figure PATH` also draws the run as one PNG (benchmarks/fftconv_bench/plots.py,
+plot_method_bars): the forward and the training step side by side, a bar per method of
+FIGURE_METHODS (the reference, cuDNN, `monarch[fp32]`, `monarch[bf16]`) at each shape, b2b ms on a
+log axis, NOISY bars hatched; the block then shows it above the tables (its path relative to
+each file). `--check --figure PATH` checks the link, not the PNG.
+
 The tables replace what lies between the markers `<!-- tables:begin -->` and
 `<!-- tables:end -->` in each file (README.md and docs/performance.md by default); a file
 without exactly one pair is an error. `--check` writes nothing and exits 1 when a file differs
@@ -30,6 +37,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -281,6 +289,35 @@ QUESTIONS: List[tuple] = [
 ]
 
 
+# ------------------------------------------------------------------------------------ the figure
+
+# The methods of the figure: what a user compares (the reference, NVIDIA's peer, this package's
+# default and its bf16 call, whatever kernel each ran), a bar each where the run has its row.
+FIGURE_METHODS = ("reference", "cudnn", "monarch[fp32]", "monarch[bf16]")
+
+
+def figure_panels(rows) -> List[tuple]:
+    """[(heading, rows)]: the forward and the training step (the tables' autograd.grad step), each
+    with the run's rows of FIGURE_METHODS; a pass the run lacks has no panel."""
+    def of(pass_name, steps):
+        return [r for r in rows if r["pass"] == pass_name and r["method"] in FIGURE_METHODS
+                and r.get("train_step") in steps]
+    panels = [("forward", of("fwd", (None, TRAINING_STEP))),
+              ("training step: forward + backward (torch.autograd.grad)", of("fwd+bwd", (TRAINING_STEP,)))]
+    return [(heading, selected) for heading, selected in panels if selected]
+
+
+def write_figure(run: List[RunFile], path: Path) -> Dict[str, Dict[tuple, float]]:
+    """The figure of the run's FIGURE_METHODS rows (PNG at path); what it drew, by panel."""
+    from fftconv_bench.plots import plot_method_bars  # matplotlib: imported only for the figure
+    panels = figure_panels([row for f in run for row in f.rows])
+    if not panels:
+        raise TablesError(f"no rows of {', '.join(FIGURE_METHODS)} in this run: no figure to draw")
+    dates = " – ".join(sorted({str(f.meta.get("timestamp_utc", ""))[:10] for f in run}))
+    return plot_method_bars(str(path), panels, FIGURE_METHODS, run[0].meta,
+                            f"Time per call, one run ({dates}; benchmarks/readme_tables.py --figure)")
+
+
 # ------------------------------------------------------------------------------------ the block
 
 def device_line(meta: Dict[str, Any]) -> str:
@@ -302,8 +339,9 @@ def skipped_lines(run: List[RunFile]) -> List[str]:
     return lines
 
 
-def render(run: List[RunFile]) -> str:
-    """The block that goes between the markers, markers included."""
+def render(run: List[RunFile], figure_link: Optional[str] = None) -> str:
+    """The block that goes between the markers, markers included; with figure_link (the figure's
+    path relative to the file), the figure above the tables."""
     first = run[0].meta
     rows = [row for f in run for row in f.rows]
     dates = sorted({str(f.meta.get("timestamp_utc", ""))[:10] or "date not recorded" for f in run})
@@ -327,6 +365,11 @@ def render(run: List[RunFile]) -> str:
             "`monarch-tc[p]` the tensor-core kernel itself through the op, `cudnn` cuDNN's FFT causal "
             "convolution (`cudnn.ops.fft_causal_conv1d`, or its C API where the frontend cannot run: the "
             "row's entry says which); the backend column says what ran."]
+    if figure_link is not None:
+        out += ["", f"![Time per call: {', '.join(FIGURE_METHODS)}, forward and training step, "
+                f"{first.get('gpu_name') or 'CPU'}]({figure_link})", "",
+                f"The figure: the b2b medians of the tables below for {', '.join(f'`{m}`' for m in FIGURE_METHODS)} "
+                "(whatever kernel each call took), a log axis; a hatched bar is NOISY."]
     for heading, select, make in QUESTIONS:
         selected = select(rows)
         out += ["", f"#### {heading}", ""]
@@ -356,15 +399,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", nargs="*", type=Path, default=[DEFAULT_RUN],
                         help=f"results.json files or directories of one run (default: {DEFAULT_RUN})")
-    parser.add_argument("--files", nargs="+", type=Path, default=list(DEFAULT_FILES),
+    parser.add_argument("--files", nargs="*", type=Path, default=list(DEFAULT_FILES),
                         help="the markdown files whose marked block is replaced (default: README.md "
-                             "docs/performance.md)")
+                             "docs/performance.md; none with --files alone: the figure only)")
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 if a file differs from what the JSON gives")
+    parser.add_argument("--figure", type=Path, default=None,
+                        help="also draw the run (PNG at this path; not with --check) and show it above "
+                             f"the tables: the forward and the training step, b2b ms of {', '.join(FIGURE_METHODS)} "
+                             "at each shape")
     args = parser.parse_args(argv)
     try:
-        block = render(load_run(args.run))
-        updated = {path: replace_block(path.read_text(), block, str(path)) for path in args.files}
+        run = load_run(args.run)
+        if args.figure is not None and not args.check:
+            write_figure(run, args.figure)
+            print(f"figure written: {args.figure}")
+
+        def block(path: Path) -> str:
+            link = None if args.figure is None else os.path.relpath(args.figure.resolve(), path.resolve().parent)
+            return render(run, link)
+        updated = {path: replace_block(path.read_text(), block(path), str(path)) for path in args.files}
     except (TablesError, OSError, ValueError, KeyError) as e:
         print(f"readme_tables.py: {e}", file=sys.stderr)
         return 2

@@ -137,6 +137,6 @@ fi
 echo "== tables: this run's JSON is in $JSON_DIR ($(ls "$JSON_DIR" | tr '\n' ' '))"
 echo "Where this repository's files are (for a copied-back \$OUT, its local path), regenerate"
 echo "README.md's and docs/performance.md's tables from it, then check them:"
-echo "  python3 benchmarks/readme_tables.py $JSON_DIR"
-echo "  python3 benchmarks/readme_tables.py $JSON_DIR --check"
+echo "  python3 benchmarks/readme_tables.py $JSON_DIR --figure docs/img/readme_times.png"
+echo "  python3 benchmarks/readme_tables.py $JSON_DIR --figure docs/img/readme_times.png --check"
 

@@ -20,6 +20,7 @@ BENCH = REPO / "benchmarks" / "bench_cufft.py"
 SCRIPT = REPO / "benchmarks" / "readme_tables.py"
 FORWARD_SHAPES = "1x2x8192,1x1x8193"   # the last L of the forward table, the first of the long one
 TRAINING_SHAPES = "1x2x256"
+COMMITTED_FIGURE = REPO / "docs" / "img" / "readme_times.png"   # README.md's figure of the tables' run
 
 
 @pytest.fixture(scope="module")
@@ -264,7 +265,8 @@ def test_the_committed_tables_are_the_newest_committed_runs():
     """README.md's and docs/performance.md's tables are what the newest run under docs/runs/
     gives: a hand edit between the markers, or a table from another run, fails."""
     newest = sorted(path for path in (REPO / "docs" / "runs").iterdir() if path.is_dir())[-1]
-    check = subprocess.run([sys.executable, str(SCRIPT), str(newest), "--check"], capture_output=True, text=True)
+    check = subprocess.run([sys.executable, str(SCRIPT), str(newest), "--figure", str(COMMITTED_FIGURE), "--check"],
+                           capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
 
 
@@ -310,3 +312,40 @@ def test_the_slower_cells_are_listed_against_the_reference_and_each_peer(tables,
     assert close_ratio(cell["ratio"], 1.25) and cell["note"] == ""
     assert by_other["latency", "`cudnn`"]["note"] == "NOISY: `cudnn`"
     assert close_ratio(by_other["latency", "`cudnn`"]["ratio"], 1.2)
+
+
+def test_the_figure_draws_the_tables_rows(tables, run_dir, tmp_path):
+    """--figure: a PNG of the forward and the training step, one bar per (shape, method) of
+    FIGURE_METHODS that the run has, its height the row's b2b median; each file's block links the
+    figure by its path relative to that file; --check checks the link and writes no PNG."""
+    pytest.importorskip("matplotlib")
+    rows = run_rows(run_dir)
+    figure = tmp_path / "img" / "times.png"
+    figure.parent.mkdir()
+    (tmp_path / "docs").mkdir()
+    readme, perf = readme_like(tmp_path / "README.md"), readme_like(tmp_path / "docs" / "performance.md")
+    assert tables.main([str(run_dir), "--files", str(readme), str(perf), "--figure", str(figure)]) == 0
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and figure.stat().st_size > 10_000
+    assert "](img/times.png)" in readme.read_text() and "](../img/times.png)" in perf.read_text()
+
+    drawn = tables.write_figure(tables.load_run([run_dir]), tmp_path / "again.png")
+    expected = {"forward": [r for r in rows if r["pass"] == "fwd"],
+                "training step": [r for r in rows if r["pass"] == "fwd+bwd" and r["train_step"] == "autograd.grad"]}
+    assert len(drawn) == 2
+    for heading, bars in drawn.items():
+        (wanted,) = [v for k, v in expected.items() if heading.startswith(k)]
+        wanted = {(r["shape"], r["method"]): r["median_ms"] for r in wanted
+                  if r["method"] in tables.FIGURE_METHODS and r["status"] == "ok"}
+        assert wanted and bars == wanted   # no row left out, none drawn twice or from another pass
+        assert {m for _, m in bars} >= {"reference", "monarch[fp32]"}
+
+    figure.unlink()
+    assert tables.main([str(run_dir), "--files", str(readme), "--figure", str(figure), "--check"]) == 0
+    assert not figure.exists()
+    assert tables.main([str(run_dir), "--files", str(readme), "--check"]) == 1   # the link is part of the block
+
+
+def test_the_committed_figure_is_there():
+    """README.md links the figure that readme_tables.py drew (a PNG in the repository)."""
+    assert COMMITTED_FIGURE.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"]({COMMITTED_FIGURE.relative_to(REPO)})" in (REPO / "README.md").read_text()

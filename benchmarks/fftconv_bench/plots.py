@@ -237,3 +237,57 @@ def make_plots(out_dir: str, rows: Sequence[Dict[str, Any]], meta: Dict[str, Any
         return []
     return plot_time_vs_L(out_dir, rows, meta) + plot_speedup(out_dir, rows, meta) + \
         plot_error(out_dir, rows, meta)
+
+
+def plot_method_bars(path: str, panels: Sequence[tuple], methods: Sequence[str], meta: Dict[str, Any],
+                     title: str) -> Dict[str, Dict[tuple, float]]:
+    """One figure of grouped bars, a panel per (heading, rows): along x each shape of the panel's
+    rows (by L, then B·C), a bar per method of `methods` that has an ok row there (its b2b median,
+    ms, written on it; a NOISY one hatched), on a log axis. Returns what it drew, {panel heading:
+    {(shape, method): ms}}, so that a caller (and a test) can hold the bars to the rows."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 4.8), squeeze=False)
+    drawn: Dict[str, Dict[tuple, float]] = {}
+    all_rows = [r for _, rows in panels for r in rows]
+    for ax, (heading, rows) in zip(axes[0], panels):
+        shapes = sorted({r["shape"] for r in rows}, key=lambda s: next(
+            (r["L"], r["B"] * r["C"]) for r in rows if r["shape"] == s))
+        present = [m for m in methods if any(r["method"] == m and _ok(r) for r in rows)]
+        width = 0.8 / max(1, len(present))
+        drawn[heading] = {}
+        for j, method in enumerate(present):
+            xs, heights, noisy = [], [], []
+            for i, shape in enumerate(shapes):
+                row = next((r for r in rows if r["shape"] == shape and r["method"] == method and _ok(r)), None)
+                if row is None:
+                    continue
+                xs.append(i + (j - (len(present) - 1) / 2) * width)
+                heights.append(row["median_ms"])
+                noisy.append(_noisy(row))
+                drawn[heading][(shape, method)] = row["median_ms"]
+            color = f"C{methods.index(method) % 10}"   # a method's colour the same in every panel
+            bars = ax.bar(xs, heights, width, color=color, label=method)
+            for bar, value, is_noisy in zip(bars, heights, noisy):
+                if is_noisy:
+                    bar.set_hatch("//")
+                    bar.set_facecolor("white")
+                    bar.set_edgecolor(color)
+                ax.annotate(f"{value:.3g}", (bar.get_x() + bar.get_width() / 2, value), ha="center",
+                            va="bottom", fontsize=6, rotation=90, xytext=(0, 2), textcoords="offset points")
+        ax.set_xticks(range(len(shapes)))
+        ax.set_xticklabels([s.replace("x", "×") for s in shapes], fontsize=8)
+        ax.set_yscale("log")
+        ax.margins(y=0.25)
+        ax.set_xlabel("B×C×L")
+        ax.set_ylabel("median time per call, b2b [ms] (lower is better)")
+        ax.set_title(heading, fontsize=10)
+        ax.grid(True, axis="y", which="both", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
+    fig.suptitle(_title(meta, title, "fwd and fwd+bwd"), fontsize=10)
+    noisy = _unique_in_order(r["method"] for r in all_rows if r["method"] in methods and _ok(r) and _noisy(r))
+    if noisy:
+        fig.text(0.01, 0.005, f"hatched: NOISY (spread > {meta.get('max_spread', float('nan')):.0%} of the median, "
+                 f"or cores taken by other processes; untrusted): {', '.join(noisy)}", fontsize=7, va="bottom")
+    fig.tight_layout(rect=(0, 0.035 if noisy else 0, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return drawn
