@@ -26,11 +26,14 @@ and prefill/step loops also run once more with every token's call enqueued back 
 one synchronisation at the end ("streamed total"): a serving loop's own time (each y_t kept,
 not stacked: since session 25 the stack for the comparison is outside the time), where the
 per-token total above adds a synchronisation (and the GPU's idle launch latency) per token.
-The streamed outputs must equal the per-token run's bit for bit.
+The streamed outputs must equal the per-token run's bit for bit. `--plot PNG` draws each
+method's per-token time against the position: naive's grows with t, prefill/step's stays flat
+but for the fold levels' spikes.
 
     python examples/generate_hyena.py                              # CPU, seconds
     python examples/generate_hyena.py --device cuda --width 256 --seq-len 8192
     python examples/generate_hyena.py --layer --channels 256 --seq-len 4096
+    python examples/generate_hyena.py --layer --seq-len 4096 --baseline-stride 16 --plot tokens.png
 
 On Linux, long CPU runs of the baselines grow the process's memory (8 GB at L = 4096): the
 prefix of a new length every token allocates temporaries of a new size, and glibc's heap keeps
@@ -181,6 +184,7 @@ def generate_lm(config: dict) -> dict:
             steps.append(out)
             times.append(seconds)
         logits["prefill/step"], latencies["prefill/step"] = torch.stack(steps, 1), times
+        timed_at = {"prefill/step": list(range(prompt_len, max_len)), "naive": list(range(prompt_len, max_len))}
         state_bytes = sum(s.nbytes for s in states)
 
         caches = [NaiveHyenaCache(op, batch, max_len, tokens.new_zeros((), dtype=torch.float32)) for op in model.mixers]
@@ -205,6 +209,7 @@ def generate_lm(config: dict) -> dict:
             steps.append(out)
             times.append(seconds)
         logits["recompute"], latencies["recompute"] = torch.stack(steps, 1), times
+        timed_at["recompute"] = list(positions)
     reference = logits["prefill/step"]
     strided = reference[:, :: config["baseline_stride"]]
     scale = reference.abs().max().item()
@@ -213,6 +218,7 @@ def generate_lm(config: dict) -> dict:
         compared = strided if method == "recompute" else reference
         results[method] = summary(latencies[method], max_len - prompt_len)
         results[method]["max_logit_diff"] = (logits[method] - compared).abs().max().item() / scale
+        results[method]["per_token"] = (timed_at[method], latencies[method])
     return {"config": config, "methods": results, "state_bytes": state_bytes}
 
 
@@ -265,6 +271,8 @@ def generate_layer(config: dict) -> dict:
         compared = reference if method == "prefill/step" else strided
         results[method] = summary(latencies[method], max_len - prompt_len)
         results[method]["max_rel_diff"] = ((outputs[method] - compared).norm() / compared.norm()).item()
+        results[method]["per_token"] = (list(range(prompt_len, max_len)) if method == "prefill/step" else positions,
+                                        latencies[method])
     tokens = max_len - prompt_len
     results["prefill/step"]["by_level"] = by_level(latencies["prefill/step"], tokens)
     results["prefill/step"]["streamed_total_s"] = streamed_step_s
@@ -282,6 +290,37 @@ def by_level(seconds: list[float], tokens: int) -> dict[str, list[float]]:
         q = generation._fold_level(i, tokens)
         grouped.setdefault("last" if q is None else f"q{q}", []).append(s)
     return {name: [len(v), statistics.median(v) * 1e3] for name, v in grouped.items()}
+
+
+def plot_per_token(results: dict, title: str, path: str) -> bool:
+    """Each method's per-token latency against the token's position (ms, log axis): every timed
+    token a dot, its running median a line; False (and a note) without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no per-token plot", file=sys.stderr)
+        return False
+    figure, axes = plt.subplots(figsize=(8, 4.8))
+    for i, (method, r) in enumerate(results["methods"].items()):
+        positions, seconds = r["per_token"]
+        ms = [1e3 * s for s in seconds]
+        window = max(1, len(ms) // 64)   # the running median over ~1/64 of the timed tokens
+        running = [statistics.median(ms[max(0, j - window): j + window + 1]) for j in range(len(ms))]
+        axes.scatter(positions, ms, s=2, alpha=0.25, color=f"C{i}")
+        axes.plot(positions, running, color=f"C{i}", lw=1.5,
+                  label=f"{method}: median {r['median_ms']:.3g} ms, p99 {r['p99_ms']:.3g} ms")
+    axes.set_yscale("log")
+    axes.set_xlabel("token position t")
+    axes.set_ylabel("time to generate token t [ms] (log)")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize=8, loc="upper left")
+    axes.set_title(title, fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return True
 
 
 def table(results: dict) -> str:
@@ -324,6 +363,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="torch CPU threads for the run (one: per-token work is small, and more threads only "
                         "add synchronisation, ruinous on a shared host)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--plot", default=None, metavar="PNG",
+                   help="also draw each method's per-token latency against the position (needs matplotlib)")
     p.add_argument("--cuda-graph", action="store_true",
                    help="prefill/step with each long convolution's steps as CUDA graphs (prefill(cuda_graph=True))")
     p.add_argument("--fused-step", action=argparse.BooleanOptionalAction, default=None,
@@ -382,8 +423,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
                                    ("direct steps", chosen["DIRECT_STEP"]),
                                    ("the C++ stepper", chosen["DIRECT_STEP"] and chosen["DIRECT_STEPPER"])) if on]
     graphs = (", steps as CUDA graphs" + (f" ({', '.join(parts)})" if parts else "")) if args.cuda_graph else ""
-    print(f"{what}, L={args.seq_len}, prompt {args.prompt}, {args.device}{graphs}, {args.threads} CPU thread(s)")
+    heading = f"{what}, L={args.seq_len}, prompt {args.prompt}, {args.device}{graphs}, {args.threads} CPU thread(s)"
+    print(heading)
     print(table(results))
+    if args.plot:
+        device = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "CPU"
+        if plot_per_token(results, f"{heading}\n{device}; per-token time, each token synchronised", args.plot):
+            print(f"per-token plot: {args.plot}")
     return results
 
 

@@ -171,3 +171,22 @@ def test_generation_example_layer_mode_with_a_stride(generate_hyena, capsys):
     with pytest.raises(SystemExit):
         generate_hyena.main(["--layer", "--seq-len", "8", "--direct-step"])
     assert "--direct-step needs --cuda-graph" in capsys.readouterr().err
+
+
+def test_generation_example_plots_each_token_at_its_position(generate_hyena, tmp_path, capsys):
+    """--plot: each method's timed positions are the tokens it timed (every one for prefill/step,
+    every k-th for the strided baselines; the LM's prompt untimed), one latency each, and the PNG
+    is written."""
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "tokens.png"
+    results = generate_hyena.main(["--layer", "--seq-len", "70", "--prompt", "3", "--channels", "5",
+                                   "--baseline-stride", "4", "--plot", str(png)])
+    expected = {"prefill/step": list(range(3, 70)), "naive": list(range(3, 70, 4)), "recompute": list(range(3, 70, 4))}
+    for method, positions in expected.items():
+        timed_at, seconds = results["methods"][method]["per_token"]
+        assert list(timed_at) == positions and len(seconds) == len(positions) and min(seconds) > 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"per-token plot: {png}" in capsys.readouterr().out
+    results = generate_hyena.main(["--seq-len", "20", "--prompt", "6", "--width", "8", "--vocab", "16",
+                                   "--baseline-stride", "3"])
+    assert list(results["methods"]["naive"]["per_token"][0]) == list(range(6, 20))
+    assert list(results["methods"]["recompute"]["per_token"][0]) == list(range(6, 20, 3))
