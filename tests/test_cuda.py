@@ -370,6 +370,7 @@ def kernels_launched(fn) -> set[str]:
     (5, 3, 3, 9000, 1, torch.bfloat16),  # a one-tap filter, 2-byte I/O
     (2, 2, 2, 4097, 999, torch.float16),  # N = 16384: no split there, the fused kernel
     (3, 160, 160, 12345, 3001, torch.float32),  # C > SMs: a work item sums several sequences
+    (2, 5, 5, 10001, 7777, "strided"),  # fp32 u strided over channels (a slice of a wider tensor)
 ])
 def test_split_backward_against_float64(batch, channels, groups, length, filter_len, io_dtype, monkeypatch, gen):
     """MONARCH_FFTCONV_GRAD_SPLIT=1: at N = 32768 the grad kernel's filter sums alone and du by the
@@ -379,7 +380,10 @@ def test_split_backward_against_float64(batch, channels, groups, length, filter_
     bits; the filter sums kernel runs (profiler) at N = 32768 and nowhere else, where the switch
     changes nothing: the same bits as the fused call. With C above the SM count a work item walks
     several sequences (the accumulator's read-modify-write, the barrier between iterations)."""
-    u = randn(gen, batch, channels, length, device=DEVICE).to(io_dtype)
+    strided = io_dtype == "strided"
+    io_dtype = torch.float32 if strided else io_dtype
+    u = randn(gen, batch, channels + strided, length, device=DEVICE).to(io_dtype)[:, int(strided):]
+    assert u.is_contiguous() != strided
     grad = randn(gen, batch, channels, length, device=DEVICE).to(io_dtype)
     k, D = randn(gen, groups, filter_len, device=DEVICE) / filter_len**0.5, randn(gen, channels, device=DEVICE)
     per_channel = k.repeat_interleave(channels // groups, dim=0).double()
@@ -400,7 +404,7 @@ def test_split_backward_against_float64(batch, channels, groups, length, filter_
         launched = kernels_launched(lambda: ops.fftconv_backward_op(grad, u, spectrum, skip, filter_len, "fp32"))
         assert any(SPLIT_KERNEL in name for name in launched) == (n > 16384), sorted(launched)
         again = ops.fftconv_backward_op(grad, u, spectrum, skip, filter_len, "fp32")
-        _, dk2, _ = ops.fftconv_backward_two_sided_op(grad, u, spectrum, skip, filter_len, "fp32")
+        du2, dk2, _ = ops.fftconv_backward_two_sided_op(grad, u, spectrum, skip, filter_len, "fp32")
         monkeypatch.setenv(GRAD_UNIFORM_PAIRS_ENV, "0")  # the filter sums with thread 0's own path
         own_path = ops.fftconv_backward_op(grad, u, spectrum, skip, filter_len, "fp32")
         monkeypatch.delenv(GRAD_UNIFORM_PAIRS_ENV)
@@ -410,6 +414,7 @@ def test_split_backward_against_float64(batch, channels, groups, length, filter_
         assert du.dtype == io_dtype and torch.isfinite(du).all() and torch.isfinite(dk).all()
         assert rel_l2(du, want_du) <= budget and rel_l2(dk, want_dk) <= 1.5 * BUDGETS["fp32"]
         assert rel_l2(dk2[:, 0], want_dk) <= 1.5 * BUDGETS["fp32"] and rel_l2(dk2[:, 1], want_rev) <= 1.5 * BUDGETS["fp32"]
+        assert rel_l2(du2, want_du) <= budget  # the two-sided op's du: the same split route (a causal spectrum here)
         if skip is not None:
             assert rel_l2(dskip, (u64 * g64).sum((0, 2))) <= 1.5 * BUDGETS["fp32"]
         assert all(torch.equal(a, b) for a, b in zip(split, again))

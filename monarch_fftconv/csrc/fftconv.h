@@ -106,8 +106,9 @@ struct ConvBackwardParams {
   GradAccumulator accumulator;    // kAuto unless a benchmark asks
   bool uniform_pairs;             // the grad kernel's pair sweeps without thread 0's own path (on-chip route)
   bool two_sided;                 // grad_filter[c][1][s] = lag -s, Σ_b Σ_t dy[t]·u[t+s], beside lag s
-  // The split backward (N = 32768 only): grad_filter and grad_skip alone, grad_u and grad_pregate
-  // unused (may be null). The caller stores them itself: conv_forward_fp32 on dy with the
+  // The split backward (N = 32768 only): grad_filter and grad_skip alone; grad_u unused (may be
+  // null), grad_pregate unwritten (the dispatch still asks for it beside a pregate, as the binding
+  // passes it). The caller stores them itself: conv_forward_fp32 on dy with the
   // conjugated filter spectrum (the correlation with k', skip term included: conj(K + D/N) =
   // conj K + D/N); gated, with dz = postgate ⊙ dy its load and du = pregate ⊙ dx its store.
   bool filter_grad_only;
