@@ -366,7 +366,9 @@ def render(run: List[RunFile], figure_link: Optional[str] = None) -> str:
             "convolution (`cudnn.ops.fft_causal_conv1d`, or its C API where the frontend cannot run: the "
             "row's entry says which); the backend column says what ran."]
     if figure_link is not None:
-        out += ["", f"![Time per call: {', '.join(FIGURE_METHODS)}, forward and training step, "
+        # The alt text without brackets: monarch[fp32] inside it would end the link text early.
+        alt = ", ".join(m.replace("[", " ").rstrip("]") for m in FIGURE_METHODS)
+        out += ["", f"![Time per call of {alt}: forward and training step, "
                 f"{first.get('gpu_name') or 'CPU'}]({figure_link})", "",
                 f"The figure: the b2b medians of the tables below for {', '.join(f'`{m}`' for m in FIGURE_METHODS)} "
                 "(whatever kernel each call took), a log axis; a hatched bar is NOISY."]

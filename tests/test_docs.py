@@ -241,3 +241,18 @@ def test_cpu_calls_run_the_plain_models_ffts(gen, precision):
     assert sum(package[0].values()) == 3  # rfft of u, rfft of k, irfft
     assert plain[1] == {("_fft_r2c", (2, 3, bins)): 1, ("_fft_c2c", (2, 3, n)): 1, ("_fft_c2c", (3, n)): 1}
     assert package[1] == {("_fft_r2c", (2, 3, bins)): 1, ("_fft_c2r", (2, 3, n)): 1, ("_fft_c2r", (3, n)): 1}
+
+
+def test_every_image_the_docs_show_is_in_the_repository():
+    """Each image a markdown file links (README.md, docs/*.md, by a path relative to that file)
+    is a PNG in the repository: a figure renamed or left uncommitted fails here, not on a reader."""
+    linked = 0
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for target in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", page.read_text()):
+            if "://" in target:
+                continue
+            image = (page.parent / target).resolve()
+            assert image.is_file(), f"{page.name} shows {target}, which is not in the repository"
+            assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{target} is not a PNG"
+            linked += 1
+    assert linked >= 8   # the README's two figures, performance.md's four, training.md's two
