@@ -379,7 +379,8 @@ def test_split_backward_against_float64(batch, channels, groups, length, filter_
     deterministic; the uniform pair sweeps (the default) and thread 0's own path give the same
     bits; the filter sums kernel runs (profiler) at N = 32768 and nowhere else, where the switch
     changes nothing: the same bits as the fused call. With C above the SM count a work item walks
-    several sequences (the accumulator's read-modify-write, the barrier between iterations)."""
+    several sequences (the accumulator's read-modify-write, the barrier between iterations). A u
+    strided over channels, and the two-sided op's du, take the same route."""
     strided = io_dtype == "strided"
     io_dtype = torch.float32 if strided else io_dtype
     u = randn(gen, batch, channels + strided, length, device=DEVICE).to(io_dtype)[:, int(strided):]
