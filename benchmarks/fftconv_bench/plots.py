@@ -59,11 +59,16 @@ def _footnote(fig, rows: Sequence[Dict[str, Any]], meta: Dict[str, Any]) -> floa
         notes.append(f"not drawn, as they run the same code as a drawn row: {', '.join(repeats)}")
     noisy = _unique_in_order(r["method"] for r in rows if _drawn(r) and _noisy(r))
     if noisy:
-        notes.append(f"NOISY (spread > {meta.get('max_spread', float('nan')):.0%} of the median, or "
-                     f"cores taken by other processes; hollow, no speedup): {', '.join(noisy)}")
+        notes.append(_noisy_note(meta, noisy, "hollow, no speedup"))
     if notes:
         fig.text(0.01, 0.005, "\n".join(notes), fontsize=7, va="bottom", ha="left")
     return 0.035 * len(notes)
+
+
+def _noisy_note(meta: Dict[str, Any], methods: Sequence[str], drawn_as: str) -> str:
+    """The footnote naming the NOISY methods, and how the figure draws them."""
+    return (f"NOISY (spread > {meta.get('max_spread', float('nan')):.0%} of the median, or cores taken by "
+            f"other processes; {drawn_as}): {', '.join(methods)}")
 
 
 def _unique_in_order(values) -> list:
@@ -249,15 +254,16 @@ def plot_method_bars(path: str, panels: Sequence[tuple], methods: Sequence[str],
     drawn: Dict[str, Dict[tuple, float]] = {}
     all_rows = [r for _, rows in panels for r in rows]
     for ax, (heading, rows) in zip(axes[0], panels):
-        shapes = sorted({r["shape"] for r in rows}, key=lambda s: next(
-            (r["L"], r["B"] * r["C"]) for r in rows if r["shape"] == s))
-        present = [m for m in methods if any(r["method"] == m and _ok(r) for r in rows)]
+        ok = {(r["shape"], r["method"]): r for r in rows if _ok(r)}
+        order = {r["shape"]: (r["L"], r["B"] * r["C"]) for r in rows}
+        shapes = sorted(order, key=order.get)
+        present = [m for m in methods if any(method == m for _, method in ok)]
         width = 0.8 / max(1, len(present))
         drawn[heading] = {}
         for j, method in enumerate(present):
             xs, heights, noisy = [], [], []
             for i, shape in enumerate(shapes):
-                row = next((r for r in rows if r["shape"] == shape and r["method"] == method and _ok(r)), None)
+                row = ok.get((shape, method))
                 if row is None:
                     continue
                 xs.append(i + (j - (len(present) - 1) / 2) * width)
@@ -285,8 +291,7 @@ def plot_method_bars(path: str, panels: Sequence[tuple], methods: Sequence[str],
     fig.suptitle(_title(meta, title, "fwd and fwd+bwd"), fontsize=10)
     noisy = _unique_in_order(r["method"] for r in all_rows if r["method"] in methods and _ok(r) and _noisy(r))
     if noisy:
-        fig.text(0.01, 0.005, f"hatched: NOISY (spread > {meta.get('max_spread', float('nan')):.0%} of the median, "
-                 f"or cores taken by other processes; untrusted): {', '.join(noisy)}", fontsize=7, va="bottom")
+        fig.text(0.01, 0.005, _noisy_note(meta, noisy, "hatched, untrusted"), fontsize=7, va="bottom")
     fig.tight_layout(rect=(0, 0.035 if noisy else 0, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
