@@ -289,6 +289,11 @@ QUESTIONS: List[tuple] = [
 ]
 
 
+def run_dates(run: List[RunFile]) -> str:
+    """The days the run's files were written, as the tables' heading and the figure's title say them."""
+    return " – ".join(sorted({str(f.meta.get("timestamp_utc", ""))[:10] or "date not recorded" for f in run}))
+
+
 # ------------------------------------------------------------------------------------ the figure
 
 # The methods of the figure: what a user compares (the reference, NVIDIA's peer, this package's
@@ -313,9 +318,8 @@ def write_figure(run: List[RunFile], path: Path) -> Dict[str, Dict[tuple, float]
     panels = figure_panels([row for f in run for row in f.rows])
     if not panels:
         raise TablesError(f"no rows of {', '.join(FIGURE_METHODS)} in this run: no figure to draw")
-    dates = " – ".join(sorted({str(f.meta.get("timestamp_utc", ""))[:10] for f in run}))
     return plot_method_bars(str(path), panels, FIGURE_METHODS, run[0].meta,
-                            f"Time per call, one run ({dates}; benchmarks/readme_tables.py --figure)")
+                            f"Time per call, one run ({run_dates(run)}; benchmarks/readme_tables.py --figure)")
 
 
 # ------------------------------------------------------------------------------------ the block
@@ -344,11 +348,10 @@ def render(run: List[RunFile], figure_link: Optional[str] = None) -> str:
     path relative to the file), the figure above the tables."""
     first = run[0].meta
     rows = [row for f in run for row in f.rows]
-    dates = sorted({str(f.meta.get("timestamp_utc", ""))[:10] or "date not recorded" for f in run})
     device = "GPU" if first.get("device") == "cuda" else "CPU"
     out = [BEGIN,
            "<!-- Written by benchmarks/readme_tables.py from one run's JSON: rerun it, do not edit here. -->",
-           f"### Benchmark tables: one run, {' – '.join(dates)}, {first.get('gpu_name') or 'CPU'}", ""]
+           f"### Benchmark tables: one run, {run_dates(run)}, {first.get('gpu_name') or 'CPU'}", ""]
     if device == "CPU":
         out += [f"**{first.get('note') or 'CPU figures, not GPU ones.'}**", ""]
     out += [f"Device: {device_line(first)}. Sources digest {first.get('source_digest')}, "
