@@ -15,6 +15,15 @@ import torch
 
 from monarch_fftconv.policy import ERROR_BUDGETS as BUDGETS  # noqa: F401  (re-exported)
 
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def is_png(path) -> bool:
+    """Whether the file at path starts as a PNG does (the plots the benchmark and examples write)."""
+    with open(path, "rb") as f:
+        return f.read(len(PNG_MAGIC)) == PNG_MAGIC
+
+
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 WATCHDOG_CHILD_ENV = "MONARCH_FFTCONV_WATCHDOG_CHILD"  # set in a watchdog's child: run the test here

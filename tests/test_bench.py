@@ -15,10 +15,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from helpers import is_png
+
 _BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                            "benchmarks")
 _ENTRY_POINT = os.path.join(_BENCHMARKS, "bench_cufft.py")
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
@@ -537,7 +538,7 @@ def _check_outputs(out, device, backward=False, plots=True):
         names = {p.name.split("_f")[0] for p in pngs}
         assert {"time_vs_L", "speedup", "error"} <= names, names
         for p in pngs:
-            assert p.read_bytes()[:8] == PNG_MAGIC
+            assert is_png(p)
     return meta
 
 

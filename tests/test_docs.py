@@ -16,6 +16,7 @@ import monarch_fftconv as mf
 from monarch_fftconv import backends, fourstep
 from monarch_fftconv.planner import plan_for
 
+from helpers import is_png
 from test_build import H200_SMS, header_constant, kernel_splits
 
 REPO = Path(__file__).resolve().parents[1]
@@ -253,6 +254,6 @@ def test_every_image_the_docs_show_is_in_the_repository():
                 continue
             image = (page.parent / target).resolve()
             assert image.is_file(), f"{page.name} shows {target}, which is not in the repository"
-            assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{target} is not a PNG"
+            assert is_png(image), f"{target} is not a PNG"
             linked += 1
     assert linked >= 8   # the README's two figures, performance.md's four, training.md's two

@@ -9,8 +9,9 @@ import sys
 import pytest
 import torch
 
+from helpers import is_png
+
 _EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # One key-value pair, so that a tiny model learns in seconds; the value still lies 62 tokens
 # back, past a blank stretch, so only the long convolution can bring it to the last position.
 TINY = ["--device", "cpu", "--seq-len", "64", "--width", "32", "--layers", "2", "--batch", "16",
@@ -57,8 +58,7 @@ def test_tiny_run_writes_json_and_png(tiny_run):
     assert set(saved["runs"]) == {"torch.fft", "fp32"}
     assert len(saved["runs"]["fp32"]["loss"]) == len(saved["runs"]["fp32"]["accuracy"]) == 150
     assert saved["config"]["pairs"] == 1 and saved["runs"]["fp32"]["seconds_per_step"] > 0
-    with open(results["png"], "rb") as f:
-        assert f.read(8) == PNG_MAGIC
+    assert is_png(results["png"])
 
 
 def test_package_run_matches_torch_fft_run_at_first_steps(tiny_run):
@@ -185,7 +185,7 @@ def test_generation_example_plots_each_token_at_its_position(generate_hyena, tmp
     for method, positions in expected.items():
         timed_at, seconds = results["methods"][method]["per_token"]
         assert list(timed_at) == positions and len(seconds) == len(positions) and min(seconds) > 0
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"per-token plot: {png}" in capsys.readouterr().out
+    assert is_png(png) and f"per-token plot: {png}" in capsys.readouterr().out
     results = generate_hyena.main(["--seq-len", "20", "--prompt", "6", "--width", "8", "--vocab", "16",
                                    "--baseline-stride", "3"])
     assert list(results["methods"]["naive"]["per_token"][0]) == list(range(6, 20))
