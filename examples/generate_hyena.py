@@ -184,7 +184,6 @@ def generate_lm(config: dict) -> dict:
             steps.append(out)
             times.append(seconds)
         logits["prefill/step"], latencies["prefill/step"] = torch.stack(steps, 1), times
-        timed_at = {"prefill/step": list(range(prompt_len, max_len)), "naive": list(range(prompt_len, max_len))}
         state_bytes = sum(s.nbytes for s in states)
 
         caches = [NaiveHyenaCache(op, batch, max_len, tokens.new_zeros((), dtype=torch.float32)) for op in model.mixers]
@@ -209,7 +208,8 @@ def generate_lm(config: dict) -> dict:
             steps.append(out)
             times.append(seconds)
         logits["recompute"], latencies["recompute"] = torch.stack(steps, 1), times
-        timed_at["recompute"] = list(positions)
+    generated = range(prompt_len, max_len)  # the positions each method timed: naive's prompt is untimed
+    timed_at = {"prefill/step": generated, "naive": generated, "recompute": positions}
     reference = logits["prefill/step"]
     strided = reference[:, :: config["baseline_stride"]]
     scale = reference.abs().max().item()
@@ -218,7 +218,7 @@ def generate_lm(config: dict) -> dict:
         compared = strided if method == "recompute" else reference
         results[method] = summary(latencies[method], max_len - prompt_len)
         results[method]["max_logit_diff"] = (logits[method] - compared).abs().max().item() / scale
-        results[method]["per_token"] = (timed_at[method], latencies[method])
+        results[method]["per_token"] = (list(timed_at[method]), latencies[method])
     return {"config": config, "methods": results, "state_bytes": state_bytes}
 
 
@@ -271,8 +271,8 @@ def generate_layer(config: dict) -> dict:
         compared = reference if method == "prefill/step" else strided
         results[method] = summary(latencies[method], max_len - prompt_len)
         results[method]["max_rel_diff"] = ((outputs[method] - compared).norm() / compared.norm()).item()
-        results[method]["per_token"] = (list(range(prompt_len, max_len)) if method == "prefill/step" else positions,
-                                        latencies[method])
+        timed_at = range(prompt_len, max_len) if method == "prefill/step" else positions
+        results[method]["per_token"] = (list(timed_at), latencies[method])
     tokens = max_len - prompt_len
     results["prefill/step"]["by_level"] = by_level(latencies["prefill/step"], tokens)
     results["prefill/step"]["streamed_total_s"] = streamed_step_s
