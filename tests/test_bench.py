@@ -1171,3 +1171,29 @@ def test_ab_builds_checks_the_switch_builds_both_and_alternates(tmp_path):
         for round_ in (1, 2):
             assert (out / f"ab_{build}_{round_}.log").read_text().strip() == "timing-line"
     assert done.stdout.count("timing-line") == 4 and "== variant, round 2 (status 0)" in done.stdout
+
+
+def test_channel_rows_method_sets_the_switch_around_its_forward_and_backward(bench, monkeypatch):
+    """monarch-channel-rows (on request; the CUDA four-step's) calls the forward and backward ops
+    with MONARCH_FFTCONV_FOURSTEP_ROWS=channel set around each, and only there (the binding reads
+    it at each call); monarch-split-grad sets its switch around the backward alone."""
+    from monarch_fftconv import ops
+
+    methods = bench.methods
+    monkeypatch.delenv(methods.FOURSTEP_ROWS_ENV, raising=False)
+    seen = []
+    for name in ("fftconv_op", "fftconv_backward_op"):
+        real = getattr(ops, name)
+        monkeypatch.setattr(ops, name, (lambda name, real: lambda *args: (
+            seen.append((name, os.environ.get(methods.FOURSTEP_ROWS_ENV), os.environ.get(methods.GRAD_SPLIT_ENV))),
+            real(*args))[1])(name, real))
+    u, k = torch.randn(2, 3, 100, requires_grad=True), torch.randn(3, 37, requires_grad=True)
+    methods._backward_switched(methods.FOURSTEP_ROWS_ENV, "channel", forward_too=True)(u, k).sum().backward()
+    assert seen == [("fftconv_op", "channel", None), ("fftconv_backward_op", "channel", None)]
+    assert methods.FOURSTEP_ROWS_ENV not in os.environ and u.grad.shape == u.shape and k.grad.shape == k.shape
+    seen.clear()
+    methods._backward_switched(methods.GRAD_SPLIT_ENV, "1")(u, k).sum().backward()
+    assert seen == [("fftconv_op", None, None), ("fftconv_backward_op", None, "1")]
+    assert "monarch-channel-rows" not in {m.name for m in methods.make_methods("cpu")}  # on request only
+    (row,) = methods.make_methods("cpu", only=["monarch-channel-rows"])
+    assert row.unavailable == "the row order is the CUDA four-step's"

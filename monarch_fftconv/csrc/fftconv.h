@@ -202,6 +202,7 @@ struct FourStepParams {
   int fft_size;                   // N
   float spectrum_scale;           // fourstep_spectrum: X·spectrum_scale (1/N for a filter spectrum)
   IOType io_type;
+  bool channel_major_rows;        // the inner stage's row order: the B rows of a filter row together
 };
 
 struct FourStepBackwardParams {
@@ -220,6 +221,7 @@ struct FourStepBackwardParams {
   int64_t filter_len;             // 1 <= filter_len <= seq_len
   int fft_size;
   IOType io_type;
+  bool channel_major_rows;        // as FourStepParams'
 };
 
 // The launches. The binding has checked the tensors and the split against the coverage;

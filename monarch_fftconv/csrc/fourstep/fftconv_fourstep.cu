@@ -82,6 +82,7 @@ FourStepArgs make_args(const FourStepParams& p) {
   g.columns = p.batch * p.channels * g.M;
   g.R = fourstep_rows(p.fft_size);
   g.skip = p.skip;
+  g.channel_major = p.channel_major_rows;
   return g;
 }
 
@@ -94,10 +95,10 @@ size_t slots_smem(int S) {
   return (size_t)Pl::SPB * 2 * S * sizeof(float) + (size_t)Pl::N_TW * sizeof(float2);
 }
 
-template <int LOGM, InnerMode MODE>
+template <int LOGM, InnerMode MODE, bool CHANNEL_MAJOR>
 cudaError_t launch_inner(const FourStepArgs& g, cudaStream_t stream) {
   using Pl = Plan<LOGM>;
-  constexpr auto kern = &inner_kernel<LOGM, MODE>;
+  constexpr auto kern = &inner_kernel<LOGM, MODE, CHANNEL_MAJOR>;
   const int S = slot_floats<LOGM>();
   const size_t smem = slots_smem<LOGM>(S);
   int ctas = 0, sms = 0;
@@ -111,9 +112,16 @@ cudaError_t launch_inner(const FourStepArgs& g, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// The row order (inner_row) is a choice only where rows share a filter row.
 template <InnerMode MODE>
 cudaError_t launch_inner_any(const FourStepArgs& g, cudaStream_t stream) {
-  return with_log2<12, 13>(g.M, [&](auto logm) { return launch_inner<decltype(logm)::value, MODE>(g, stream); });
+  return with_log2<12, 13>(g.M, [&](auto logm) {
+    constexpr int LOGM = decltype(logm)::value;
+    if constexpr (MODE == InnerMode::kConv || MODE == InnerMode::kGrad) {
+      if (g.channel_major) return launch_inner<LOGM, MODE, true>(g, stream);
+    }
+    return launch_inner<LOGM, MODE, false>(g, stream);
+  });
 }
 
 // The filter gradient's spectrum, summed over the batch in a fixed order (deterministic):
@@ -216,6 +224,7 @@ cudaError_t fourstep_backward(const FourStepBackwardParams& p, cudaStream_t stre
   fp.seq_len = p.seq_len;
   fp.fft_size = p.fft_size;
   fp.io_type = p.io_type;
+  fp.channel_major_rows = p.channel_major_rows;
   const size_t half = fourstep_backward_workspace_bytes(p) / 2;
   float2* spectra = reinterpret_cast<float2*>(p.workspace);
   float2* dy_rows = reinterpret_cast<float2*>(static_cast<char*>(p.workspace) + half);

@@ -15,7 +15,7 @@ namespace fp32_detail {
 // One row (s, k2) of M complex values per CTA slot: forward FFT_M (Stockham passes p1, p2 and
 // the radix-16 "mid" pass, whose outputs are Z[j + r·M/16] in natural order), the filter
 // product, and the inverse passes in the mirror order, in place.
-template <int LOGM, InnerMode MODE>
+template <int LOGM, InnerMode MODE, bool CHANNEL_MAJOR>
 __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inner_kernel(const FourStepArgs g, int S) {
   using Pl = Plan<LOGM>;
   constexpr int M = Pl::M, T = Pl::T, SPB = Pl::SPB, R1 = Pl::R1;
@@ -26,9 +26,9 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inn
   const int64_t rows = (g.columns >> g.logM) * g.R;
 
   for (int64_t rb = (int64_t)blockIdx.x * SPB; rb < rows; rb += (int64_t)gridDim.x * SPB) {
-    const int64_t row = rb + ty;
-    const bool valid = row < rows;
-    float2* data = g.a + (valid ? row : 0) * M;
+    const int64_t work = rb + ty;
+    const bool valid = work < rows;
+    float2* data = g.a + (valid ? inner_row<CHANNEL_MAJOR>(work, g.B, g.C, g.R).data : 0) * M;
 
     // ---- forward p1: global -> smem, radix R1, NS = 1
     if constexpr (MODE != InnerMode::kInverse) {
@@ -60,12 +60,10 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inn
       constexpr int NS = M / 16, NB = NS / T;
       cf v[NB][16];
       const float2* twM = slot.mid();
-      const int64_t s = row / g.R;
-      const int k2 = (int)(row % g.R);
-      const int64_t c = s % g.C;
-      const float2* Krow = g.K + (c * g.R + k2) * (int64_t)M;
+      const InnerRow row = inner_row<CHANNEL_MAJOR>(work, g.B, g.C, g.R);  // again: fewer live registers
+      const float2* Krow = g.K + row.filter * M;
       // the skip term D·u is the convolution with D at lag 0: K + D/N
-      const float d = (g.skip != nullptr && valid) ? g.skip[c] / (float)g.N : 0.f;
+      const float d = (g.skip != nullptr && valid) ? g.skip[row.channel] / (float)g.N : 0.f;
 #pragma unroll
       for (int q = 0; q < NB; ++q) {
         const int j = tx + q * T, pj = pidx(j);
@@ -96,7 +94,7 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inn
           continue;
         }
         if constexpr (MODE == InnerMode::kGrad) {
-          float2* prow = g.products + (valid ? row : 0) * M;
+          float2* prow = g.products + (valid ? row.data : 0) * M;
           if (valid) {
 #pragma unroll
             for (int r = 0; r < 16; ++r) {
