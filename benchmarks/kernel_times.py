@@ -20,7 +20,8 @@ binding reads the variable at each call), and prints both kernels' medians and t
 
 --env-ab NAME=A,B (repeatable: the settings are the combinations, in order) alternates the call
 (with --backward, the training step) with each setting of the variables, rep by rep in one process, and prints each kernel's median
-per setting (a kernel's launches are told apart by their order: the calls alternate) and the
+per setting, a call's launches of it summed (the profile is cut into calls by each setting's launch
+count, so a setting may launch other kernels or fewer), and the
 call's wall time per setting (CUDA events around each call: what programmatic dependent launch
 changes shows there, not in a kernel's own time).
 """
@@ -138,6 +139,27 @@ def workload(args) -> tuple[Callable[[], torch.Tensor], Callable[[], None], torc
     return run, flush, u, k
 
 
+def split_calls(events: list, launches: list[int], reps: int) -> tuple[list[dict], list[collections.Counter]]:
+    """The profile of `reps` rounds of the settings' calls, in launch order ((name, µs) each), cut
+    into calls by each setting's launch count: per setting, each kernel's µs in each call (its
+    launches in a call summed), and how many launches of it one call makes."""
+    if len(events) != reps * sum(launches):
+        raise SystemExit(f"--env-ab: {len(events)} launches profiled, {reps} x {launches} expected")
+    per_setting = [collections.defaultdict(list) for _ in launches]
+    counts = [collections.Counter() for _ in launches]
+    at = 0
+    for rep in range(reps):
+        for i, count in enumerate(launches):
+            in_call = collections.Counter()
+            for name, t in events[at:at + count]:
+                in_call[name] += t
+                counts[i][name] += rep == 0
+            for name, t in in_call.items():
+                per_setting[i][name].append(t)
+            at += count
+    return per_setting, counts
+
+
 def env_ab(args) -> None:
     """--env-ab: each setting (a combination of the variables' values) in turn, rep by rep."""
     import itertools
@@ -155,12 +177,27 @@ def env_ab(args) -> None:
         flush()
         return run()
 
+    def device_events(prof) -> list:
+        """The profile's kernel (and memset) launches in launch order: (name, µs)."""
+        return [(e.name, e.device_time) for e in sorted(prof.events(), key=lambda e: e.time_range.start)
+                if e.device_type == torch.autograd.DeviceType.CUDA
+                and not (args.flush_l2 and "fill" in e.name.lower())]
+
     outputs = [call(s) for s in settings]
     same = all(torch.equal(outputs[0], o) for o in outputs[1:])
     for _ in range(3):
         for s in settings:
             call(s)
     torch.cuda.synchronize()
+    # A setting may launch other kernels, or fewer (a switch picks another instance or drops a
+    # pass): count each one's launches, so the timed profile is cut into calls by count, not
+    # told apart by kernel name.
+    launches = []
+    for s in settings:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as one:
+            call(s)
+            torch.cuda.synchronize()
+        launches.append(len(device_events(one)))
     wall = collections.defaultdict(list)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(args.reps):
@@ -179,10 +216,8 @@ def env_ab(args) -> None:
             os.environ.pop(n, None)
         else:
             os.environ[n] = v
-    by_name = collections.defaultdict(list)
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA and not (args.flush_l2 and "fill" in event.name.lower()):
-            by_name[event.name].append((event.time_range.start, event.device_time))
+    events = device_events(prof)
+    per_setting, counts = split_calls(events, launches, args.reps)
     print(f"{args.shape} {args.io_dtype} I/O, {args.precision} {'fwd+bwd' if args.backward else 'fwd'}, "
           f"{len(settings)} settings alternating, "
           f"{args.reps} reps{', L2 flushed before each call' if args.flush_l2 else ''}; outputs bit-identical "
@@ -190,12 +225,9 @@ def env_ab(args) -> None:
     for i, s in enumerate(settings):
         label = " ".join(f"{n}={v}" for n, v in s.items())
         print(f"  [{i}] {label}: call wall median {statistics.median(wall[i]):9.1f} µs")
-        for name, evs in sorted(by_name.items(), key=lambda kv: -sum(t for _, t in kv[1])):
-            evs = sorted(evs)
-            if len(evs) % len(settings):
-                continue
-            mine = [t for j, (_, t) in enumerate(evs) if j % len(settings) == i]
-            print(f"      median {statistics.median(mine):9.1f} µs  {name[:100]}")
+        for name, times in sorted(per_setting[i].items(), key=lambda kv: -sum(kv[1])):
+            n = counts[i][name]
+            print(f"      median {statistics.median(times):9.1f} µs{f' ({n} launches)' if n > 1 else ''}  {name[:100]}")
 
 
 def forward_ab(times: dict[str, list[float]]) -> None:

@@ -1,9 +1,11 @@
 """CPU tests of the benchmark: benchmarks/bench_cufft.py (the user-facing script) and the
 package benchmarks/fftconv_bench it runs."""
+import collections
 import csv
 import importlib.util
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -746,6 +748,31 @@ def test_gpu_timing_scripts_parse_their_options_on_the_cpu(script, options):
         assert "--fwd-uniform-pairs-ab" in proc.stdout
 
 
+def test_kernel_times_env_ab_cuts_the_profile_into_calls_by_launch_count():
+    """kernel_times.py --env-ab: settings that launch other kernels, or fewer (a switch picks
+    another instance, or drops a pass), are told apart by each setting's launch count: a
+    kernel's times go to the setting whose call launched them, a call's launches of one kernel
+    summed; a profile of the wrong length is refused."""
+    spec = importlib.util.spec_from_file_location("kernel_times", os.path.join(_BENCHMARKS, "kernel_times.py"))
+    kernel_times = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kernel_times)
+    rng = random.Random(7)
+    # setting 0: outer, kGrad<false>, outer, batch_sum; setting 1: outer, kGrad<true>, outer
+    calls = [["outer", "grad_batch", "outer", "batch_sum"], ["outer", "grad_channel", "outer"]]
+    events, want = [], [collections.defaultdict(list), collections.defaultdict(list)]
+    for _ in range(5):
+        for i, names in enumerate(calls):
+            times = [rng.uniform(1, 100) for _ in names]
+            events += list(zip(names, times))
+            for name in set(names):
+                want[i][name].append(sum(t for n, t in zip(names, times) if n == name))
+    per_setting, counts = kernel_times.split_calls(events, [4, 3], 5)
+    assert [dict(d) for d in per_setting] == [dict(d) for d in want]
+    assert counts[0] == {"outer": 2, "grad_batch": 1, "batch_sum": 1} and counts[1] == {"outer": 2, "grad_channel": 1}
+    with pytest.raises(SystemExit, match="35 launches profiled"):
+        kernel_times.split_calls(events, [4, 4], 5)
+
+
 def test_kernel_times_forward_ab_picks_the_two_forward_kernels(capsys):
     """kernel_times.py --fwd-uniform-pairs-ab: the forward kernels' medians by name, thread 0's own
     path (gated or not) against the uniform pair sweep, the spectrum kernel left out."""
@@ -1173,27 +1200,32 @@ def test_ab_builds_checks_the_switch_builds_both_and_alternates(tmp_path):
     assert done.stdout.count("timing-line") == 4 and "== variant, round 2 (status 0)" in done.stdout
 
 
-def test_channel_rows_method_sets_the_switch_around_its_forward_and_backward(bench, monkeypatch):
-    """monarch-channel-rows (on request; the CUDA four-step's) calls the forward and backward ops
-    with MONARCH_FFTCONV_FOURSTEP_ROWS=channel set around each, and only there (the binding reads
-    it at each call); monarch-split-grad sets its switch around the backward alone."""
+def test_four_step_rows_methods_set_their_switches_around_the_forward_and_backward(bench, monkeypatch):
+    """monarch-channel-rows and monarch-folded-sums (on request; the CUDA four-step's) call the
+    forward and backward ops with their switches set around each, and only there (the binding
+    reads them at each call); monarch-split-grad sets its switch around the backward alone."""
     from monarch_fftconv import ops
 
     methods = bench.methods
-    monkeypatch.delenv(methods.FOURSTEP_ROWS_ENV, raising=False)
+    names = (methods.FOURSTEP_ROWS_ENV, methods.FOURSTEP_SUMS_ENV, methods.GRAD_SPLIT_ENV)
+    for name in names:
+        monkeypatch.delenv(name, raising=False)
     seen = []
-    for name in ("fftconv_op", "fftconv_backward_op"):
-        real = getattr(ops, name)
-        monkeypatch.setattr(ops, name, (lambda name, real: lambda *args: (
-            seen.append((name, os.environ.get(methods.FOURSTEP_ROWS_ENV), os.environ.get(methods.GRAD_SPLIT_ENV))),
-            real(*args))[1])(name, real))
-    u, k = torch.randn(2, 3, 100, requires_grad=True), torch.randn(3, 37, requires_grad=True)
-    methods._backward_switched(methods.FOURSTEP_ROWS_ENV, "channel", forward_too=True)(u, k).sum().backward()
-    assert seen == [("fftconv_op", "channel", None), ("fftconv_backward_op", "channel", None)]
-    assert methods.FOURSTEP_ROWS_ENV not in os.environ and u.grad.shape == u.shape and k.grad.shape == k.shape
-    seen.clear()
-    methods._backward_switched(methods.GRAD_SPLIT_ENV, "1")(u, k).sum().backward()
-    assert seen == [("fftconv_op", None, None), ("fftconv_backward_op", None, "1")]
-    assert "monarch-channel-rows" not in {m.name for m in methods.make_methods("cpu")}  # on request only
-    (row,) = methods.make_methods("cpu", only=["monarch-channel-rows"])
-    assert row.unavailable == "the row order is the CUDA four-step's"
+    for op in ("fftconv_op", "fftconv_backward_op"):
+        real = getattr(ops, op)
+        monkeypatch.setattr(ops, op, (lambda op, real: lambda *args: (
+            seen.append((op, *(os.environ.get(name) for name in names))), real(*args))[1])(op, real))
+    u, k = torch.randn(2, 3, 100), torch.randn(3, 37)
+    for method, want in (("monarch-channel-rows", ("channel", None, None)),
+                         ("monarch-folded-sums", ("channel", "fold", None)),
+                         ("monarch-split-grad", (None, None, "1"))):
+        seen.clear()
+        (conv,) = [c for c in methods.convolutions("cpu") if c.name == method]
+        bound = conv.bind(u, k, True)  # what the benchmark's training step calls
+        bound.forward().sum().backward()
+        forward_env = want if method != "monarch-split-grad" else (None, None, None)
+        assert seen == [("fftconv_op", *forward_env), ("fftconv_backward_op", *want)], method
+        assert not any(name in os.environ for name in names)
+        assert all(leaf.grad is not None and leaf.grad.shape == leaf.shape for leaf in bound.leaves)
+        assert conv.unavailable in ("the row order is the CUDA four-step's", "the split backward is the CUDA backward's")
+    assert not {"monarch-channel-rows", "monarch-folded-sums"} & {m.name for m in methods.make_methods("cpu")}

@@ -869,39 +869,54 @@ def test_fourstep_backward_is_deterministic(gen):
 
 
 FOURSTEP_ROWS_ENV = "MONARCH_FFTCONV_FOURSTEP_ROWS"  # read by the binding at each four-step call
+FOURSTEP_SUMS_ENV = "MONARCH_FFTCONV_FOURSTEP_GRAD_SUMS"  # at each four-step backward call
 
 
-@pytest.mark.watchdog(GPU_WATCHDOG_S)  # new kernel instances (channel-major rows): a hang fails, not stalls
+@pytest.mark.watchdog(GPU_WATCHDOG_S)  # new kernel instances (channel-major rows, the fold): a hang fails, not stalls
 @pytest.mark.parametrize("batch, channels, length, filter_len, io_dtype", [
     (3, 5, 40000, 777, torch.float32),  # N = 131072 (M = 8192, P = 16), odd B and C, Lk < L
     (4, 3, 1 << 18, 1 << 18, torch.float32),  # N = 2^19: M = 4096, the other inner plan
     (5, 2, 20000, 20000, torch.bfloat16),  # N = 65536, 2-byte I/O
     (1, 3, 33333, 5, torch.float32),  # B = 1: the two orders are one
 ])
-def test_fourstep_channel_major_rows_are_the_same_bits(batch, channels, length, filter_len, io_dtype, monkeypatch,
-                                                       gen):
+def test_fourstep_channel_major_rows_and_the_folded_sums_are_the_same_bits(batch, channels, length, filter_len,
+                                                                           io_dtype, monkeypatch, gen):
     """MONARCH_FFTCONV_FOURSTEP_ROWS=channel (the inner stage's rows sharing a filter row taken
-    together, fourstep/args.cuh inner_row): the forward, with and without the skip term, and the
-    backward's du, dk, dD are the batch-major order's bits (each row is transformed alone), and
-    within the fp32 budget of float64; u strided over channels; an unknown order refused."""
+    together, fourstep/args.cuh inner_row), alone and with MONARCH_FFTCONV_FOURSTEP_GRAD_SUMS=fold
+    (the batch sum folded into the grad kernel, its last item per filter row summing in batch
+    order): the forward, with and without the skip term, and the backward's du, dk, dD are the
+    default's bits (each row is transformed alone; the sums keep their order), twice over (the
+    fold's counters start from zero each call), and within the fp32 budget of float64; u strided
+    over channels; an unknown order, and the fold without channel rows, refused."""
     base = randn(gen, batch, 2 * channels, length, device=DEVICE).to(io_dtype)
     u = base[:, ::2]
     k, D = randn(gen, channels, filter_len, device=DEVICE) / filter_len**0.5, randn(gen, channels, device=DEVICE)
     dy = randn(gen, batch, channels, length, device=DEVICE).to(io_dtype)
     spectrum = ops.filter_spectrum(k, length, "fp32")
     runs = {}
-    for order in ("channel", "batch"):
+    for order, sums in (("channel", "fold"), ("channel", "pass"), ("batch", "pass"), ("channel", "fold")):
         monkeypatch.setenv(FOURSTEP_ROWS_ENV, order)
-        runs[order] = [poisoned_call(lambda: ops.conv_forward(u, spectrum, skip, "fp32"), u) for skip in (D, None)]
-        runs[order] += list(ops.fftconv_backward(dy, u, spectrum, D, filter_len, "fp32"))
-    assert all(torch.equal(a, b) for a, b in zip(runs["channel"], runs["batch"]))
-    y = runs["channel"][0]
+        monkeypatch.setenv(FOURSTEP_SUMS_ENV, sums)
+        run = [poisoned_call(lambda: ops.conv_forward(u, spectrum, skip, "fp32"), u) for skip in (D, None)]
+        run += list(poisoned_call(lambda: ops.fftconv_backward(dy, u, spectrum, D, filter_len, "fp32"), u))
+        if (order, sums) in runs:
+            assert all(torch.equal(a, b) for a, b in zip(run, runs[order, sums])), "not deterministic"
+        runs[order, sums] = run
+    assert all(torch.equal(a, b) for a, b in zip(runs["channel", "pass"], runs["batch", "pass"]))
+    assert all(torch.equal(a, b) for a, b in zip(runs["channel", "fold"], runs["batch", "pass"]))
+    y = runs["channel", "fold"][0]
     assert torch.isfinite(y).all()
     assert rel_l2(y, reference(u, k, D)) <= BUDGETS["fp32"] + 2 * IO_ROUNDING[io_dtype]
     leaves = [t.double().requires_grad_() for t in (u, k, D)]
     want = torch.autograd.grad(reference(*leaves), leaves, dy.double())
-    for name, got, w in zip(("du", "dk", "dD"), runs["channel"][2:], want):
+    for name, got, w in zip(("du", "dk", "dD"), runs["channel", "fold"][2:], want):
         assert torch.isfinite(got).all() and rel_l2(got, w) <= 1.5 * BUDGETS["fp32"] + 2 * IO_ROUNDING[io_dtype], name
+    monkeypatch.setenv(FOURSTEP_ROWS_ENV, "batch")
+    with pytest.raises(ValueError, match="MONARCH_FFTCONV_FOURSTEP_GRAD_SUMS=fold needs MONARCH_FFTCONV_FOURSTEP_ROWS=channel"):
+        ops.fftconv_backward(dy, u, spectrum, D, filter_len, "fp32")
+    monkeypatch.setenv(FOURSTEP_SUMS_ENV, "folded")
+    with pytest.raises(ValueError, match="MONARCH_FFTCONV_FOURSTEP_GRAD_SUMS must be 'pass' or 'fold'"):
+        ops.fftconv_backward(dy, u, spectrum, D, filter_len, "fp32")
     monkeypatch.setenv(FOURSTEP_ROWS_ENV, "channels")
     with pytest.raises(ValueError, match="MONARCH_FFTCONV_FOURSTEP_ROWS must be 'batch' or 'channel'"):
         ops.conv_forward(u, spectrum, D, "fp32")

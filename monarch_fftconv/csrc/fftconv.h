@@ -222,6 +222,7 @@ struct FourStepBackwardParams {
   int fft_size;
   IOType io_type;
   bool channel_major_rows;        // as FourStepParams'
+  bool fold_batch_sum;            // the filter gradient's batch sum in the grad kernel (needs channel_major_rows)
 };
 
 // The launches. The binding has checked the tensors and the split against the coverage;

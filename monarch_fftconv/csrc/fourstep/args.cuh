@@ -20,12 +20,13 @@ struct FourStepArgs {
   void* y;             // (B, C, L)
   float2* a;           // (B·C, R, M)
   float2* products;    // InnerMode::kGrad: (B·C, R, M), X in, conj(X)·DY out
+  int* arrivals;       // kGrad folding the batch sum (fold_batch_sum): (C·R) counters, zero at launch
   int64_t B, C, L;
   int64_t columns;     // B·C·M
   int N, M, logM, R;   // R = P/2 + 1
   int conj;            // kConv, kGrad: multiply by the conjugate filter
   int channel_major;   // kConv, kGrad: the inner stage's rows channel-major (inner_row)
-  float scale;         // kSpectrum: the spectrum times this
+  float scale;         // kSpectrum: the spectrum times this; kGrad folding: the batch sum times this
   int64_t tile_stride; // outer stage, P >= 128: the CTAs resident at once (the prefetch distance)
 };
 

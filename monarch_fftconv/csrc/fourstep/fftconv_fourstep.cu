@@ -95,10 +95,10 @@ size_t slots_smem(int S) {
   return (size_t)Pl::SPB * 2 * S * sizeof(float) + (size_t)Pl::N_TW * sizeof(float2);
 }
 
-template <int LOGM, InnerMode MODE, bool CHANNEL_MAJOR>
+template <int LOGM, InnerMode MODE, bool CHANNEL_MAJOR, bool FOLD_SUMS = false>
 cudaError_t launch_inner(const FourStepArgs& g, cudaStream_t stream) {
   using Pl = Plan<LOGM>;
-  constexpr auto kern = &inner_kernel<LOGM, MODE, CHANNEL_MAJOR>;
+  constexpr auto kern = &inner_kernel<LOGM, MODE, CHANNEL_MAJOR, FOLD_SUMS>;
   const int S = slot_floats<LOGM>();
   const size_t smem = slots_smem<LOGM>(S);
   int ctas = 0, sms = 0;
@@ -112,15 +112,21 @@ cudaError_t launch_inner(const FourStepArgs& g, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The row order (inner_row) is a choice only where rows share a filter row.
+// The row order (inner_row) is a choice only where rows share a filter row; the batch sum's fold
+// (g.arrivals given) only in the channel-major kGrad.
 template <InnerMode MODE>
 cudaError_t launch_inner_any(const FourStepArgs& g, cudaStream_t stream) {
   return with_log2<12, 13>(g.M, [&](auto logm) {
     constexpr int LOGM = decltype(logm)::value;
     if constexpr (MODE == InnerMode::kConv || MODE == InnerMode::kGrad) {
-      if (g.channel_major) return launch_inner<LOGM, MODE, true>(g, stream);
+      if (g.channel_major) {
+        if constexpr (MODE == InnerMode::kGrad) {
+          if (g.arrivals != nullptr) return launch_inner<LOGM, MODE, true, true>(g, stream);
+        }
+        return launch_inner<LOGM, MODE, true>(g, stream);
+      }
     }
-    return launch_inner<LOGM, MODE, false>(g, stream);
+    return g.arrivals == nullptr ? launch_inner<LOGM, MODE, false>(g, stream) : cudaErrorInvalidValue;
   });
 }
 
@@ -193,10 +199,19 @@ cudaError_t fourstep_spectrum(const FourStepParams& p, cudaStream_t stream) {
   return err == cudaSuccess ? launch_inner_any<InnerMode::kSpectrum>(g, stream) : err;
 }
 
+namespace {
+// The backward's workspace: the two intermediates, then the fold's arrival counters (C·R ints).
+size_t intermediate_bytes(const FourStepBackwardParams& p) {
+  return (size_t)(p.batch * p.channels * fourstep_rows(p.fft_size) * fourstep_inner_size(p.fft_size)) * sizeof(float2);
+}
+size_t arrivals_bytes(const FourStepBackwardParams& p) {
+  return p.fold_batch_sum ? ((size_t)(p.channels * fourstep_rows(p.fft_size)) * sizeof(int) + 15) / 16 * 16 : 0;
+}
+}  // namespace
+
 size_t fourstep_backward_workspace_bytes(const FourStepBackwardParams& p) {
   if (p.fft_size < kFourStepMinSize || p.fft_size > kFourStepMaxSize) return 0;
-  const int64_t per_intermediate = p.batch * p.channels * fourstep_rows(p.fft_size) * fourstep_inner_size(p.fft_size);
-  return 2 * (size_t)per_intermediate * sizeof(float2);
+  return 2 * intermediate_bytes(p) + arrivals_bytes(p);
 }
 
 // Eight launches through two intermediates, X (u's spectrum, then the filter gradient's) and
@@ -204,7 +219,8 @@ size_t fourstep_backward_workspace_bytes(const FourStepBackwardParams& p) {
 //   X  = spectrum(u)                                   outer forward, inner kSpectrum
 //   du = correlation(dy, K): outer forward of dy, inner kGrad (X <- conj(X)·DY on the way,
 //        the product with conj K, the inverse), outer inverse
-//   G  = Σ_b conj(X_b)·DY_b / N                        batch_sum, into X's first C rows
+//   G  = Σ_b conj(X_b)·DY_b / N                        batch_sum, into X's first C rows (or,
+//        with fold_batch_sum, the last of each filter row's B kGrad items: no pass)
 //   dk = the first filter_len samples of G's inverse   inner kInverse, outer inverse (fp32)
 // The filter gradient is the spectrum's adjoint applied to w ⊙ G, w the row weights (rows
 // 0 and P/2 once, the others twice, as the outer inverse counts them); the adjoint divides
@@ -214,7 +230,7 @@ cudaError_t fourstep_backward(const FourStepBackwardParams& p, cudaStream_t stre
   if (fourstep_backward_workspace_bytes(p) == 0 || p.batch <= 0 || p.channels <= 0 || p.seq_len < 1 ||
       2 * p.seq_len > p.fft_size || p.filter_len < 1 || p.filter_len > p.seq_len || !p.u || !p.grad ||
       !p.filter_spectrum || !p.grad_u || !p.grad_filter || !p.workspace ||
-      reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0)
+      reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0 || (p.fold_batch_sum && !p.channel_major_rows))
     return cudaErrorInvalidValue;
   FourStepParams fp{};
   fp.filter_spectrum = p.filter_spectrum;
@@ -225,9 +241,10 @@ cudaError_t fourstep_backward(const FourStepBackwardParams& p, cudaStream_t stre
   fp.fft_size = p.fft_size;
   fp.io_type = p.io_type;
   fp.channel_major_rows = p.channel_major_rows;
-  const size_t half = fourstep_backward_workspace_bytes(p) / 2;
+  const size_t half = intermediate_bytes(p);
   float2* spectra = reinterpret_cast<float2*>(p.workspace);
   float2* dy_rows = reinterpret_cast<float2*>(static_cast<char*>(p.workspace) + half);
+  int* arrivals = p.fold_batch_sum ? reinterpret_cast<int*>(static_cast<char*>(p.workspace) + 2 * half) : nullptr;
 
   // X = spectrum(u)
   fp.x = p.u;
@@ -248,13 +265,16 @@ cudaError_t fourstep_backward(const FourStepBackwardParams& p, cudaStream_t stre
   g = make_args(fp);
   g.conj = 1;
   g.products = spectra;
+  g.arrivals = arrivals;
+  g.scale = 1.f / (float)p.fft_size;  // the fold's
   if (err == cudaSuccess) err = launch_outer<false>(g, p.io_type, stream);
+  if (err == cudaSuccess && arrivals != nullptr) err = cudaMemsetAsync(arrivals, 0, arrivals_bytes(p), stream);
   if (err == cudaSuccess) err = launch_inner_any<InnerMode::kGrad>(g, stream);
   if (err == cudaSuccess) err = launch_outer<true>(g, p.io_type, stream);
 
-  // G = Σ_b conj(X_b)·DY_b / N, then its inverse: dk
+  // G = Σ_b conj(X_b)·DY_b / N (unless kGrad folded it), then its inverse: dk
   const int64_t per_batch = p.channels * fourstep_rows(p.fft_size) * (int64_t)fourstep_inner_size(p.fft_size);
-  if (err == cudaSuccess) {
+  if (err == cudaSuccess && arrivals == nullptr) {
     batch_sum_kernel<<<(unsigned)((per_batch + kOuterThreads - 1) / kOuterThreads), kOuterThreads, 0, stream>>>(
         spectra, p.batch, per_batch, 1.f / (float)p.fft_size);
     err = cudaGetLastError();

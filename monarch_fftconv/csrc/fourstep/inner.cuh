@@ -12,11 +12,41 @@ namespace monarch_fftconv {
 namespace {
 namespace fp32_detail {
 
+// kGrad with FOLD_SUMS (the backward's filter gradient, channel-major rows): the batch sum
+// G[c][k2] = scale · Σ_b conj(X_b)·DY_b folded into the grad kernel instead of a batch_sum pass.
+// A work item counts itself in g.arrivals[c·R + k2] once its product row is visible device-wide;
+// the item that counts last (the B items of a filter row run side by side, so their product rows
+// are still in L2) sums the B rows in batch order, batch_sum's order, so the same bits, into
+// batch 0's row (c, k2), which is where batch_sum leaves G. Called by every thread of the CTA.
+template <int M, int T>
+__device__ __forceinline__ void fold_batch_sum(const FourStepArgs& g, int64_t work, bool valid, int tx, int ty,
+                                               int* last) {
+  __threadfence();  // this thread's product stores, before its item is counted
+  __syncthreads();  // every thread's
+  const InnerRow row = inner_row<true>(valid ? work : 0, g.B, g.C, g.R);
+  if (tx == 0) last[ty] = valid && atomicAdd(g.arrivals + row.filter, 1) == g.B - 1;
+  __syncthreads();
+  if (!last[ty]) return;
+  __threadfence();  // the other items' products, after their counts
+  const int64_t batch_stride = g.C * g.R * (int64_t)M;  // row (b·C + c, k2) is b·C·R rows after (c, k2)
+  float2* sum_row = g.products + row.filter * M;         // batch 0's row: (0·C + c)·R + k2
+  for (int e = tx; e < M; e += T) {
+    float2 sum = __ldcg(sum_row + e);
+    for (int64_t b = 1; b < g.B; ++b) {
+      const float2 z = __ldcg(sum_row + b * batch_stride + e);
+      sum.x += z.x;
+      sum.y += z.y;
+    }
+    sum_row[e] = make_float2(sum.x * g.scale, sum.y * g.scale);
+  }
+}
+
 // One row (s, k2) of M complex values per CTA slot: forward FFT_M (Stockham passes p1, p2 and
 // the radix-16 "mid" pass, whose outputs are Z[j + r·M/16] in natural order), the filter
 // product, and the inverse passes in the mirror order, in place.
-template <int LOGM, InnerMode MODE, bool CHANNEL_MAJOR>
+template <int LOGM, InnerMode MODE, bool CHANNEL_MAJOR, bool FOLD_SUMS = false>
 __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inner_kernel(const FourStepArgs g, int S) {
+  static_assert(!FOLD_SUMS || (MODE == InnerMode::kGrad && CHANNEL_MAJOR), "the fold is the channel-major kGrad's");
   using Pl = Plan<LOGM>;
   constexpr int M = Pl::M, T = Pl::T, SPB = Pl::SPB, R1 = Pl::R1;
   extern __shared__ float4 smem_raw[];
@@ -131,6 +161,10 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inn
 #pragma unroll
         for (int r = 0; r < R1; ++r) __stcg(data + j + r * NS, make_float2(v[q][r].x, v[q][r].y));
       });
+    }
+    if constexpr (FOLD_SUMS) {
+      __shared__ int last_arrival[SPB];
+      fold_batch_sum<M, T>(g, work, valid, tx, ty, last_arrival);
     }
   }
 }
