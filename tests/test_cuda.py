@@ -870,6 +870,7 @@ def test_fourstep_backward_is_deterministic(gen):
 
 FOURSTEP_ROWS_ENV = "MONARCH_FFTCONV_FOURSTEP_ROWS"  # read by the binding at each four-step call
 FOURSTEP_SUMS_ENV = "MONARCH_FFTCONV_FOURSTEP_GRAD_SUMS"  # at each four-step backward call
+FOURSTEP_U_SPECTRUM_ENV = "MONARCH_FFTCONV_FOURSTEP_U_SPECTRUM"  # the same
 
 
 @pytest.mark.watchdog(GPU_WATCHDOG_S)  # new kernel instances (channel-major rows, the fold): a hang fails, not stalls
@@ -882,38 +883,50 @@ FOURSTEP_SUMS_ENV = "MONARCH_FFTCONV_FOURSTEP_GRAD_SUMS"  # at each four-step ba
 def test_fourstep_channel_major_rows_and_the_folded_sums_are_the_same_bits(batch, channels, length, filter_len,
                                                                            io_dtype, monkeypatch, gen):
     """MONARCH_FFTCONV_FOURSTEP_ROWS=channel (the inner stage's rows sharing a filter row taken
-    together, fourstep/args.cuh inner_row), alone and with MONARCH_FFTCONV_FOURSTEP_GRAD_SUMS=fold
+    together, fourstep/args.cuh inner_row), alone, with MONARCH_FFTCONV_FOURSTEP_GRAD_SUMS=fold
     (the batch sum folded into the grad kernel, its last item per filter row summing in batch
-    order): the forward, with and without the skip term, and the backward's du, dk, dD are the
-    default's bits (each row is transformed alone; the sums keep their order), twice over (the
-    fold's counters start from zero each call), and within the fp32 budget of float64; u strided
-    over channels; an unknown order, and the fold without channel rows, refused."""
+    order) and with MONARCH_FFTCONV_FOURSTEP_U_SPECTRUM=fused (u's inner FFTs in the grad kernel,
+    InnerMode::kGradFromU): the forward, with and without the skip term, and the backward's du,
+    dk, dD are the default's bits (each row is transformed alone, by the same passes; the sums
+    keep their order), twice over (the fold's counters start from zero each call), and within
+    the fp32 budget of float64; u strided over channels; an unknown value, and the fold or the
+    fused spectrum without channel rows, refused."""
     base = randn(gen, batch, 2 * channels, length, device=DEVICE).to(io_dtype)
     u = base[:, ::2]
     k, D = randn(gen, channels, filter_len, device=DEVICE) / filter_len**0.5, randn(gen, channels, device=DEVICE)
     dy = randn(gen, batch, channels, length, device=DEVICE).to(io_dtype)
     spectrum = ops.filter_spectrum(k, length, "fp32")
     runs = {}
-    for order, sums in (("channel", "fold"), ("channel", "pass"), ("batch", "pass"), ("channel", "fold")):
-        monkeypatch.setenv(FOURSTEP_ROWS_ENV, order)
-        monkeypatch.setenv(FOURSTEP_SUMS_ENV, sums)
+    settings = [("channel", "fold", "fused"), ("channel", "pass", "pass"), ("batch", "pass", "pass"),
+                ("channel", "fold", "pass"), ("channel", "pass", "fused"), ("channel", "fold", "fused")]
+    for setting in settings:
+        for env, value in zip((FOURSTEP_ROWS_ENV, FOURSTEP_SUMS_ENV, FOURSTEP_U_SPECTRUM_ENV), setting):
+            monkeypatch.setenv(env, value)
         run = [poisoned_call(lambda: ops.conv_forward(u, spectrum, skip, "fp32"), u) for skip in (D, None)]
         run += list(poisoned_call(lambda: ops.fftconv_backward(dy, u, spectrum, D, filter_len, "fp32"), u))
-        if (order, sums) in runs:
-            assert all(torch.equal(a, b) for a, b in zip(run, runs[order, sums])), "not deterministic"
-        runs[order, sums] = run
-    assert all(torch.equal(a, b) for a, b in zip(runs["channel", "pass"], runs["batch", "pass"]))
-    assert all(torch.equal(a, b) for a, b in zip(runs["channel", "fold"], runs["batch", "pass"]))
-    y = runs["channel", "fold"][0]
+        if setting in runs:
+            assert all(torch.equal(a, b) for a, b in zip(run, runs[setting])), f"{setting}: not deterministic"
+        runs[setting] = run
+    default = runs["batch", "pass", "pass"]
+    for setting, run in runs.items():
+        assert all(torch.equal(a, b) for a, b in zip(run, default)), setting
+    y = runs["channel", "fold", "fused"][0]
     assert torch.isfinite(y).all()
     assert rel_l2(y, reference(u, k, D)) <= BUDGETS["fp32"] + 2 * IO_ROUNDING[io_dtype]
     leaves = [t.double().requires_grad_() for t in (u, k, D)]
     want = torch.autograd.grad(reference(*leaves), leaves, dy.double())
-    for name, got, w in zip(("du", "dk", "dD"), runs["channel", "fold"][2:], want):
+    for name, got, w in zip(("du", "dk", "dD"), runs["channel", "fold", "fused"][2:], want):
         assert torch.isfinite(got).all() and rel_l2(got, w) <= 1.5 * BUDGETS["fp32"] + 2 * IO_ROUNDING[io_dtype], name
     monkeypatch.setenv(FOURSTEP_ROWS_ENV, "batch")
     with pytest.raises(ValueError, match="MONARCH_FFTCONV_FOURSTEP_GRAD_SUMS=fold needs MONARCH_FFTCONV_FOURSTEP_ROWS=channel"):
         ops.fftconv_backward(dy, u, spectrum, D, filter_len, "fp32")
+    monkeypatch.setenv(FOURSTEP_SUMS_ENV, "pass")
+    with pytest.raises(ValueError, match="MONARCH_FFTCONV_FOURSTEP_U_SPECTRUM=fused needs MONARCH_FFTCONV_FOURSTEP_ROWS=channel"):
+        ops.fftconv_backward(dy, u, spectrum, D, filter_len, "fp32")
+    monkeypatch.setenv(FOURSTEP_U_SPECTRUM_ENV, "fuse")
+    with pytest.raises(ValueError, match="MONARCH_FFTCONV_FOURSTEP_U_SPECTRUM must be 'pass' or 'fused'"):
+        ops.fftconv_backward(dy, u, spectrum, D, filter_len, "fp32")
+    monkeypatch.setenv(FOURSTEP_U_SPECTRUM_ENV, "pass")
     monkeypatch.setenv(FOURSTEP_SUMS_ENV, "folded")
     with pytest.raises(ValueError, match="MONARCH_FFTCONV_FOURSTEP_GRAD_SUMS must be 'pass' or 'fold'"):
         ops.fftconv_backward(dy, u, spectrum, D, filter_len, "fp32")

@@ -428,7 +428,10 @@ def convolutions(device: str, *, compile: bool = False,
             ("monarch-channel-rows", "fftconv_op + backward, four-step rows channel-major (N >= 65536)",
              {FOURSTEP_ROWS_ENV: "channel"}),
             ("monarch-folded-sums", "fftconv_op + backward, four-step rows channel-major, batch sum folded",
-             {FOURSTEP_ROWS_ENV: "channel", FOURSTEP_SUMS_ENV: "fold"})):
+             {FOURSTEP_ROWS_ENV: "channel", FOURSTEP_SUMS_ENV: "fold"}),
+            ("monarch-fused-u", "fftconv_op + backward, four-step rows channel-major, batch sum folded, "
+             "u's spectrum in the grad kernel",
+             {FOURSTEP_ROWS_ENV: "channel", FOURSTEP_SUMS_ENV: "fold", FOURSTEP_U_SPECTRUM_ENV: "fused"})):
         convs.append(Convolution(name, "monarch", "fp32", entry,
                                  bind_function(_backward_switched(settings, forward_too=True)),
                                  _explain("fp32", operator), _monarch_flops,
@@ -588,12 +591,13 @@ TENSOR_CORE_PRECISIONS = ("bf16", "fp16", "tf32")
 # Rows run only when --methods names them: the tensor-core op, and the switches' routes beside
 # the defaults (the fp32 backward's scratch route, the fused gates, the ops on grouped rows).
 ON_REQUEST_PREFIXES = ("monarch-tc[", "monarch-scratch-grad", "monarch-split-grad", "monarch-channel-rows",
-                       "monarch-folded-sums", "monarch-aten-gates", "monarch-grouped-ops", "monarch-unfused-gated-train", "monarch-tc-gates[")
+                       "monarch-folded-sums", "monarch-fused-u", "monarch-aten-gates", "monarch-grouped-ops", "monarch-unfused-gated-train", "monarch-tc-gates[")
 # Read by the binding at each backward call.
 GRAD_ACCUMULATOR_ENV = "MONARCH_FFTCONV_GRAD_ACCUMULATOR"
 GRAD_SPLIT_ENV = "MONARCH_FFTCONV_GRAD_SPLIT"
 FOURSTEP_ROWS_ENV = "MONARCH_FFTCONV_FOURSTEP_ROWS"  # and at each four-step forward call
 FOURSTEP_SUMS_ENV = "MONARCH_FFTCONV_FOURSTEP_GRAD_SUMS"
+FOURSTEP_U_SPECTRUM_ENV = "MONARCH_FFTCONV_FOURSTEP_U_SPECTRUM"
 
 
 @contextlib.contextmanager
@@ -649,7 +653,8 @@ def _backward_switched(settings: Dict[str, str], forward_too: bool = False) -> C
     the route the on-chip accumulator replaced), the split backward (MONARCH_FFTCONV_GRAD_SPLIT=1:
     at N = 32768 the filter sums alone and du by the forward kernel), or the four-step's
     channel-major rows (MONARCH_FFTCONV_FOURSTEP_ROWS=channel, forward and backward), with the
-    batch sum folded into the grad kernel (MONARCH_FFTCONV_FOURSTEP_GRAD_SUMS=fold)."""
+    batch sum folded into the grad kernel (MONARCH_FFTCONV_FOURSTEP_GRAD_SUMS=fold) and u's inner
+    FFTs there too (MONARCH_FFTCONV_FOURSTEP_U_SPECTRUM=fused)."""
 
     def switched() -> contextlib.ExitStack:
         stack = contextlib.ExitStack()

@@ -223,6 +223,7 @@ struct FourStepBackwardParams {
   IOType io_type;
   bool channel_major_rows;        // as FourStepParams'
   bool fold_batch_sum;            // the filter gradient's batch sum in the grad kernel (needs channel_major_rows)
+  bool fused_u_spectrum;          // u's inner FFT in the grad kernel, no pass of its own (needs channel_major_rows)
 };
 
 // The launches. The binding has checked the tensors and the split against the coverage;

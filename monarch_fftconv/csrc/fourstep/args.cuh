@@ -19,7 +19,7 @@ struct FourStepArgs {
   const float* skip;   // (C,) or null: the filter is K + skip/N
   void* y;             // (B, C, L)
   float2* a;           // (B·C, R, M)
-  float2* products;    // InnerMode::kGrad: (B·C, R, M), X in, conj(X)·DY out
+  float2* products;    // kGrad: (B·C, R, M), X in, conj(X)·DY out (kGradFromU: u's outer stage in)
   int* arrivals;       // kGrad folding the batch sum (fold_batch_sum): (C·R) counters, zero at launch
   int64_t B, C, L;
   int64_t columns;     // B·C·M
@@ -34,8 +34,10 @@ struct FourStepArgs {
 //   kConv      FFT_M, times the filter (or its conjugate), inverse FFT_M
 //   kSpectrum  FFT_M, times `scale`; stored
 //   kGrad      as kConv; on the way, the row's spectrum DY turns `products` (X) into conj(X)·DY
+//   kGradFromU as kGrad, `products` holding u's outer-stage rows: X = FFT_M of its row computed
+//              first, in place (the backward without a kSpectrum pass on u)
 //   kInverse   inverse FFT_M only
-enum class InnerMode { kConv, kSpectrum, kGrad, kInverse };
+enum class InnerMode { kConv, kSpectrum, kGrad, kGradFromU, kInverse };
 
 // Work item w of the inner stage: the intermediate's row (s, k2) = (b·C + c, k2) it transforms in
 // place, and the filter spectrum's row (c, k2) it multiplies by.
@@ -46,7 +48,7 @@ enum class InnerMode { kConv, kSpectrum, kGrad, kInverse };
 //   channel-major (w = (c·R + k2)·B + b): the B rows sharing a filter row are consecutive, so
 //     they run at about the same time and one HBM read of the filter row serves them all.
 // The same rows either way, each transformed alone: the same bits. Only the modes that read
-// the filter (kConv, kGrad) have a channel-major instance.
+// the filter (kConv, kGrad, kGradFromU) have a channel-major instance.
 struct InnerRow {
   int64_t data;     // s·R + k2
   int64_t channel;  // c

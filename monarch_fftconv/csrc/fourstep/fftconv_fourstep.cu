@@ -113,20 +113,25 @@ cudaError_t launch_inner(const FourStepArgs& g, cudaStream_t stream) {
 }
 
 // The row order (inner_row) is a choice only where rows share a filter row; the batch sum's fold
-// (g.arrivals given) only in the channel-major kGrad.
+// (g.arrivals given) only in the channel-major grad kernels, and kGradFromU is channel-major only.
 template <InnerMode MODE>
 cudaError_t launch_inner_any(const FourStepArgs& g, cudaStream_t stream) {
+  constexpr bool kGradLike = MODE == InnerMode::kGrad || MODE == InnerMode::kGradFromU;
   return with_log2<12, 13>(g.M, [&](auto logm) {
     constexpr int LOGM = decltype(logm)::value;
-    if constexpr (MODE == InnerMode::kConv || MODE == InnerMode::kGrad) {
+    if constexpr (MODE == InnerMode::kConv || kGradLike) {
       if (g.channel_major) {
-        if constexpr (MODE == InnerMode::kGrad) {
+        if constexpr (kGradLike) {
           if (g.arrivals != nullptr) return launch_inner<LOGM, MODE, true, true>(g, stream);
         }
         return launch_inner<LOGM, MODE, true>(g, stream);
       }
     }
-    return g.arrivals == nullptr ? launch_inner<LOGM, MODE, false>(g, stream) : cudaErrorInvalidValue;
+    if constexpr (MODE == InnerMode::kGradFromU) {
+      return cudaErrorInvalidValue;
+    } else {
+      return g.arrivals == nullptr ? launch_inner<LOGM, MODE, false>(g, stream) : cudaErrorInvalidValue;
+    }
   });
 }
 
@@ -216,7 +221,8 @@ size_t fourstep_backward_workspace_bytes(const FourStepBackwardParams& p) {
 
 // Eight launches through two intermediates, X (u's spectrum, then the filter gradient's) and
 // the dy pipeline's:
-//   X  = spectrum(u)                                   outer forward, inner kSpectrum
+//   X  = spectrum(u)                                   outer forward, inner kSpectrum (or, with
+//        fused_u_spectrum, the inner half in kGradFromU on the way: no kSpectrum pass)
 //   du = correlation(dy, K): outer forward of dy, inner kGrad (X <- conj(X)·DY on the way,
 //        the product with conj K, the inverse), outer inverse
 //   G  = Σ_b conj(X_b)·DY_b / N                        batch_sum, into X's first C rows (or,
@@ -230,7 +236,8 @@ cudaError_t fourstep_backward(const FourStepBackwardParams& p, cudaStream_t stre
   if (fourstep_backward_workspace_bytes(p) == 0 || p.batch <= 0 || p.channels <= 0 || p.seq_len < 1 ||
       2 * p.seq_len > p.fft_size || p.filter_len < 1 || p.filter_len > p.seq_len || !p.u || !p.grad ||
       !p.filter_spectrum || !p.grad_u || !p.grad_filter || !p.workspace ||
-      reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0 || (p.fold_batch_sum && !p.channel_major_rows))
+      reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0 ||
+      ((p.fold_batch_sum || p.fused_u_spectrum) && !p.channel_major_rows))
     return cudaErrorInvalidValue;
   FourStepParams fp{};
   fp.filter_spectrum = p.filter_spectrum;
@@ -246,7 +253,7 @@ cudaError_t fourstep_backward(const FourStepBackwardParams& p, cudaStream_t stre
   float2* dy_rows = reinterpret_cast<float2*>(static_cast<char*>(p.workspace) + half);
   int* arrivals = p.fold_batch_sum ? reinterpret_cast<int*>(static_cast<char*>(p.workspace) + 2 * half) : nullptr;
 
-  // X = spectrum(u)
+  // X = spectrum(u) (with fused_u_spectrum only its outer stage: kGradFromU does the rest)
   fp.x = p.u;
   fp.x_batch_stride = p.u_batch_stride;
   fp.x_channel_stride = p.u_channel_stride;
@@ -254,7 +261,7 @@ cudaError_t fourstep_backward(const FourStepBackwardParams& p, cudaStream_t stre
   FourStepArgs g = make_args(fp);
   g.scale = 1.f;
   cudaError_t err = launch_outer<false>(g, p.io_type, stream);
-  if (err == cudaSuccess) err = launch_inner_any<InnerMode::kSpectrum>(g, stream);
+  if (err == cudaSuccess && !p.fused_u_spectrum) err = launch_inner_any<InnerMode::kSpectrum>(g, stream);
 
   // du, and conj(X)·DY per sequence
   fp.x = p.grad;
@@ -269,7 +276,10 @@ cudaError_t fourstep_backward(const FourStepBackwardParams& p, cudaStream_t stre
   g.scale = 1.f / (float)p.fft_size;  // the fold's
   if (err == cudaSuccess) err = launch_outer<false>(g, p.io_type, stream);
   if (err == cudaSuccess && arrivals != nullptr) err = cudaMemsetAsync(arrivals, 0, arrivals_bytes(p), stream);
-  if (err == cudaSuccess) err = launch_inner_any<InnerMode::kGrad>(g, stream);
+  if (err == cudaSuccess) {
+    err = p.fused_u_spectrum ? launch_inner_any<InnerMode::kGradFromU>(g, stream)
+                             : launch_inner_any<InnerMode::kGrad>(g, stream);
+  }
   if (err == cudaSuccess) err = launch_outer<true>(g, p.io_type, stream);
 
   // G = Σ_b conj(X_b)·DY_b / N (unless kGrad folded it), then its inverse: dk
