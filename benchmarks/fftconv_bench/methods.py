@@ -429,9 +429,8 @@ def convolutions(device: str, *, compile: bool = False,
              {FOURSTEP_ROWS_ENV: "channel"}),
             ("monarch-folded-sums", "fftconv_op + backward, four-step rows channel-major, batch sum folded",
              {FOURSTEP_ROWS_ENV: "channel", FOURSTEP_SUMS_ENV: "fold"}),
-            ("monarch-fused-u", "fftconv_op + backward, four-step rows channel-major, batch sum folded, "
-             "u's spectrum in the grad kernel",
-             {FOURSTEP_ROWS_ENV: "channel", FOURSTEP_SUMS_ENV: "fold", FOURSTEP_U_SPECTRUM_ENV: "fused"})):
+            ("monarch-fused-u", "fftconv_op + backward, four-step rows channel-major, u's spectrum in the grad kernel",
+             {FOURSTEP_ROWS_ENV: "channel", FOURSTEP_U_SPECTRUM_ENV: "fused"})):
         convs.append(Convolution(name, "monarch", "fp32", entry,
                                  bind_function(_backward_switched(settings, forward_too=True)),
                                  _explain("fp32", operator), _monarch_flops,
