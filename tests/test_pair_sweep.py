@@ -7,8 +7,7 @@ filter copy filling the slots stage_index gives; the forward kernel's variant (t
 operands moved first, the others' twiddles of steps u >= 8 turned by -i) giving the same pairs
 and the same twiddle bits; the program also feeds the checks deliberately wrong maps and fails
 unless every one is rejected. And the forward kernel's p1 input map (tests/p1_pairs_check.cu):
-each thread's pairs tile the sequence's nonzero half once; and the four-step inner stage's row
-orders (tests/fourstep_rows_check.cu)."""
+each thread's pairs tile the sequence's nonzero half once."""
 
 import shutil
 import subprocess
@@ -21,7 +20,6 @@ from monarch_fftconv import _extension
 NVCC = shutil.which("nvcc")
 SOURCE = Path(__file__).resolve().parent / "pair_sweep_check.cu"
 P1_PAIRS_SOURCE = Path(__file__).resolve().parent / "p1_pairs_check.cu"
-FOURSTEP_ROWS_SOURCE = Path(__file__).resolve().parent / "fourstep_rows_check.cu"
 
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 
@@ -68,11 +66,3 @@ def test_forward_p1_reads_the_pairs_the_staging_copies():
     assert "constexpr int M = P::M" in body and "constexpr int R = P::R1" in body and "const int j = tx + q * T;" in body
     assert staged.replace("P::M", "M").replace("P::R1", "R").replace(" ", "") == read.replace(" ", "")
     assert "p1_pair_start<LOGM>(tx + q * P::T, r)" in source  # the staging's j is forward_p1's
-
-
-def test_fourstep_row_orders_visit_every_row_once_with_its_filter_row(tmp_path):
-    """inner_row (fourstep/args.cuh), both orders, B·C·R work items for R = 5 .. 513: each
-    intermediate row once, with its own channel's filter row; channel-major keeps a filter row's
-    B rows together (MONARCH_FFTCONV_FOURSTEP_ROWS=channel), batch-major is the identity."""
-    out = build_and_run(FOURSTEP_ROWS_SOURCE, tmp_path)
-    assert "14 passed, 4 wrong maps rejected, 0 failed" in out

@@ -415,27 +415,15 @@ def convolutions(device: str, *, compile: bool = False,
     convs.append(cudnn_convolution(device, lacks_operator(
         "cudnn.ops.fft_causal_conv1d takes one causal filter per channel, no gates or D")))
     convs.append(Convolution("monarch-scratch-grad", "monarch", "fp32", "fftconv_op + scratch-route backward",
-                             bind_function(_backward_switched({GRAD_ACCUMULATOR_ENV: "global"})),
+                             bind_function(_backward_switched(GRAD_ACCUMULATOR_ENV, "global")),
                              _explain("fp32", operator), _monarch_flops,
                              unavailable=lacks_operator("a causal filter per channel, no gates or D")
                              or (None if device == "cuda" else "the scratch route is the CUDA backward's")))
     convs.append(Convolution("monarch-split-grad", "monarch", "fp32", "fftconv_op + split backward (N = 32768)",
-                             bind_function(_backward_switched({GRAD_SPLIT_ENV: "1"})),
+                             bind_function(_backward_switched(GRAD_SPLIT_ENV, "1")),
                              _explain("fp32", operator), _monarch_flops,
                              unavailable=lacks_operator("a causal filter per channel, no gates or D")
                              or (None if device == "cuda" else "the split backward is the CUDA backward's")))
-    for name, entry, settings in (
-            ("monarch-channel-rows", "fftconv_op + backward, four-step rows channel-major (N >= 65536)",
-             {FOURSTEP_ROWS_ENV: "channel"}),
-            ("monarch-folded-sums", "fftconv_op + backward, four-step rows channel-major, batch sum folded",
-             {FOURSTEP_ROWS_ENV: "channel", FOURSTEP_SUMS_ENV: "fold"}),
-            ("monarch-fused-u", "fftconv_op + backward, four-step rows channel-major, u's spectrum in the grad kernel",
-             {FOURSTEP_ROWS_ENV: "channel", FOURSTEP_U_SPECTRUM_ENV: "fused"})):
-        convs.append(Convolution(name, "monarch", "fp32", entry,
-                                 bind_function(_backward_switched(settings, forward_too=True)),
-                                 _explain("fp32", operator), _monarch_flops,
-                                 unavailable=lacks_operator("a causal filter per channel, no gates or D")
-                                 or (None if device == "cuda" else "the row order is the CUDA four-step's")))
     switched = [("monarch-grouped-ops", "the ops on G filter rows", "GROUPS_IN_KERNELS", True, "grouped",
                  operator.name != "grouped", "fp32"),
                 ("monarch-aten-gates", "fftconv_op with ATen gates around it", "FUSED_GATES", False, "gated",
@@ -589,14 +577,11 @@ def cudnn_convolution(device: str, lacks_operator: Optional[str] = None) -> Conv
 TENSOR_CORE_PRECISIONS = ("bf16", "fp16", "tf32")
 # Rows run only when --methods names them: the tensor-core op, and the switches' routes beside
 # the defaults (the fp32 backward's scratch route, the fused gates, the ops on grouped rows).
-ON_REQUEST_PREFIXES = ("monarch-tc[", "monarch-scratch-grad", "monarch-split-grad", "monarch-channel-rows",
-                       "monarch-folded-sums", "monarch-fused-u", "monarch-aten-gates", "monarch-grouped-ops", "monarch-unfused-gated-train", "monarch-tc-gates[")
+ON_REQUEST_PREFIXES = ("monarch-tc[", "monarch-scratch-grad", "monarch-split-grad", "monarch-aten-gates",
+                       "monarch-grouped-ops", "monarch-unfused-gated-train", "monarch-tc-gates[")
 # Read by the binding at each backward call.
 GRAD_ACCUMULATOR_ENV = "MONARCH_FFTCONV_GRAD_ACCUMULATOR"
 GRAD_SPLIT_ENV = "MONARCH_FFTCONV_GRAD_SPLIT"
-FOURSTEP_ROWS_ENV = "MONARCH_FFTCONV_FOURSTEP_ROWS"  # and at each four-step forward call
-FOURSTEP_SUMS_ENV = "MONARCH_FFTCONV_FOURSTEP_GRAD_SUMS"
-FOURSTEP_U_SPECTRUM_ENV = "MONARCH_FFTCONV_FOURSTEP_U_SPECTRUM"
 
 
 @contextlib.contextmanager
@@ -645,27 +630,17 @@ def _explain_switched(precision: str, operator: Operator, switch: str, value: bo
     return explain
 
 
-def _backward_switched(settings: Dict[str, str], forward_too: bool = False) -> Callable[..., Tensor]:
-    """monarch[fp32]'s forward op, and its backward op with the binding's switches (name: value)
-    set around the call only (and around the forward's with forward_too), timed beside the
-    default: the per-channel sums in the global scratch (MONARCH_FFTCONV_GRAD_ACCUMULATOR=global,
-    the route the on-chip accumulator replaced), the split backward (MONARCH_FFTCONV_GRAD_SPLIT=1:
-    at N = 32768 the filter sums alone and du by the forward kernel), or the four-step's
-    channel-major rows (MONARCH_FFTCONV_FOURSTEP_ROWS=channel, forward and backward), with the
-    batch sum folded into the grad kernel (MONARCH_FFTCONV_FOURSTEP_GRAD_SUMS=fold) and u's inner
-    FFTs there too (MONARCH_FFTCONV_FOURSTEP_U_SPECTRUM=fused)."""
-
-    def switched() -> contextlib.ExitStack:
-        stack = contextlib.ExitStack()
-        for name, value in settings.items():
-            stack.enter_context(_set(os.environ, name, value))
-        return stack
+def _backward_switched(name: str, value: str) -> Callable[..., Tensor]:
+    """monarch[fp32]'s forward op, and its backward op with the binding's switch `name` = value
+    set around the call only, timed beside the default: the per-channel sums in the global
+    scratch (MONARCH_FFTCONV_GRAD_ACCUMULATOR=global, the route the on-chip accumulator
+    replaced), or the split backward (MONARCH_FFTCONV_GRAD_SPLIT=1: at N = 32768 the filter sums
+    alone and du by the forward kernel)."""
 
     class SwitchedBackwardConv(torch.autograd.Function):
         @staticmethod
         def forward(ctx, u: Tensor, k: Tensor) -> Tensor:
-            with switched() if forward_too else contextlib.nullcontext():
-                y, spectrum = mf.ops.fftconv_op(u, k, None, "fp32")
+            y, spectrum = mf.ops.fftconv_op(u, k, None, "fp32")
             ctx.save_for_backward(u, spectrum)
             ctx.filter_len = k.shape[-1]
             return y
@@ -673,7 +648,7 @@ def _backward_switched(settings: Dict[str, str], forward_too: bool = False) -> C
         @staticmethod
         def backward(ctx, grad: Tensor):
             u, spectrum = ctx.saved_tensors
-            with switched():
+            with _set(os.environ, name, value):
                 du, dk, _ = mf.ops.fftconv_backward_op(grad.contiguous(), u, spectrum, None, ctx.filter_len, "fp32")
             return du, dk
 

@@ -218,9 +218,6 @@ at::Tensor conv_forward_gated_z(const at::Tensor& u_in, const at::Tensor& spectr
                                 at::Tensor* z_out);
 bool forward_uniform_pairs_from_env();  // beside the other switches, below
 mf::TensorCoreKernel tc_kernel_from_env();  // the same
-bool fourstep_channel_major_from_env();  // the same
-bool fourstep_fold_batch_sum_from_env();  // the same
-bool fourstep_fused_u_spectrum_from_env();  // the same
 void engine_switches_from_env(mf::ConvForwardParams& p);  // the same
 
 at::Tensor conv_forward(const at::Tensor& u_in, const at::Tensor& spectrum_in,
@@ -286,7 +283,6 @@ at::Tensor conv_forward_gated_z(const at::Tensor& u_in, const at::Tensor& spectr
     f.filter_spectrum = p.filter_spectrum;
     f.skip = p.skip;
     f.y = p.y;
-    f.channel_major_rows = fourstep_channel_major_from_env();
     check_launch(mf::fourstep_conv(f, current_stream(u)));
     return y;
   }
@@ -793,13 +789,6 @@ void fourstep_backward(const at::Tensor& grad, const at::Tensor& u, const at::Te
   mf::FourStepBackwardParams p{};
   fill_backward(p, grad, u, spectrum, skip, du, dk);
   p.fft_size = static_cast<int>(fft_size);
-  p.channel_major_rows = fourstep_channel_major_from_env();
-  p.fold_batch_sum = fourstep_fold_batch_sum_from_env();
-  p.fused_u_spectrum = fourstep_fused_u_spectrum_from_env();
-  TORCH_CHECK_VALUE(!p.fold_batch_sum || p.channel_major_rows,
-                    "monarch_fftconv: MONARCH_FFTCONV_FOURSTEP_GRAD_SUMS=fold needs MONARCH_FFTCONV_FOURSTEP_ROWS=channel");
-  TORCH_CHECK_VALUE(!p.fused_u_spectrum || p.channel_major_rows,
-                    "monarch_fftconv: MONARCH_FFTCONV_FOURSTEP_U_SPECTRUM=fused needs MONARCH_FFTCONV_FOURSTEP_ROWS=channel");
   const size_t workspace_bytes = mf::fourstep_backward_workspace_bytes(p);
   TORCH_CHECK(workspace_bytes > 0, message("monarch_fftconv: no four-step backward for N=", p.fft_size));
   const at::Tensor workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, u.options().dtype(at::kByte));
@@ -848,29 +837,6 @@ bool forward_uniform_pairs_from_env() { return !env_switch("MONARCH_FFTCONV_FWD_
 // the forward kernel on dy with the conjugated spectrum). The same arithmetic in another order:
 // not the same bits.
 bool grad_split_from_env() { return env_switch("MONARCH_FFTCONV_GRAD_SPLIT", "0", "1"); }
-
-// The order of the four-step inner stage's rows (FourStepParams::channel_major_rows), from
-// MONARCH_FFTCONV_FOURSTEP_ROWS, read at each four-step forward and backward call: unset or
-// "batch" (the intermediate's order, the default until "channel" is measured), "channel" (the B
-// rows sharing a filter row together: the filter read from HBM once, not once per batch). The
-// same rows transformed alone either way: the same bits.
-bool fourstep_channel_major_from_env() { return env_switch("MONARCH_FFTCONV_FOURSTEP_ROWS", "batch", "channel"); }
-
-// Where the four-step backward sums the filter gradient's spectrum over the batch
-// (FourStepBackwardParams::fold_batch_sum), from MONARCH_FFTCONV_FOURSTEP_GRAD_SUMS, read at each
-// four-step backward call: unset or "pass" (the batch_sum kernel, the default until "fold" is
-// measured), "fold" (the last of each filter row's B grad-kernel items sums their product rows
-// while they are in L2; needs MONARCH_FFTCONV_FOURSTEP_ROWS=channel, which keeps them side by
-// side). The same sums in the same order: the same bits.
-bool fourstep_fold_batch_sum_from_env() { return env_switch("MONARCH_FFTCONV_FOURSTEP_GRAD_SUMS", "pass", "fold"); }
-
-// Where the four-step backward finishes u's spectrum (FourStepBackwardParams::fused_u_spectrum),
-// from MONARCH_FFTCONV_FOURSTEP_U_SPECTRUM, read at each four-step backward call: unset or "pass"
-// (its inner FFTs a kernel of their own, the default until "fused" is measured), "fused" (the
-// grad kernel transforms each of u's outer-stage rows before dy's: no pass writing and reading
-// the spectrum through HBM; needs MONARCH_FFTCONV_FOURSTEP_ROWS=channel). The same arithmetic:
-// the same bits.
-bool fourstep_fused_u_spectrum_from_env() { return env_switch("MONARCH_FFTCONV_FOURSTEP_U_SPECTRUM", "pass", "fused"); }
 
 // The tensor-core kernel a 128 x 128 call takes (ConvForwardParams::tc_kernel), from
 // MONARCH_FFTCONV_TC_KERNEL, read at each tensor-core call: unset (the route), "engine" or "mma";

@@ -202,7 +202,6 @@ struct FourStepParams {
   int fft_size;                   // N
   float spectrum_scale;           // fourstep_spectrum: X·spectrum_scale (1/N for a filter spectrum)
   IOType io_type;
-  bool channel_major_rows;        // the inner stage's row order: the B rows of a filter row together
 };
 
 struct FourStepBackwardParams {
@@ -221,9 +220,6 @@ struct FourStepBackwardParams {
   int64_t filter_len;             // 1 <= filter_len <= seq_len
   int fft_size;
   IOType io_type;
-  bool channel_major_rows;        // as FourStepParams'
-  bool fold_batch_sum;            // the filter gradient's batch sum in the grad kernel (needs channel_major_rows)
-  bool fused_u_spectrum;          // u's inner FFT in the grad kernel, no pass of its own (needs channel_major_rows)
 };
 
 // The launches. The binding has checked the tensors and the split against the coverage;

@@ -82,7 +82,6 @@ FourStepArgs make_args(const FourStepParams& p) {
   g.columns = p.batch * p.channels * g.M;
   g.R = fourstep_rows(p.fft_size);
   g.skip = p.skip;
-  g.channel_major = p.channel_major_rows;
   return g;
 }
 
@@ -95,10 +94,10 @@ size_t slots_smem(int S) {
   return (size_t)Pl::SPB * 2 * S * sizeof(float) + (size_t)Pl::N_TW * sizeof(float2);
 }
 
-template <int LOGM, InnerMode MODE, bool CHANNEL_MAJOR, bool FOLD_SUMS = false>
+template <int LOGM, InnerMode MODE>
 cudaError_t launch_inner(const FourStepArgs& g, cudaStream_t stream) {
   using Pl = Plan<LOGM>;
-  constexpr auto kern = &inner_kernel<LOGM, MODE, CHANNEL_MAJOR, FOLD_SUMS>;
+  constexpr auto kern = &inner_kernel<LOGM, MODE>;
   const int S = slot_floats<LOGM>();
   const size_t smem = slots_smem<LOGM>(S);
   int ctas = 0, sms = 0;
@@ -112,27 +111,9 @@ cudaError_t launch_inner(const FourStepArgs& g, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The row order (inner_row) is a choice only where rows share a filter row; the batch sum's fold
-// (g.arrivals given) only in the channel-major grad kernels, and kGradFromU is channel-major only.
 template <InnerMode MODE>
 cudaError_t launch_inner_any(const FourStepArgs& g, cudaStream_t stream) {
-  constexpr bool kGradLike = MODE == InnerMode::kGrad || MODE == InnerMode::kGradFromU;
-  return with_log2<12, 13>(g.M, [&](auto logm) {
-    constexpr int LOGM = decltype(logm)::value;
-    if constexpr (MODE == InnerMode::kConv || kGradLike) {
-      if (g.channel_major) {
-        if constexpr (kGradLike) {
-          if (g.arrivals != nullptr) return launch_inner<LOGM, MODE, true, true>(g, stream);
-        }
-        return launch_inner<LOGM, MODE, true>(g, stream);
-      }
-    }
-    if constexpr (MODE == InnerMode::kGradFromU) {
-      return cudaErrorInvalidValue;
-    } else {
-      return g.arrivals == nullptr ? launch_inner<LOGM, MODE, false>(g, stream) : cudaErrorInvalidValue;
-    }
-  });
+  return with_log2<12, 13>(g.M, [&](auto logm) { return launch_inner<decltype(logm)::value, MODE>(g, stream); });
 }
 
 // The filter gradient's spectrum, summed over the batch in a fixed order (deterministic):
@@ -204,29 +185,18 @@ cudaError_t fourstep_spectrum(const FourStepParams& p, cudaStream_t stream) {
   return err == cudaSuccess ? launch_inner_any<InnerMode::kSpectrum>(g, stream) : err;
 }
 
-namespace {
-// The backward's workspace: the two intermediates, then the fold's arrival counters (C·R ints).
-size_t intermediate_bytes(const FourStepBackwardParams& p) {
-  return (size_t)(p.batch * p.channels * fourstep_rows(p.fft_size) * fourstep_inner_size(p.fft_size)) * sizeof(float2);
-}
-size_t arrivals_bytes(const FourStepBackwardParams& p) {
-  return p.fold_batch_sum ? ((size_t)(p.channels * fourstep_rows(p.fft_size)) * sizeof(int) + 15) / 16 * 16 : 0;
-}
-}  // namespace
-
 size_t fourstep_backward_workspace_bytes(const FourStepBackwardParams& p) {
   if (p.fft_size < kFourStepMinSize || p.fft_size > kFourStepMaxSize) return 0;
-  return 2 * intermediate_bytes(p) + arrivals_bytes(p);
+  const int64_t per_intermediate = p.batch * p.channels * fourstep_rows(p.fft_size) * fourstep_inner_size(p.fft_size);
+  return 2 * (size_t)per_intermediate * sizeof(float2);
 }
 
 // Eight launches through two intermediates, X (u's spectrum, then the filter gradient's) and
 // the dy pipeline's:
-//   X  = spectrum(u)                                   outer forward, inner kSpectrum (or, with
-//        fused_u_spectrum, the inner half in kGradFromU on the way: no kSpectrum pass)
+//   X  = spectrum(u)                                   outer forward, inner kSpectrum
 //   du = correlation(dy, K): outer forward of dy, inner kGrad (X <- conj(X)·DY on the way,
 //        the product with conj K, the inverse), outer inverse
-//   G  = Σ_b conj(X_b)·DY_b / N                        batch_sum, into X's first C rows (or,
-//        with fold_batch_sum, the last of each filter row's B kGrad items: no pass)
+//   G  = Σ_b conj(X_b)·DY_b / N                        batch_sum, into X's first C rows
 //   dk = the first filter_len samples of G's inverse   inner kInverse, outer inverse (fp32)
 // The filter gradient is the spectrum's adjoint applied to w ⊙ G, w the row weights (rows
 // 0 and P/2 once, the others twice, as the outer inverse counts them); the adjoint divides
@@ -236,8 +206,7 @@ cudaError_t fourstep_backward(const FourStepBackwardParams& p, cudaStream_t stre
   if (fourstep_backward_workspace_bytes(p) == 0 || p.batch <= 0 || p.channels <= 0 || p.seq_len < 1 ||
       2 * p.seq_len > p.fft_size || p.filter_len < 1 || p.filter_len > p.seq_len || !p.u || !p.grad ||
       !p.filter_spectrum || !p.grad_u || !p.grad_filter || !p.workspace ||
-      reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0 ||
-      ((p.fold_batch_sum || p.fused_u_spectrum) && !p.channel_major_rows))
+      reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0)
     return cudaErrorInvalidValue;
   FourStepParams fp{};
   fp.filter_spectrum = p.filter_spectrum;
@@ -247,13 +216,11 @@ cudaError_t fourstep_backward(const FourStepBackwardParams& p, cudaStream_t stre
   fp.seq_len = p.seq_len;
   fp.fft_size = p.fft_size;
   fp.io_type = p.io_type;
-  fp.channel_major_rows = p.channel_major_rows;
-  const size_t half = intermediate_bytes(p);
+  const size_t half = fourstep_backward_workspace_bytes(p) / 2;
   float2* spectra = reinterpret_cast<float2*>(p.workspace);
   float2* dy_rows = reinterpret_cast<float2*>(static_cast<char*>(p.workspace) + half);
-  int* arrivals = p.fold_batch_sum ? reinterpret_cast<int*>(static_cast<char*>(p.workspace) + 2 * half) : nullptr;
 
-  // X = spectrum(u) (with fused_u_spectrum only its outer stage: kGradFromU does the rest)
+  // X = spectrum(u)
   fp.x = p.u;
   fp.x_batch_stride = p.u_batch_stride;
   fp.x_channel_stride = p.u_channel_stride;
@@ -261,7 +228,7 @@ cudaError_t fourstep_backward(const FourStepBackwardParams& p, cudaStream_t stre
   FourStepArgs g = make_args(fp);
   g.scale = 1.f;
   cudaError_t err = launch_outer<false>(g, p.io_type, stream);
-  if (err == cudaSuccess && !p.fused_u_spectrum) err = launch_inner_any<InnerMode::kSpectrum>(g, stream);
+  if (err == cudaSuccess) err = launch_inner_any<InnerMode::kSpectrum>(g, stream);
 
   // du, and conj(X)·DY per sequence
   fp.x = p.grad;
@@ -272,19 +239,13 @@ cudaError_t fourstep_backward(const FourStepBackwardParams& p, cudaStream_t stre
   g = make_args(fp);
   g.conj = 1;
   g.products = spectra;
-  g.arrivals = arrivals;
-  g.scale = 1.f / (float)p.fft_size;  // the fold's
   if (err == cudaSuccess) err = launch_outer<false>(g, p.io_type, stream);
-  if (err == cudaSuccess && arrivals != nullptr) err = cudaMemsetAsync(arrivals, 0, arrivals_bytes(p), stream);
-  if (err == cudaSuccess) {
-    err = p.fused_u_spectrum ? launch_inner_any<InnerMode::kGradFromU>(g, stream)
-                             : launch_inner_any<InnerMode::kGrad>(g, stream);
-  }
+  if (err == cudaSuccess) err = launch_inner_any<InnerMode::kGrad>(g, stream);
   if (err == cudaSuccess) err = launch_outer<true>(g, p.io_type, stream);
 
-  // G = Σ_b conj(X_b)·DY_b / N (unless kGrad folded it), then its inverse: dk
+  // G = Σ_b conj(X_b)·DY_b / N, then its inverse: dk
   const int64_t per_batch = p.channels * fourstep_rows(p.fft_size) * (int64_t)fourstep_inner_size(p.fft_size);
-  if (err == cudaSuccess && arrivals == nullptr) {
+  if (err == cudaSuccess) {
     batch_sum_kernel<<<(unsigned)((per_batch + kOuterThreads - 1) / kOuterThreads), kOuterThreads, 0, stream>>>(
         spectra, p.batch, per_batch, 1.f / (float)p.fft_size);
     err = cudaGetLastError();

@@ -12,83 +12,11 @@ namespace monarch_fftconv {
 namespace {
 namespace fp32_detail {
 
-// kGrad with FOLD_SUMS (the backward's filter gradient, channel-major rows): the batch sum
-// G[c][k2] = scale · Σ_b conj(X_b)·DY_b folded into the grad kernel instead of a batch_sum pass.
-// A work item counts itself in g.arrivals[c·R + k2] once its product row is visible device-wide;
-// the item that counts last (the B items of a filter row run side by side, so their product rows
-// are still in L2) sums the B rows in batch order, batch_sum's order, so the same bits, into
-// batch 0's row (c, k2), which is where batch_sum leaves G. Called by every thread of the CTA.
-template <int M, int T>
-__device__ __forceinline__ void fold_batch_sum(const FourStepArgs& g, int64_t work, bool valid, int tx, int ty,
-                                               int* last) {
-  __threadfence();  // this thread's product stores, before its item is counted
-  __syncthreads();  // every thread's
-  const InnerRow row = inner_row<true>(valid ? work : 0, g.B, g.C, g.R);
-  if (tx == 0) last[ty] = valid && atomicAdd(g.arrivals + row.filter, 1) == g.B - 1;
-  __syncthreads();
-  if (!last[ty]) return;
-  __threadfence();  // the other items' products, after their counts
-  const int64_t batch_stride = g.C * g.R * (int64_t)M;  // row (b·C + c, k2) is b·C·R rows after (c, k2)
-  float2* sum_row = g.products + row.filter * M;         // batch 0's row: (0·C + c)·R + k2
-  for (int e = tx; e < M; e += T) {
-    float2 sum = __ldcg(sum_row + e);
-    for (int64_t b = 1; b < g.B; ++b) {
-      const float2 z = __ldcg(sum_row + b * batch_stride + e);
-      sum.x += z.x;
-      sum.y += z.y;
-    }
-    sum_row[e] = make_float2(sum.x * g.scale, sum.y * g.scale);
-  }
-}
-
-// The first passes of FFT_M on one row: p1 (global -> smem, radix R1) and p2. Its first barrier
-// waits for the slot's previous reads of smem.
-template <int LOGM>
-__device__ __forceinline__ void forward_p1_p2(const float2* data, bool valid, const SlotSmem<LOGM>& slot, int tx) {
-  using Pl = Plan<LOGM>;
-  constexpr int M = Pl::M, T = Pl::T, R1 = Pl::R1, NB = 32 / R1;
-  cf v[NB][R1];
-#pragma unroll
-  for (int q = 0; q < NB; ++q) {
-    const int j = tx + q * T;
-#pragma unroll
-    for (int r = 0; r < R1; ++r) {
-      const float2 z = valid ? __ldcg(data + j + r * (M / R1)) : make_float2(0.f, 0.f);
-      v[q][r] = {z.x, z.y};
-    }
-  }
-#pragma unroll
-  for (int q = 0; q < NB; ++q) {
-    if (q > 0) fence(v[q]);
-    fft_reg<R1, false>(v[q]);
-    fence(v[q]);
-  }
-  __syncthreads();  // the previous row's last pass has read smem
-  store_butterflies<T>(slot.re, slot.im, tx, v);
-  __syncthreads();
-  if constexpr (Pl::LR2 > 0) pass_smem<M, T, Pl::R2, R1, false>(slot.re, slot.im, tx, slot.fp2());
-}
-
-// The mid pass's inputs from smem: butterfly q of thread tx in v[q], Z[j + r·M/16], j = tx + q·T.
-template <int LOGM>
-__device__ __forceinline__ void mid_inputs(const SlotSmem<LOGM>& slot, int tx,
-                                           cf (&v)[Plan<LOGM>::M / 16 / Plan<LOGM>::T][16]) {
-  constexpr int T = Plan<LOGM>::T, NS = Plan<LOGM>::M / 16, NB = NS / T;
-#pragma unroll
-  for (int q = 0; q < NB; ++q) {
-    const int j = tx + q * T, pj = pidx(j);
-#pragma unroll
-    for (int r = 0; r < 16; ++r) v[q][r] = lds_s<NS>(slot.re, slot.im, j, pj, r);
-  }
-}
-
 // One row (s, k2) of M complex values per CTA slot: forward FFT_M (Stockham passes p1, p2 and
 // the radix-16 "mid" pass, whose outputs are Z[j + r·M/16] in natural order), the filter
 // product, and the inverse passes in the mirror order, in place.
-template <int LOGM, InnerMode MODE, bool CHANNEL_MAJOR, bool FOLD_SUMS = false>
+template <int LOGM, InnerMode MODE>
 __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inner_kernel(const FourStepArgs g, int S) {
-  static_assert(!FOLD_SUMS || ((MODE == InnerMode::kGrad || MODE == InnerMode::kGradFromU) && CHANNEL_MAJOR),
-                "the fold is the channel-major grad kernels'");
   using Pl = Plan<LOGM>;
   constexpr int M = Pl::M, T = Pl::T, SPB = Pl::SPB, R1 = Pl::R1;
   extern __shared__ float4 smem_raw[];
@@ -98,56 +26,58 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inn
   const int64_t rows = (g.columns >> g.logM) * g.R;
 
   for (int64_t rb = (int64_t)blockIdx.x * SPB; rb < rows; rb += (int64_t)gridDim.x * SPB) {
-    const int64_t work = rb + ty;
-    const bool valid = work < rows;
-    float2* data = g.a + (valid ? inner_row<CHANNEL_MAJOR>(work, g.B, g.C, g.R).data : 0) * M;
+    const int64_t row = rb + ty;
+    const bool valid = row < rows;
+    float2* data = g.a + (valid ? row : 0) * M;
 
-    // ---- kGradFromU: X = FFT_M of u's outer-stage row, in `products` in place (kSpectrum's work,
-    // here instead of a pass of its own); this thread reads it back at the same places below
-    if constexpr (MODE == InnerMode::kGradFromU) {
-      constexpr int NS = M / 16, NB = NS / T;
-      float2* prow = g.products + (data - g.a);
-      forward_p1_p2<LOGM>(prow, valid, slot, tx);
-      cf x[NB][16];
-      mid_inputs<LOGM>(slot, tx, x);
+    // ---- forward p1: global -> smem, radix R1, NS = 1
+    if constexpr (MODE != InnerMode::kInverse) {
+      constexpr int NB = 32 / R1;
+      cf v[NB][R1];
 #pragma unroll
       for (int q = 0; q < NB; ++q) {
         const int j = tx + q * T;
-        if (q > 0) fence(x[q]);
-        const float2 w = slot.mid()[j];
-        apply_pow<16>(x[q], cf{w.x, w.y});
-        fft_reg<16, false>(x[q]);
-        if (valid) {
 #pragma unroll
-          for (int r = 0; r < 16; ++r) __stcg(prow + j + r * NS, make_float2(x[q][r].x, x[q][r].y));
+        for (int r = 0; r < R1; ++r) {
+          const float2 z = valid ? __ldcg(data + j + r * (M / R1)) : make_float2(0.f, 0.f);
+          v[q][r] = {z.x, z.y};
         }
       }
+#pragma unroll
+      for (int q = 0; q < NB; ++q) {
+        if (q > 0) fence(v[q]);
+        fft_reg<R1, false>(v[q]);
+        fence(v[q]);
+      }
+      __syncthreads();  // the previous row's last pass has read smem
+      store_butterflies<T>(re, im, tx, v);
+      __syncthreads();
     }
-
-    // ---- forward p1, p2: global -> smem
-    if constexpr (MODE != InnerMode::kInverse) forward_p1_p2<LOGM>(data, valid, slot, tx);
+    if constexpr (Pl::LR2 > 0 && MODE != InnerMode::kInverse) pass_smem<M, T, Pl::R2, R1, false>(re, im, tx, slot.fp2());
 
     // ---- mid: forward radix 16 (NS = M/16) -> Z[k], k = j + r·M/16; times K[k]; inverse radix 16
     {
       constexpr int NS = M / 16, NB = NS / T;
       cf v[NB][16];
       const float2* twM = slot.mid();
-      const InnerRow row = inner_row<CHANNEL_MAJOR>(work, g.B, g.C, g.R);  // again: fewer live registers
-      const float2* Krow = g.K + row.filter * M;
+      const int64_t s = row / g.R;
+      const int k2 = (int)(row % g.R);
+      const int64_t c = s % g.C;
+      const float2* Krow = g.K + (c * g.R + k2) * (int64_t)M;
       // the skip term D·u is the convolution with D at lag 0: K + D/N
-      const float d = (g.skip != nullptr && valid) ? g.skip[row.channel] / (float)g.N : 0.f;
-      if constexpr (MODE == InnerMode::kInverse) {  // the row itself
+      const float d = (g.skip != nullptr && valid) ? g.skip[c] / (float)g.N : 0.f;
 #pragma unroll
-        for (int q = 0; q < NB; ++q) {
-          const int j = tx + q * T;
+      for (int q = 0; q < NB; ++q) {
+        const int j = tx + q * T, pj = pidx(j);
 #pragma unroll
-          for (int r = 0; r < 16; ++r) {
+        for (int r = 0; r < 16; ++r) {
+          if constexpr (MODE == InnerMode::kInverse) {
             const float2 z = valid ? __ldcs(data + j + r * NS) : make_float2(0.f, 0.f);
             v[q][r] = {z.x, z.y};
+          } else {
+            v[q][r] = lds_s<NS>(re, im, j, pj, r);
           }
         }
-      } else {
-        mid_inputs<LOGM>(slot, tx, v);
       }
 #pragma unroll
       for (int q = 0; q < NB; ++q) {
@@ -165,8 +95,8 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inn
           }
           continue;
         }
-        if constexpr (MODE == InnerMode::kGrad || MODE == InnerMode::kGradFromU) {
-          float2* prow = g.products + (valid ? row.data : 0) * M;
+        if constexpr (MODE == InnerMode::kGrad) {
+          float2* prow = g.products + (valid ? row : 0) * M;
           if (valid) {
 #pragma unroll
             for (int r = 0; r < 16; ++r) {
@@ -176,7 +106,7 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inn
             }
           }
         }
-        if constexpr (MODE != InnerMode::kSpectrum && MODE != InnerMode::kInverse) {
+        if constexpr (MODE == InnerMode::kConv || MODE == InnerMode::kGrad) {
 #pragma unroll
           for (int r = 0; r < 16; ++r) {
             const float2 kk = valid ? __ldg(Krow + j + r * NS) : make_float2(0.f, 0.f);
@@ -203,10 +133,6 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inn
 #pragma unroll
         for (int r = 0; r < R1; ++r) __stcg(data + j + r * NS, make_float2(v[q][r].x, v[q][r].y));
       });
-    }
-    if constexpr (FOLD_SUMS) {
-      __shared__ int last_arrival[SPB];
-      fold_batch_sum<M, T>(g, work, valid, tx, ty, last_arrival);
     }
   }
 }
