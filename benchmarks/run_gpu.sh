@@ -128,7 +128,7 @@ if [ -n "${OPERATORS:-}" ]; then
   done
   # The split backward (MONARCH_FFTCONV_GRAD_SPLIT) exists at N = 32768 only: its own shapes.
   echo "== benchmark: --backward, the split backward beside the default and cuDNN"
-  timeout 240 python3 benchmarks/bench_cufft.py --backward --methods "reference,monarch[fp32],monarch-split-grad,cudnn" \
+  timeout 240 python3 benchmarks/bench_cufft.py --backward --methods "reference,monarch[fp32],monarch-fused-grad,cudnn" \
     --shapes "${SPLIT_SHAPES:-16x256x16384,8x512x12000}" --no-plots --out /tmp/bench_switch_split_bwd ${BENCH_ARGS:-} 2>&1 |
     tee "$OUT/bench_switch_split_bwd.log"
 fi

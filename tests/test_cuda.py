@@ -341,7 +341,7 @@ def test_uniform_pair_sweeps_give_the_same_bits(batch, channels, length, two_sid
 @pytest.mark.parametrize("env, value, message", [
     (GRAD_ACCUMULATOR_ENV, "onchip", "MONARCH_FFTCONV_GRAD_ACCUMULATOR must be 'auto' or 'global'"),
     (GRAD_UNIFORM_PAIRS_ENV, "yes", "MONARCH_FFTCONV_GRAD_UNIFORM_PAIRS must be '1' or '0'"),
-    ("MONARCH_FFTCONV_GRAD_SPLIT", "on", "MONARCH_FFTCONV_GRAD_SPLIT must be '0' or '1'"),
+    ("MONARCH_FFTCONV_GRAD_SPLIT", "on", "MONARCH_FFTCONV_GRAD_SPLIT must be '1' or '0'"),
 ])
 def test_an_unknown_backward_choice_is_refused(env, value, message, monkeypatch, gen):
     u, k = randn(gen, 2, 3, 1000, device=DEVICE), randn(gen, 3, 1000, device=DEVICE)

@@ -419,11 +419,11 @@ def convolutions(device: str, *, compile: bool = False,
                              _explain("fp32", operator), _monarch_flops,
                              unavailable=lacks_operator("a causal filter per channel, no gates or D")
                              or (None if device == "cuda" else "the scratch route is the CUDA backward's")))
-    convs.append(Convolution("monarch-split-grad", "monarch", "fp32", "fftconv_op + split backward (N = 32768)",
-                             bind_function(_backward_switched(GRAD_SPLIT_ENV, "1")),
+    convs.append(Convolution("monarch-fused-grad", "monarch", "fp32", "fftconv_op + one fused grad kernel (N = 32768)",
+                             bind_function(_backward_switched(GRAD_SPLIT_ENV, "0")),
                              _explain("fp32", operator), _monarch_flops,
                              unavailable=lacks_operator("a causal filter per channel, no gates or D")
-                             or (None if device == "cuda" else "the split backward is the CUDA backward's")))
+                             or (None if device == "cuda" else "the fused grad kernel is the CUDA backward's")))
     switched = [("monarch-grouped-ops", "the ops on G filter rows", "GROUPS_IN_KERNELS", True, "grouped",
                  operator.name != "grouped", "fp32"),
                 ("monarch-aten-gates", "fftconv_op with ATen gates around it", "FUSED_GATES", False, "gated",
@@ -577,7 +577,7 @@ def cudnn_convolution(device: str, lacks_operator: Optional[str] = None) -> Conv
 TENSOR_CORE_PRECISIONS = ("bf16", "fp16", "tf32")
 # Rows run only when --methods names them: the tensor-core op, and the switches' routes beside
 # the defaults (the fp32 backward's scratch route, the fused gates, the ops on grouped rows).
-ON_REQUEST_PREFIXES = ("monarch-tc[", "monarch-scratch-grad", "monarch-split-grad", "monarch-aten-gates",
+ON_REQUEST_PREFIXES = ("monarch-tc[", "monarch-scratch-grad", "monarch-fused-grad", "monarch-aten-gates",
                        "monarch-grouped-ops", "monarch-unfused-gated-train", "monarch-tc-gates[")
 # Read by the binding at each backward call.
 GRAD_ACCUMULATOR_ENV = "MONARCH_FFTCONV_GRAD_ACCUMULATOR"
@@ -634,8 +634,8 @@ def _backward_switched(name: str, value: str) -> Callable[..., Tensor]:
     """monarch[fp32]'s forward op, and its backward op with the binding's switch `name` = value
     set around the call only, timed beside the default: the per-channel sums in the global
     scratch (MONARCH_FFTCONV_GRAD_ACCUMULATOR=global, the route the on-chip accumulator
-    replaced), or the split backward (MONARCH_FFTCONV_GRAD_SPLIT=1: at N = 32768 the filter sums
-    alone and du by the forward kernel)."""
+    replaced), or the one fused grad kernel at N = 32768 (MONARCH_FFTCONV_GRAD_SPLIT=0: the route
+    the split backward replaced, du and the filter sums in one kernel)."""
 
     class SwitchedBackwardConv(torch.autograd.Function):
         @staticmethod

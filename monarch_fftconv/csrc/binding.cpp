@@ -830,13 +830,13 @@ bool grad_uniform_pairs_from_env() { return !env_switch("MONARCH_FFTCONV_GRAD_UN
 // path, for side-by-side benchmarks).
 bool forward_uniform_pairs_from_env() { return !env_switch("MONARCH_FFTCONV_FWD_UNIFORM_PAIRS", "1", "0"); }
 
-// Whether the fused backward splits where its grad kernel keeps its sums in a global scratch
+// Whether the backward splits where its fused grad kernel keeps its sums in a global scratch
 // (N = 32768, gated or not; ConvBackwardParams::filter_grad_only), from
-// MONARCH_FFTCONV_GRAD_SPLIT, read at each call: unset or "0" (the one fused grad kernel, the
-// default until the split is measured), "1" (the filter sums alone in the grad kernel, du by
-// the forward kernel on dy with the conjugated spectrum). The same arithmetic in another order:
-// not the same bits.
-bool grad_split_from_env() { return env_switch("MONARCH_FFTCONV_GRAD_SPLIT", "0", "1"); }
+// MONARCH_FFTCONV_GRAD_SPLIT, read at each call: unset or "1" (the default since session 32: the
+// filter sums alone in the grad kernel, du by the forward kernel on dy with the conjugated
+// spectrum; docs/performance.md, "Session 32"), "0" (the one fused grad kernel, for side-by-side
+// benchmarks). The same arithmetic in another order: not the same bits.
+bool grad_split_from_env() { return !env_switch("MONARCH_FFTCONV_GRAD_SPLIT", "1", "0"); }
 
 // The tensor-core kernel a 128 x 128 call takes (ConvForwardParams::tc_kernel), from
 // MONARCH_FFTCONV_TC_KERNEL, read at each tensor-core call: unset (the route), "engine" or "mma";
