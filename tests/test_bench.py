@@ -1198,37 +1198,3 @@ def test_ab_builds_checks_the_switch_builds_both_and_alternates(tmp_path):
         for round_ in (1, 2):
             assert (out / f"ab_{build}_{round_}.log").read_text().strip() == "timing-line"
     assert done.stdout.count("timing-line") == 4 and "== variant, round 2 (status 0)" in done.stdout
-
-
-def test_four_step_rows_methods_set_their_switches_around_the_forward_and_backward(bench, monkeypatch):
-    """monarch-channel-rows, monarch-folded-sums and monarch-fused-u (on request; the CUDA four-step's) call the
-    forward and backward ops with their switches set around each, and only there (the binding
-    reads them at each call); monarch-split-grad sets its switch around the backward alone."""
-    from monarch_fftconv import ops
-
-    methods = bench.methods
-    names = (methods.FOURSTEP_ROWS_ENV, methods.FOURSTEP_SUMS_ENV, methods.FOURSTEP_U_SPECTRUM_ENV,
-             methods.GRAD_SPLIT_ENV)
-    for name in names:
-        monkeypatch.delenv(name, raising=False)
-    seen = []
-    for op in ("fftconv_op", "fftconv_backward_op"):
-        real = getattr(ops, op)
-        monkeypatch.setattr(ops, op, (lambda op, real: lambda *args: (
-            seen.append((op, *(os.environ.get(name) for name in names))), real(*args))[1])(op, real))
-    u, k = torch.randn(2, 3, 100), torch.randn(3, 37)
-    for method, want in (("monarch-channel-rows", ("channel", None, None, None)),
-                         ("monarch-folded-sums", ("channel", "fold", None, None)),
-                         ("monarch-fused-u", ("channel", "fold", "fused", None)),
-                         ("monarch-split-grad", (None, None, None, "1"))):
-        seen.clear()
-        (conv,) = [c for c in methods.convolutions("cpu") if c.name == method]
-        bound = conv.bind(u, k, True)  # what the benchmark's training step calls
-        bound.forward().sum().backward()
-        forward_env = want if method != "monarch-split-grad" else (None,) * 4
-        assert seen == [("fftconv_op", *forward_env), ("fftconv_backward_op", *want)], method
-        assert not any(name in os.environ for name in names)
-        assert all(leaf.grad is not None and leaf.grad.shape == leaf.shape for leaf in bound.leaves)
-        assert conv.unavailable in ("the row order is the CUDA four-step's", "the split backward is the CUDA backward's")
-    assert not {"monarch-channel-rows", "monarch-folded-sums", "monarch-fused-u"} & {
-        m.name for m in methods.make_methods("cpu")}
