@@ -757,7 +757,7 @@ def test_kernel_times_env_ab_cuts_the_profile_into_calls_by_launch_count():
     kernel_times = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(kernel_times)
     rng = random.Random(7)
-    # setting 0: outer, kGrad<false>, outer, batch_sum; setting 1: outer, kGrad<true>, outer
+    # setting 0 launches a pass that setting 1 drops, and each its own instance of the middle kernel
     calls = [["outer", "grad_batch", "outer", "batch_sum"], ["outer", "grad_channel", "outer"]]
     events, want = [], [collections.defaultdict(list), collections.defaultdict(list)]
     for _ in range(5):
