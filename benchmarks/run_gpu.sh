@@ -13,7 +13,7 @@
 #   OPERATORS=1 bash benchmarks/run_gpu.sh      # also the operator rows (gated, grouped, bidirectional)
 #                                               # and bf16 I/O, forward and fwd+bwd, at OP_SHAPES, and the
 #                                               # switches' rows (ATen gates, grouped ops, scratch-route grad;
-#                                               # the split backward at SPLIT_SHAPES, N = 32768)
+#                                               # the fused grad kernel at SPLIT_SHAPES, N = 32768)
 #   BF16_IO=1 bash benchmarks/run_gpu.sh        # also the forward and fwd+bwd benchmarks with bf16 I/O
 #                                               # at SHAPES and BWD_SHAPES ($OUT/bench_json_bf16/)
 # cuDNN's rows (the cudnn method) need cuDNN >= 9.26: carry .cudnn_kit (and .whl) and gpu_setup.sh
@@ -126,8 +126,9 @@ if [ -n "${OPERATORS:-}" ]; then
     timeout 200 python3 benchmarks/bench_cufft.py --operator "$op" $pass --methods "$methods" --shapes "${OP_SHAPES:-16x256x8192}" \
       --no-plots --out "/tmp/bench_switch_${op}${pass:+_bwd}" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_switch_${op}${pass:+_bwd}.log"
   done
-  # The split backward (MONARCH_FFTCONV_GRAD_SPLIT) exists at N = 32768 only: its own shapes.
-  echo "== benchmark: --backward, the split backward beside the default and cuDNN"
+  # The split backward (MONARCH_FFTCONV_GRAD_SPLIT, the default) exists at N = 32768 only: its own
+  # shapes, the fused grad kernel it replaced beside it.
+  echo "== benchmark: --backward, the fused grad kernel beside the default (split) and cuDNN"
   timeout 240 python3 benchmarks/bench_cufft.py --backward --methods "reference,monarch[fp32],monarch-fused-grad,cudnn" \
     --shapes "${SPLIT_SHAPES:-16x256x16384,8x512x12000}" --no-plots --out /tmp/bench_switch_split_bwd ${BENCH_ARGS:-} 2>&1 |
     tee "$OUT/bench_switch_split_bwd.log"
