@@ -94,10 +94,8 @@ def main() -> None:
                 call()
         torch.cuda.synchronize()
     set_uniform_pairs(settings[0] if not args.fwd_uniform_pairs_ab else None)  # as it was
-    for event in prof.events():
-        # the flush's fill kernel is not the call's
-        if event.device_type == torch.autograd.DeviceType.CUDA and not (args.flush_l2 and "fill" in event.name.lower()):
-            times[event.name].append(event.device_time)
+    for name, t in device_events(prof, args.flush_l2):
+        times[name].append(t)
     print(f"{args.shape} {args.io_dtype} I/O, {args.precision} {'fwd+bwd' if args.backward else 'fwd'}: "
           f"{mf.explain(u, k, precision=args.precision)['kernel']}{', L2 flushed before each call' if args.flush_l2 else ''}")
     if args.fwd_uniform_pairs_ab:
@@ -139,6 +137,13 @@ def workload(args) -> tuple[Callable[[], torch.Tensor], Callable[[], None], torc
     return run, flush, u, k
 
 
+def device_events(prof, flush_l2: bool) -> list[tuple[str, float]]:
+    """The profile's kernel (and memset) launches in launch order: (name, µs); with --flush-l2,
+    the flush's fill kernel left out (it is not the call's)."""
+    return [(e.name, e.device_time) for e in sorted(prof.events(), key=lambda e: e.time_range.start)
+            if e.device_type == torch.autograd.DeviceType.CUDA and not (flush_l2 and "fill" in e.name.lower())]
+
+
 def split_calls(events: list, launches: list[int], reps: int) -> tuple[list[dict], list[collections.Counter]]:
     """The profile of `reps` rounds of the settings' calls, in launch order ((name, µs) each), cut
     into calls by each setting's launch count: per setting, each kernel's µs in each call (its
@@ -177,12 +182,6 @@ def env_ab(args) -> None:
         flush()
         return run()
 
-    def device_events(prof) -> list:
-        """The profile's kernel (and memset) launches in launch order: (name, µs)."""
-        return [(e.name, e.device_time) for e in sorted(prof.events(), key=lambda e: e.time_range.start)
-                if e.device_type == torch.autograd.DeviceType.CUDA
-                and not (args.flush_l2 and "fill" in e.name.lower())]
-
     outputs = [call(s) for s in settings]
     same = all(torch.equal(outputs[0], o) for o in outputs[1:])
     for _ in range(3):
@@ -197,7 +196,7 @@ def env_ab(args) -> None:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as one:
             call(s)
             torch.cuda.synchronize()
-        launches.append(len(device_events(one)))
+        launches.append(len(device_events(one, args.flush_l2)))
     wall = collections.defaultdict(list)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(args.reps):
@@ -216,7 +215,7 @@ def env_ab(args) -> None:
             os.environ.pop(n, None)
         else:
             os.environ[n] = v
-    events = device_events(prof)
+    events = device_events(prof, args.flush_l2)
     per_setting, counts = split_calls(events, launches, args.reps)
     print(f"{args.shape} {args.io_dtype} I/O, {args.precision} {'fwd+bwd' if args.backward else 'fwd'}, "
           f"{len(settings)} settings alternating, "

@@ -771,6 +771,14 @@ def test_kernel_times_env_ab_cuts_the_profile_into_calls_by_launch_count():
     assert counts[0] == {"outer": 2, "grad_batch": 1, "batch_sum": 1} and counts[1] == {"outer": 2, "grad_channel": 1}
     with pytest.raises(SystemExit, match="35 launches profiled"):
         kernel_times.split_calls(events, [4, 4], 5)
+    # the events both paths read: the device's, in launch order, the L2 flush's fill left out with --flush-l2
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    profile = SimpleNamespace(events=lambda: [
+        SimpleNamespace(name=name, device_time=t, device_type=kind, time_range=SimpleNamespace(start=start))
+        for name, t, kind, start in [("grad", 3.0, cuda, 30), ("vectorized_fill", 9.0, cuda, 5),
+                                     ("aten::mm", 1.0, cpu, 1), ("outer", 2.0, cuda, 10)]])
+    assert kernel_times.device_events(profile, True) == [("outer", 2.0), ("grad", 3.0)]
+    assert kernel_times.device_events(profile, False) == [("vectorized_fill", 9.0), ("outer", 2.0), ("grad", 3.0)]
 
 
 def test_kernel_times_forward_ab_picks_the_two_forward_kernels(capsys):
