@@ -142,6 +142,34 @@ def test_generation_example_methods_agree_and_are_timed(generate_hyena, capsys):
     assert results["state_bytes"] > 0
 
 
+def test_generation_example_times_each_strided_position_after_an_untimed_call(generate_hyena, monkeypatch, capsys):
+    """UNTIMED_FIRST: every position a baseline is timed at (a history length for the naive dot
+    product) ran once untimed before, so a one-off cost is not counted stride times."""
+    calls, timing = [], [False]
+    history_dot, timed = generate_hyena.history_dot, generate_hyena.timed
+
+    def recorded_dot(history, reversed_filter):
+        calls.append((history.shape[-1], timing[0]))
+        return history_dot(history, reversed_filter)
+
+    def recorded_timed(fn, device):
+        timing[0] = True
+        try:
+            return timed(fn, device)
+        finally:
+            timing[0] = False
+
+    monkeypatch.setattr(generate_hyena, "history_dot", recorded_dot)
+    monkeypatch.setattr(generate_hyena, "timed", recorded_timed)
+    generate_hyena.main(["--layer", "--seq-len", "61", "--channels", "3", "--baseline-stride", "9"])
+    capsys.readouterr()
+    timed_lengths = [length for length, in_timing in calls if in_timing]
+    assert timed_lengths[:7] == [1, 10, 19, 28, 37, 46, 55]  # the strided positions, timed
+    for length in timed_lengths:
+        first = calls.index((length, True))
+        assert (length, False) in calls[:first], length
+
+
 def test_generation_example_layer_mode_with_a_stride(generate_hyena, capsys):
     results = generate_hyena.main(["--layer", "--seq-len", "130", "--channels", "6", "--baseline-stride", "7"])
     for method in generate_hyena.METHODS:
