@@ -16,7 +16,8 @@ functions here, the same steps in torch.fft, which the kernels are tested agains
 ``spectrum_reference(x, N, M)``                       x's spectrum, rows k2 <= P/2
 ``filter_spectrum_reference(k, N)``                   k's, times 1/N (the op's layout)
 ``conv_reference(x, S, skip, conjugate)``             y = x convolved (correlated) with S
-``backward_reference(dy, u, S, skip, filter_len)``    (du, dk, dD), the kernels' algorithm
+``backward_reference(dy, u, S, skip, filter_len)``    (du, dk, dD), the kernels' algorithm (X
+                                                      given, as a kept forward spectrum, or computed)
 ====================================================  ======================================
 
 The CPU code conjugates with conj_physical, never with lazy conjugate views: a product with a
@@ -146,7 +147,7 @@ def conv_reference(x: Tensor, spectrum: Tensor, skip: Tensor | None = None, conj
 
 
 def backward_reference(grad: Tensor, u: Tensor, spectrum: Tensor, skip: Tensor | None,
-                       filter_len: int) -> tuple[Tensor, Tensor, Tensor | None]:
+                       filter_len: int, u_spectrum: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
     """(du, dk, dD) of y = conv(u, k) + D·u, given dy, as the kernels compute them.
 
     y = Re(A·(X ⊙ S)) with A complex-linear (the back half, inverse_reference), so
@@ -155,11 +156,12 @@ def backward_reference(grad: Tensor, u: Tensor, spectrum: Tensor, skip: Tensor |
       dk = the spectrum's adjoint on dS/N. That adjoint is the back half with each row divided
            by w (irfft counts the middle rows twice, the adjoint once), so w cancels:
            dk = inverse_reference(Σ_b conj(X_b)·DY_b / N), truncated to filter_len;
-      dD = Σ_{b,t} u·dy."""
+      dD = Σ_{b,t} u·dy.
+    u_spectrum: X = spectrum_reference(u) as the forward kept it (complex), or None: computed."""
     fft_size = spectrum_fft_size(spectrum)
     inner_size = spectrum.shape[-1]
     du = conv_reference(grad, spectrum, skip, conjugate=True)
-    X = spectrum_reference(u, fft_size, inner_size)
+    X = spectrum_reference(u, fft_size, inner_size) if u_spectrum is None else u_spectrum
     DY = spectrum_reference(grad, fft_size, inner_size)
     G = (X.conj_physical() * DY).sum(0) / fft_size
     dk = inverse_reference(G, fft_size, filter_len).contiguous()

@@ -22,6 +22,11 @@ op                                                          CPU              CUD
                                                                              (four-step: eight)
 ``fftconv_backward_two_sided(...)``: dk (C, 2, Lk)          portable engine  the same two kernels
                                                                              (four-step: two backwards)
+``fftconv_keeping_spectrum(u, k, skip, prec.) -> (y, S, X)``  the two above,  fftconv's launches, u's
+                                                             X by fourstep    spectrum X stored by the
+                                                                             inner kernel (four-step)
+``fftconv_backward_from_spectrum(grad, u, X, S, ...)``      fourstep spec    fftconv_backward's, less X's
+                                                                             two launches (four-step: six)
 ``conv_step(x, inputs!, pending!, outputs!, ...) -> y``     PyTorch ops      one kernel (a generation step,
                                                                              a small level's block too)
 ``conv_step_at(x, ..., index!, position, ...) -> y``        PyTorch ops      the conv_step kernel at a host
@@ -455,6 +460,71 @@ def _(
     return du, dk, _empty_if_none(None if skip is None else torch.empty_like(skip), u)
 
 
+# The training step's forward keeping u's spectrum for its backward (four-step sizes; the CUDA
+# autograd under MONARCH_FFTCONV_KEEP_SPECTRUM=1, binding.cpp): the backward then skips the
+# spectrum's two launches. X is read, never written, so a second backward (retain_graph) reads
+# it again.
+
+
+def _kept_spectrum_shape(u: Tensor) -> tuple[int, ...]:
+    """X's shape, (B, C, P/2+1, M, 2), at the four-step sizes; (0,) below them."""
+    fft_size = plan_for(int(u.shape[-1])).fft_size  # a symbolic length is specialised, as above
+    if not fourstep.covers(fft_size):
+        return (0,)
+    return (u.shape[0], u.shape[1], fourstep.spectrum_rows(fft_size), fourstep.inner_for(fft_size), 2)
+
+
+@torch.library.custom_op("monarch_fftconv::fftconv_keeping_spectrum", mutates_args=(), device_types="cpu")
+def fftconv_keeping_spectrum(u: Tensor, k: Tensor, skip: Tensor | None, precision: str) -> tuple[Tensor, Tensor, Tensor]:
+    """fftconv's (y, S) and u's spectrum X, (B, C, P/2+1, M, 2) real in the compute dtype
+    (fourstep.spectrum_reference's rows; the CUDA forward stores them as its inner kernel
+    computes them); empty below N = 65536."""
+    spectrum = filter_spectrum(k, u.shape[-1], precision)
+    y = conv_forward(u, spectrum, skip, precision)
+    fft_size = plan_for(u.shape[-1]).fft_size
+    if not fourstep.covers(fft_size):
+        return y, spectrum, u.new_empty(0, dtype=compute_dtype(u))
+    kept = fourstep.spectrum_reference(u, fft_size, fourstep.inner_for(fft_size))
+    return y, spectrum, torch.view_as_real(kept).contiguous()
+
+
+@fftconv_keeping_spectrum.register_fake
+def _(u: Tensor, k: Tensor, skip: Tensor | None, precision: str) -> tuple[Tensor, Tensor, Tensor]:
+    y = torch.empty_like(u, memory_format=torch.contiguous_format)
+    spectrum = k.new_empty(_spectrum_shape(k, u.shape[-1]), dtype=compute_dtype(k))
+    return y, spectrum, u.new_empty(_kept_spectrum_shape(u), dtype=compute_dtype(u))
+
+
+@torch.library.custom_op("monarch_fftconv::fftconv_backward_from_spectrum", mutates_args=(), device_types="cpu")
+def fftconv_backward_from_spectrum(
+    grad: Tensor, u: Tensor, u_spectrum: Tensor, filter_spectrum: Tensor, skip: Tensor | None, filter_len: int,
+    precision: str
+) -> tuple[Tensor, Tensor, Tensor]:
+    """fftconv_backward's (du, dk, dskip), given u's spectrum as fftconv_keeping_spectrum
+    returned it (empty below N = 65536, where this is fftconv_backward)."""
+    expected = _kept_spectrum_shape(u)
+    if tuple(u_spectrum.shape) != expected or u_spectrum.dtype != compute_dtype(u):
+        raise ValueError(f"monarch_fftconv: u_spectrum must be {compute_dtype(u)} {list(expected)} "
+                         f"(fftconv_keeping_spectrum's), got {u_spectrum.dtype} {list(u_spectrum.shape)}")
+    if expected == (0,):
+        du, dk, dskip = _channel_backward(grad, u, filter_spectrum, skip, filter_len, precision)
+    else:
+        spectrum = _channel_spectrum(filter_spectrum, u.shape[1])
+        du, dk, dskip = fourstep.backward_reference(grad.to(u.dtype), u, spectrum, skip, filter_len,
+                                                    u_spectrum=torch.view_as_complex(u_spectrum.contiguous()))
+    return du, _by_row(dk, filter_spectrum.shape[0]), _empty_if_none(dskip, u)
+
+
+@fftconv_backward_from_spectrum.register_fake
+def _(
+    grad: Tensor, u: Tensor, u_spectrum: Tensor, filter_spectrum: Tensor, skip: Tensor | None, filter_len: int,
+    precision: str
+) -> tuple[Tensor, Tensor, Tensor]:
+    du = torch.empty_like(u, memory_format=torch.contiguous_format)
+    dk = u.new_empty((filter_spectrum.shape[0], filter_len), dtype=compute_dtype(u))
+    return du, dk, _empty_if_none(None if skip is None else torch.empty_like(skip), u)
+
+
 def _setup_context(ctx, inputs, output) -> None:
     u, k, skip, precision = inputs
     _, spectrum = output
@@ -492,4 +562,6 @@ gated_fftconv_op = torch.ops.monarch_fftconv.gated_fftconv.default
 gated_fftconv_backward_op = torch.ops.monarch_fftconv.gated_fftconv_backward.default
 fftconv_op = torch.ops.monarch_fftconv.fftconv.default
 fftconv_backward_op = torch.ops.monarch_fftconv.fftconv_backward.default
+fftconv_keeping_spectrum_op = torch.ops.monarch_fftconv.fftconv_keeping_spectrum.default
+fftconv_backward_from_spectrum_op = torch.ops.monarch_fftconv.fftconv_backward_from_spectrum.default
 fftconv_backward_two_sided_op = torch.ops.monarch_fftconv.fftconv_backward_two_sided.default

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import monarch_fftconv as mf
-from monarch_fftconv import ops, portable
+from monarch_fftconv import fourstep, ops, portable
 from monarch_fftconv.backends import BACKEND_ENV
 from monarch_fftconv.planner import plan_for, spectrum_frequencies
 
@@ -908,6 +908,79 @@ def test_fourstep_sequences_stay_independent(gen):
                          [(3, 2, 20000, 20000), (2, 3, 70001, 333), (2, 1, 700000, 700000)])
 def test_fourstep_gradients(batch, channels, length, filter_len, precision, gen):
     check_gradients(batch, channels, length, filter_len, precision, 1.5 * BUDGETS["fp32"], gen)  # fp32 arithmetic
+
+
+KEEP_SPECTRUM_ENV = "MONARCH_FFTCONV_KEEP_SPECTRUM"  # read by the binding at each training forward
+
+
+def outer_forward_launches(fn) -> int:
+    """How many four-step outer forward kernels fn launches (torch.profiler)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum("outer_forward" in event.name for event in prof.events()
+               if event.device_type == torch.autograd.DeviceType.CUDA)
+
+
+@pytest.mark.watchdog(GPU_WATCHDOG_S)  # written in session 34 without a GPU: a hang fails, not stalls
+@pytest.mark.parametrize("batch, channels, groups, length, filter_len, io_dtype", [
+    (3, 2, 2, 20000, 20000, torch.float32),  # N = 65536 (P = 8)
+    (2, 6, 3, 70001, 333, torch.bfloat16),  # N = 262144 (P = 32), grouped, 2-byte I/O, Lk < L
+    (2, 3, 3, 300000, 7, torch.float32),  # N = 2^20 (P = 128: the shared-memory outer kernels)
+    (2, 3, 3, 9000, 4001, torch.float32),  # N = 32768: below the four-step, nothing kept
+])
+def test_kept_spectrum_gives_the_same_bits(batch, channels, groups, length, filter_len, io_dtype, monkeypatch, gen):
+    """MONARCH_FFTCONV_KEEP_SPECTRUM=1: the training step's forward keeps u's spectrum X (its inner
+    kernel stores it) and the backward reads it instead of recomputing it (one outer forward
+    launch, not two). y, du, dk and dD are the bits of the step without it, within the fp32 budget
+    of float64; a second backward (retain_graph) reads X again and gives the same bits; X itself
+    is u's four-step spectrum (against float64), empty below N = 65536; the backward op refuses
+    an X of another shape."""
+    u = randn(gen, batch, channels, length, device=DEVICE).to(io_dtype)
+    k = randn(gen, groups, filter_len, device=DEVICE) / filter_len**0.5
+    D = randn(gen, channels, device=DEVICE)
+    dy = randn(gen, batch, channels, length, device=DEVICE).to(io_dtype)
+
+    def step():
+        leaves = [u.clone().requires_grad_(), k.clone().requires_grad_(), D.clone().requires_grad_()]
+        y = mf.fftconv(leaves[0], leaves[1], D=leaves[2])
+        first = torch.autograd.grad(y, leaves, dy, retain_graph=True)
+        second = torch.autograd.grad(y, leaves, dy, retain_graph=True)
+        launches = outer_forward_launches(lambda: torch.autograd.grad(y, leaves, dy))
+        return y.detach(), first, second, launches
+
+    monkeypatch.delenv(KEEP_SPECTRUM_ENV, raising=False)
+    y, recomputed, _, recomputed_launches = step()
+    monkeypatch.setenv(KEEP_SPECTRUM_ENV, "1")
+    y_kept, kept, kept_again, kept_launches = step()
+    fourstep_size = plan_for(length).fft_size >= fourstep.MIN_FFT_SIZE
+    assert (recomputed_launches, kept_launches) == ((2, 1) if fourstep_size else (0, 0))
+    assert torch.equal(y_kept, y)
+    for name, a, b, c in zip(("du", "dk", "dD"), kept, recomputed, kept_again):
+        assert torch.equal(a, b) and torch.equal(a, c), name
+
+    u64 = u.double().requires_grad_()
+    k64, D64 = k.double().requires_grad_(), D.double().requires_grad_()
+    want = torch.autograd.grad(reference(u64, k64.repeat_interleave(channels // groups, dim=0), D64),
+                               (u64, k64, D64), dy.double())
+    budget = 1.5 * BUDGETS["fp32"]
+    assert rel_l2(kept[0], want[0]) <= budget + 2 * IO_ROUNDING[io_dtype]
+    assert rel_l2(kept[1], want[1]) <= budget
+    # dD: an fp32 sum of B·L products of either sign, bound by the terms' absolute sum (as CPU's four-step test)
+    terms = (u.double() * dy.double()).abs().sum((0, 2))
+    assert ((kept[2].double() - want[2]).abs() <= 1e-6 * terms).all()
+
+    y_op, spectrum, u_spectrum = ops.fftconv_keeping_spectrum_op(u, k, D, "fp32")
+    assert torch.equal(y_op, y)
+    if not fourstep_size:
+        assert u_spectrum.numel() == 0
+        return
+    n = plan_for(length).fft_size
+    want_x = torch.view_as_real(fourstep.spectrum_reference(u.double(), n, fourstep.inner_for(n)))
+    assert u_spectrum.shape == want_x.shape and u_spectrum.dtype == torch.float32
+    assert rel_l2(u_spectrum, want_x) <= BUDGETS["fp32"]
+    with pytest.raises(ValueError, match="u_spectrum must be contiguous float32"):
+        ops.fftconv_backward_from_spectrum_op(dy, u, u_spectrum[:, :1], spectrum, D, filter_len, "fp32")
 
 
 @pytest.mark.watchdog(GPU_WATCHDOG_S)  # written in session 29 without a GPU: a hang fails, not stalls

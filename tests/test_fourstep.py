@@ -123,3 +123,57 @@ def test_opcheck_at_n_65536(through_the_ops, gen):
     spectrum = ops.filter_spectrum(k, 16500, "fp32")
     torch.library.opcheck(ops.conv_forward, (u, spectrum, D, "bf16"))
     torch.library.opcheck(ops.fftconv_backward, (randn(gen, 1, 2, 16500), u, spectrum, D, 100, "fp32"))
+
+
+# ---------------------------------------------------------------- u's spectrum kept for the backward
+# (the CUDA autograd's MONARCH_FFTCONV_KEEP_SPECTRUM=1 calls these two ops; tests/test_cuda.py
+# holds the kernels to the same properties)
+
+def test_kept_spectrum_gives_fftconvs_backward(through_the_ops, gen):
+    """fftconv_keeping_spectrum returns fftconv's y and S and u's four-step spectrum X (against
+    float64 torch.fft); fftconv_backward_from_spectrum on that X returns fftconv_backward's
+    (du, dk, dD), the same bits, and they are the float64 gradients: a grouped filter (2 rows for
+    4 channels), a skip term, Lk < L, odd L."""
+    u, k, D, dy = randn(gen, 2, 4, 20001), randn(gen, 2, 777) / 777**0.5, randn(gen, 4), randn(gen, 2, 4, 20001)
+    y, spectrum, kept = ops.fftconv_keeping_spectrum(u, k, D, "fp32")
+    y_plain, spectrum_plain = ops.fftconv(u, k, D, "fp32")
+    assert torch.equal(y, y_plain) and torch.equal(spectrum, spectrum_plain)
+    full = torch.fft.fft(u.double(), n=65536).reshape(2, 4, 8192, 8)[..., :5].transpose(-1, -2)  # [k2, k1]
+    assert kept.shape == (2, 4, 5, 8192, 2) and kept.dtype == torch.float32
+    assert rel_l2(kept, torch.view_as_real(full)) < 2e-6
+    ours = ops.fftconv_backward_from_spectrum(dy, u, kept, spectrum, D, 777, "fp32")
+    plain = ops.fftconv_backward(dy, u, spectrum, D, 777, "fp32")
+    for name, a, b in zip(("du", "dk", "dD"), ours, plain):
+        assert torch.equal(a, b), name
+    u64, k64 = u.double().requires_grad_(), k.double().requires_grad_()
+    want = torch.autograd.grad(reference(u64, k64.repeat_interleave(2, dim=0), D.double()), (u64, k64), dy.double())
+    assert rel_l2(ours[0], want[0]) < 3e-6 and rel_l2(ours[1], want[1]) < 3e-6
+
+
+def test_kept_spectrum_is_empty_below_n_65536(through_the_ops, gen):
+    """Below the four-step sizes nothing is kept (X is empty) and the backward from it is
+    fftconv_backward's, bit for bit; an X of another shape or dtype is refused, at either size."""
+    u, k, dy = randn(gen, 3, 2, 301), randn(gen, 2, 301), randn(gen, 3, 2, 301)
+    y, spectrum, kept = ops.fftconv_keeping_spectrum(u, k, None, "fp32")
+    assert kept.shape == (0,) and torch.equal(y, ops.fftconv(u, k, None, "fp32")[0])
+    ours = ops.fftconv_backward_from_spectrum(dy, u, kept, spectrum, None, 301, "fp32")
+    for a, b in zip(ours, ops.fftconv_backward(dy, u, spectrum, None, 301, "fp32")):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="u_spectrum must be"):
+        ops.fftconv_backward_from_spectrum(dy, u, torch.zeros(1), spectrum, None, 301, "fp32")
+    long_u = randn(gen, 1, 2, 16500)
+    _, long_spectrum, long_kept = ops.fftconv_keeping_spectrum(long_u, k, None, "fp32")
+    for wrong in (long_kept[:, :1], long_kept.double(), kept):
+        with pytest.raises(ValueError, match="u_spectrum must be"):
+            ops.fftconv_backward_from_spectrum(long_u, long_u, wrong, long_spectrum, None, 301, "fp32")
+
+
+def test_opcheck_kept_spectrum_ops(through_the_ops, gen):
+    """The two ops' schemas and fake kernels agree with their implementations, at N = 65536 and
+    below (where X is empty)."""
+    for length in (16500, 300):
+        u, k, D = randn(gen, 1, 2, length), randn(gen, 2, 100), randn(gen, 2)
+        torch.library.opcheck(ops.fftconv_keeping_spectrum, (u, k, D, "fp32"))
+        _, spectrum, kept = ops.fftconv_keeping_spectrum(u, k, D, "fp32")
+        torch.library.opcheck(ops.fftconv_backward_from_spectrum,
+                              (randn(gen, 1, 2, length), u, kept, spectrum, D, 100, "fp32"))

@@ -424,6 +424,12 @@ def convolutions(device: str, *, compile: bool = False,
                              _explain("fp32", operator), _monarch_flops,
                              unavailable=lacks_operator("a causal filter per channel, no gates or D")
                              or (None if device == "cuda" else "the fused grad kernel is the CUDA backward's")))
+    convs.append(Convolution("monarch-keep-spectrum", "monarch", "fp32",
+                             "fftconv keeping u's spectrum for the backward (N >= 65536)",
+                             bind_function(_env_switched(KEEP_SPECTRUM_ENV, "1", "fp32")),
+                             _explain("fp32", operator), _monarch_flops,
+                             unavailable=lacks_operator("the plain op's autograd keeps it")
+                             or (None if device == "cuda" else "the CUDA autograd keeps it")))
     switched = [("monarch-grouped-ops", "the ops on G filter rows", "GROUPS_IN_KERNELS", True, "grouped",
                  operator.name != "grouped", "fp32"),
                 ("monarch-aten-gates", "fftconv_op with ATen gates around it", "FUSED_GATES", False, "gated",
@@ -577,11 +583,13 @@ def cudnn_convolution(device: str, lacks_operator: Optional[str] = None) -> Conv
 TENSOR_CORE_PRECISIONS = ("bf16", "fp16", "tf32")
 # Rows run only when --methods names them: the tensor-core op, and the switches' routes beside
 # the defaults (the fp32 backward's scratch route, the fused gates, the ops on grouped rows).
-ON_REQUEST_PREFIXES = ("monarch-tc[", "monarch-scratch-grad", "monarch-fused-grad", "monarch-aten-gates",
-                       "monarch-grouped-ops", "monarch-unfused-gated-train", "monarch-tc-gates[")
+ON_REQUEST_PREFIXES = ("monarch-tc[", "monarch-scratch-grad", "monarch-fused-grad", "monarch-keep-spectrum",
+                       "monarch-aten-gates", "monarch-grouped-ops", "monarch-unfused-gated-train", "monarch-tc-gates[")
 # Read by the binding at each backward call.
 GRAD_ACCUMULATOR_ENV = "MONARCH_FFTCONV_GRAD_ACCUMULATOR"
 GRAD_SPLIT_ENV = "MONARCH_FFTCONV_GRAD_SPLIT"
+# Read by the binding at each training forward (the four-step sizes: u's spectrum kept for the backward).
+KEEP_SPECTRUM_ENV = "MONARCH_FFTCONV_KEEP_SPECTRUM"
 
 
 @contextlib.contextmanager
@@ -628,6 +636,18 @@ def _explain_switched(precision: str, operator: Operator, switch: str, value: bo
         with _set(mf.backends, switch, value):
             return describe(u, k, **terms)
     return explain
+
+
+def _env_switched(name: str, value: str, precision: str) -> Callable[..., Tensor]:
+    """monarch[precision] with the binding's switch `name` = value set around the forward call:
+    a switch the autograd reads when it records the call (MONARCH_FFTCONV_KEEP_SPECTRUM=1: u's
+    four-step spectrum kept from the forward for the backward, which reads it from the graph)."""
+
+    def conv(u: Tensor, k: Tensor, **terms: Tensor) -> Tensor:
+        with _set(os.environ, name, value):
+            return mf.fftconv(u, k, precision=precision, **terms)
+
+    return conv
 
 
 def _backward_switched(name: str, value: str) -> Callable[..., Tensor]:

@@ -761,6 +761,37 @@ std::tuple<at::Tensor, at::Tensor> fftconv(const at::Tensor& u, const at::Tensor
   return {conv_forward(u, spectrum, skip, precision), spectrum};
 }
 
+// (y, S, X): fftconv's (y, S) and, at the four-step sizes, u's spectrum X as the forward's inner
+// kernel computed it, (B, C, P/2+1, M, 2) float32, for fftconv_backward_from_spectrum (which then
+// skips two of its launches); below N = 65536, X is empty. The autograd calls it under
+// MONARCH_FFTCONV_KEEP_SPECTRUM=1, holding X from the forward to the backward.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fftconv_keeping_spectrum(const at::Tensor& u_in, const at::Tensor& k,
+                                                                        const std::optional<at::Tensor>& skip_in,
+                                                                        c10::string_view precision) {
+  const at::Tensor u = time_contiguous(u_in);
+  at::Tensor spectrum = filter_spectrum(k, u.size(2), precision);
+  const Split split = check_plan(u, spectrum);
+  const auto fp32 = u.options().dtype(at::kFloat);
+  if (split.fft_size < mf::kFourStepMinSize)
+    return {conv_forward(u, spectrum, skip_in, precision), spectrum, at::empty({0}, fp32)};
+  precision_of(precision);  // a known name; the four-step arithmetic is fp32 whatever it is
+  const std::optional<at::Tensor> skip = skip_term(skip_in, u);
+  const at::Tensor rows = per_channel_rows(spectrum.to(at::kFloat).contiguous(), channels_per_filter(u, spectrum));
+  const c10::cuda::CUDAGuard guard(u.device());
+  at::Tensor y = at::empty(u.sizes(), u.options());
+  at::Tensor u_spectrum = at::empty({u.size(0), u.size(1), mf::fourstep_rows(split.fft_size),
+                                     mf::fourstep_inner_size(split.fft_size), 2}, fp32);
+  if (y.numel() == 0) return {y, spectrum, u_spectrum};
+  at::Tensor intermediate;
+  mf::FourStepParams f = fourstep_params(u, split.fft_size, intermediate);
+  f.filter_spectrum = rows.data_ptr<float>();
+  f.skip = skip ? skip->data_ptr<float>() : nullptr;
+  f.y = y.data_ptr();
+  f.spectrum_out = u_spectrum.data_ptr<float>();
+  check_launch(mf::fourstep_conv(f, current_stream(u)));
+  return {y, spectrum, u_spectrum};
+}
+
 // The tensors and shape of a backward call, into either backward's parameter struct
 // (ConvBackwardParams, FourStepBackwardParams: the same field names).
 template <class BackwardParams>
@@ -785,10 +816,11 @@ void fill_backward(BackwardParams& p, const at::Tensor& grad, const at::Tensor& 
 // workspace); dD = Σ_{b,t} u·dy in fp32, by ATen (deterministic).
 void fourstep_backward(const at::Tensor& grad, const at::Tensor& u, const at::Tensor& spectrum,
                        const std::optional<at::Tensor>& skip, int64_t fft_size, at::Tensor& du, at::Tensor& dk,
-                       at::Tensor& dskip) {
+                       at::Tensor& dskip, const at::Tensor* u_spectrum = nullptr) {
   mf::FourStepBackwardParams p{};
   fill_backward(p, grad, u, spectrum, skip, du, dk);
   p.fft_size = static_cast<int>(fft_size);
+  p.u_spectrum = u_spectrum != nullptr ? u_spectrum->data_ptr<float>() : nullptr;
   const size_t workspace_bytes = mf::fourstep_backward_workspace_bytes(p);
   TORCH_CHECK(workspace_bytes > 0, message("monarch_fftconv: no four-step backward for N=", p.fft_size));
   const at::Tensor workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, u.options().dtype(at::kByte));
@@ -839,6 +871,13 @@ bool forward_uniform_pairs_from_env() { return !env_switch("MONARCH_FFTCONV_FWD_
 // the same bits.
 bool grad_split_from_env() { return !env_switch("MONARCH_FFTCONV_GRAD_SPLIT", "1", "0"); }
 
+// Whether a training step's forward keeps u's spectrum for its backward at the four-step sizes
+// (fftconv_keeping_spectrum, fftconv_backward_from_spectrum), from MONARCH_FFTCONV_KEEP_SPECTRUM,
+// read at each forward that records a graph: unset or "0" (recomputed in the backward), "1"
+// (kept: two launches fewer per backward, and (P/2+1)·M complex fp32 per sequence held from the
+// forward to the backward, 2.25-2.5x u in fp32; docs/design.md). The same bits either way.
+bool keep_spectrum_from_env() { return env_switch("MONARCH_FFTCONV_KEEP_SPECTRUM", "0", "1"); }
+
 // The tensor-core kernel a 128 x 128 call takes (ConvForwardParams::tc_kernel), from
 // MONARCH_FFTCONV_TC_KERNEL, read at each tensor-core call: unset (the route), "engine" or "mma";
 // any other value is refused, before a launch, so that a misspelt name fails instead of running
@@ -879,7 +918,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
                                                              bool two_sided,
                                                              const std::optional<at::Tensor>& pregate = std::nullopt,
                                                              const std::optional<at::Tensor>& postgate = std::nullopt,
-                                                             at::Tensor* dpregate = nullptr) {
+                                                             at::Tensor* dpregate = nullptr,
+                                                             const at::Tensor* u_spectrum = nullptr) {
   precision_of(precision);  // a known name; the arithmetic is fp32 whatever it is
   const mf::GradAccumulator accumulator = grad_accumulator_from_env();  // checked on every route
   const bool uniform_pairs = grad_uniform_pairs_from_env();
@@ -921,7 +961,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
   };
   if (split.fft_size >= mf::kFourStepMinSize) {
     if (!two_sided) {
-      fourstep_backward(grad, u, per_channel, skip, split.fft_size, du, dk_channels, dskip);
+      fourstep_backward(grad, u, per_channel, skip, split.fft_size, du, dk_channels, dskip, u_spectrum);
     } else {
       // The four-step kernels store the causal lags only, into a contiguous (C, Lk): the
       // negative ones are the causal lags of the time-reversed dy and u, a second backward
@@ -995,6 +1035,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fftconv_backward(const at::Tensor
   return backward_impl(grad, u, spectrum, skip, filter_len, precision, false);
 }
 
+// fftconv_backward given u's spectrum as fftconv_keeping_spectrum returned it: the same
+// (du, dk, dD), bit for bit, without recomputing it (the four-step sizes; below, u_spectrum is
+// empty and the call is fftconv_backward's). u_spectrum is read, not written.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fftconv_backward_from_spectrum(
+    const at::Tensor& grad, const at::Tensor& u, const at::Tensor& u_spectrum, const at::Tensor& spectrum,
+    const std::optional<at::Tensor>& skip, int64_t filter_len, c10::string_view precision) {
+  TORCH_CHECK_VALUE(u.dim() == 3, message("monarch_fftconv: u must be (B, C, L), got ", u.sizes()));
+  const Split split = check_plan(u, spectrum);
+  if (split.fft_size < mf::kFourStepMinSize) {
+    TORCH_CHECK_VALUE(u_spectrum.numel() == 0,
+                      message("monarch_fftconv: u_spectrum must be empty below N=", mf::kFourStepMinSize, " (N=",
+                              split.fft_size, "), got ", u_spectrum.sizes()));
+    return backward_impl(grad, u, spectrum, skip, filter_len, precision, false);
+  }
+  const std::vector<int64_t> expected{u.size(0), u.size(1), mf::fourstep_rows(split.fft_size),
+                                      mf::fourstep_inner_size(split.fft_size), 2};
+  TORCH_CHECK_VALUE(u_spectrum.sizes() == at::IntArrayRef(expected) && u_spectrum.scalar_type() == at::kFloat &&
+                        u_spectrum.is_contiguous() && u_spectrum.device() == u.device(),
+                    message("monarch_fftconv: u_spectrum must be contiguous float32 ", at::IntArrayRef(expected),
+                            " on ", u.device(), " (fftconv_keeping_spectrum's), got ", u_spectrum.sizes(), " ",
+                            u_spectrum.scalar_type(), " on ", u_spectrum.device()));
+  return backward_impl(grad, u, spectrum, skip, filter_len, precision, false, std::nullopt, std::nullopt, nullptr,
+                       &u_spectrum);
+}
+
 // The fused gated training step's backward (ops.gated_fftconv_backward): (du, dk, dD, dpregate),
 // dpregate empty without a pregate; dpostgate = dy ⊙ z is the autograd's. Causal calls of fp32 io
 // on the radix kernels (N <= 32768) run the gated grad kernel (the gates in its loads and store);
@@ -1061,16 +1126,22 @@ using torch::autograd::variable_list;
 
 class FftconvFunction : public torch::autograd::Function<FftconvFunction> {
  public:
+  // keep: u's spectrum is kept for the backward (fftconv_autograd decides, where grad mode is the caller's)
   static variable_list forward(AutogradContext* ctx, const at::Tensor& u, const at::Tensor& k,
-                               const std::optional<at::Tensor>& skip, c10::string_view precision) {
+                               const std::optional<at::Tensor>& skip, c10::string_view precision, bool keep) {
     static const auto op = op_handle<std::tuple<at::Tensor, at::Tensor>(
         const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, c10::string_view)>(
         "monarch_fftconv::fftconv");
+    static const auto keeping_op = op_handle<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+        const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, c10::string_view)>(
+        "monarch_fftconv::fftconv_keeping_spectrum");
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [y, spectrum] = op.call(u, k, skip, precision);
+    at::Tensor y, spectrum, u_spectrum;  // u_spectrum: undefined unless kept (empty below N = 65536)
+    if (keep) std::tie(y, spectrum, u_spectrum) = keeping_op.call(u, k, skip, precision);
+    else std::tie(y, spectrum) = op.call(u, k, skip, precision);
     ctx->mark_non_differentiable({spectrum});
     ctx->set_materialize_grads(false);  // no zero-filled spectrum-sized gradient per backward
-    ctx->save_for_backward({u, spectrum, skip ? *skip : at::Tensor()});
+    ctx->save_for_backward({u, spectrum, skip ? *skip : at::Tensor(), u_spectrum});
     ctx->saved_data["filter_len"] = k.sym_size(1);  // symbolic under torch.compile(dynamic=True)
     ctx->saved_data["filter_dtype"] = static_cast<int64_t>(k.scalar_type());
     ctx->saved_data["precision"] = std::string(precision);
@@ -1081,21 +1152,28 @@ class FftconvFunction : public torch::autograd::Function<FftconvFunction> {
     static const auto op = op_handle<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
         const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, c10::SymInt,
         c10::string_view)>("monarch_fftconv::fftconv_backward");
+    static const auto from_spectrum_op = op_handle<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+        const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+        c10::SymInt, c10::string_view)>("monarch_fftconv::fftconv_backward_from_spectrum");
     const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor &u = saved[0], &spectrum = saved[1], &skip = saved[2];
-    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const at::Tensor &u = saved[0], &spectrum = saved[1], &skip = saved[2], &u_spectrum = saved[3];
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     const std::string precision = ctx->saved_data["precision"].toStringRef();
     // Below autograd: the backward op has no derivative, and its Python autograd shim costs
     // tens of µs per step. A double backward (create_graph) is refused instead.
     refuse_gradients("fftconv_backward", grads[0], u, skip);
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [du, dk, dskip] = op.call(grads[0], u, spectrum, skip.defined() ? std::optional(skip) : std::nullopt,
-                                   ctx->saved_data["filter_len"].toSymInt(), precision);
+    const std::optional<at::Tensor> skip_given = skip.defined() ? std::optional(skip) : std::nullopt;
+    const c10::SymInt filter_len = ctx->saved_data["filter_len"].toSymInt();
+    auto [du, dk, dskip] = u_spectrum.defined()
+                               ? from_spectrum_op.call(grads[0], u, u_spectrum, spectrum, skip_given, filter_len, precision)
+                               : op.call(grads[0], u, spectrum, skip_given, filter_len, precision);
     const auto filter_dtype = static_cast<at::ScalarType>(ctx->saved_data["filter_dtype"].toInt());
     // needs_input_grad counts tensor inputs only: the skip term is input 2 when it is given.
     return {ctx->needs_input_grad(0) ? du.to(u.scalar_type()) : at::Tensor(),
             ctx->needs_input_grad(1) ? dk.to(filter_dtype) : at::Tensor(),
-            skip.defined() && ctx->needs_input_grad(2) ? dskip.to(skip.scalar_type()) : at::Tensor(), at::Tensor()};
+            skip.defined() && ctx->needs_input_grad(2) ? dskip.to(skip.scalar_type()) : at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -1116,7 +1194,10 @@ at::Tensor conv_forward_autograd(const at::Tensor& u, const at::Tensor& spectrum
 std::tuple<at::Tensor, at::Tensor> fftconv_autograd(const at::Tensor& u, const at::Tensor& k,
                                                     const std::optional<at::Tensor>& skip,
                                                     c10::string_view precision) {
-  const variable_list out = FftconvFunction::apply(u, k, skip, precision);
+  // Only for a backward to come (apply runs the forward under no_grad too, and in it grad mode is off).
+  const bool keep = at::GradMode::is_enabled() && (needs_grad(u) || needs_grad(k) || needs_grad(skip)) &&
+                    keep_spectrum_from_env();
+  const variable_list out = FftconvFunction::apply(u, k, skip, precision, keep);
   return {out[0], out[1]};
 }
 
@@ -1155,6 +1236,8 @@ TORCH_LIBRARY_IMPL(monarch_fftconv, CUDA, m) {
   m.impl("gated_conv_forward", &conv_forward_gated);
   m.impl("fftconv", &fftconv);
   m.impl("fftconv_backward", &fftconv_backward);
+  m.impl("fftconv_keeping_spectrum", &fftconv_keeping_spectrum);
+  m.impl("fftconv_backward_from_spectrum", &fftconv_backward_from_spectrum);
   m.impl("fftconv_backward_two_sided", &fftconv_backward_two_sided);
   m.impl("gated_fftconv", &gated_fftconv);
   m.impl("gated_fftconv_backward", &gated_fftconv_backward);

@@ -196,6 +196,8 @@ struct FourStepParams {
   const float* skip;              // fourstep_conv: (channels,) or null; the filter is K + skip/N
   void* y;                        // fourstep_conv: (batch, channels, seq_len) contiguous, io_type
   float* intermediate;            // (batch·channels, P/2+1, M, 2): scratch, or fourstep_spectrum's output
+  float* spectrum_out;            // fourstep_conv: x's spectrum (batch·channels, P/2+1, M, 2) also
+                                  // stored here (the backward's u_spectrum), or null
   int64_t batch;
   int64_t channels;
   int64_t seq_len;                // 1 <= seq_len <= fft_size / 2
@@ -213,6 +215,8 @@ struct FourStepBackwardParams {
   const float* skip;              // (channels,) or null
   void* grad_u;                   // du: (batch, channels, seq_len) contiguous, io_type
   float* grad_filter;             // dk: (channels, filter_len) contiguous
+  const float* u_spectrum;        // u's spectrum as fourstep_conv stored it (spectrum_out), or null:
+                                  // computed here (two launches more)
   void* workspace;                // fourstep_backward_workspace_bytes, 16-byte aligned
   int64_t batch;
   int64_t channels;

@@ -19,7 +19,9 @@ struct FourStepArgs {
   const float* skip;   // (C,) or null: the filter is K + skip/N
   void* y;             // (B, C, L)
   float2* a;           // (B·C, R, M)
-  float2* products;    // InnerMode::kGrad: (B·C, R, M), X in, conj(X)·DY out
+  float2* spectrum_out;    // kConvKeep: (B·C, R, M), the rows' spectra before the filter product
+  const float2* products;  // kGrad: (B·C, R, M), X
+  float2* products_out;    // kGrad: conj(X)·DY (over products, or into another buffer)
   int64_t B, C, L;
   int64_t columns;     // B·C·M
   int N, M, logM, R;   // R = P/2 + 1
@@ -30,10 +32,13 @@ struct FourStepArgs {
 
 // What the inner kernel does to each row, in place:
 //   kConv      FFT_M, times the filter (or its conjugate), inverse FFT_M
+//   kConvKeep  as kConv; the spectrum also stored to spectrum_out (the backward's X, kept). Its
+//              own instance: the store's registers would spill in kConv at M = 4096
 //   kSpectrum  FFT_M, times `scale`; stored
-//   kGrad      as kConv; on the way, the row's spectrum DY turns `products` (X) into conj(X)·DY
+//   kGrad      as kConv; on the way, the row's spectrum DY and `products` (X) give conj(X)·DY,
+//              stored to `products_out`
 //   kInverse   inverse FFT_M only
-enum class InnerMode { kConv, kSpectrum, kGrad, kInverse };
+enum class InnerMode { kConv, kSpectrum, kGrad, kInverse, kConvKeep };
 
 }  // namespace fp32_detail
 }  // namespace

@@ -73,6 +73,7 @@ FourStepArgs make_args(const FourStepParams& p) {
   g.K = reinterpret_cast<const float2*>(p.filter_spectrum);
   g.y = p.y;
   g.a = reinterpret_cast<float2*>(p.intermediate);
+  g.spectrum_out = reinterpret_cast<float2*>(p.spectrum_out);
   g.B = p.batch;
   g.C = p.channels;
   g.L = p.seq_len;
@@ -167,11 +168,14 @@ cudaError_t launch_outer(const FourStepArgs& g, IOType io, cudaStream_t stream) 
 
 cudaError_t fourstep_conv(const FourStepParams& p, cudaStream_t stream) {
   using namespace fp32_detail;
-  if (!valid_params(p) || !p.y || !p.filter_spectrum || reinterpret_cast<uintptr_t>(p.filter_spectrum) % 8 != 0)
+  if (!valid_params(p) || !p.y || !p.filter_spectrum || reinterpret_cast<uintptr_t>(p.filter_spectrum) % 8 != 0 ||
+      reinterpret_cast<uintptr_t>(p.spectrum_out) % 8 != 0)
     return cudaErrorInvalidValue;
   const FourStepArgs g = make_args(p);
   cudaError_t err = launch_outer<false>(g, p.io_type, stream);
-  if (err == cudaSuccess) err = launch_inner_any<InnerMode::kConv>(g, stream);
+  if (err == cudaSuccess)
+    err = g.spectrum_out == nullptr ? launch_inner_any<InnerMode::kConv>(g, stream)
+                                    : launch_inner_any<InnerMode::kConvKeep>(g, stream);
   if (err == cudaSuccess) err = launch_outer<true>(g, p.io_type, stream);
   return err;
 }
@@ -180,6 +184,7 @@ cudaError_t fourstep_spectrum(const FourStepParams& p, cudaStream_t stream) {
   using namespace fp32_detail;
   if (!valid_params(p)) return cudaErrorInvalidValue;
   FourStepArgs g = make_args(p);
+  g.spectrum_out = nullptr;  // kSpectrum stores the spectrum as its output
   g.scale = p.spectrum_scale;
   const cudaError_t err = launch_outer<false>(g, p.io_type, stream);
   return err == cudaSuccess ? launch_inner_any<InnerMode::kSpectrum>(g, stream) : err;
@@ -198,6 +203,8 @@ size_t fourstep_backward_workspace_bytes(const FourStepBackwardParams& p) {
 //        the product with conj K, the inverse), outer inverse
 //   G  = Σ_b conj(X_b)·DY_b / N                        batch_sum, into X's first C rows
 //   dk = the first filter_len samples of G's inverse   inner kInverse, outer inverse (fp32)
+// Given u_spectrum (the forward's X, kept), the first two launches go: kGrad reads X there and
+// writes the products into the workspace's first intermediate, leaving u_spectrum as it was.
 // The filter gradient is the spectrum's adjoint applied to w ⊙ G, w the row weights (rows
 // 0 and P/2 once, the others twice, as the outer inverse counts them); the adjoint divides
 // by w again, so G goes through the outer inverse as it is (docs/design.md).
@@ -206,7 +213,7 @@ cudaError_t fourstep_backward(const FourStepBackwardParams& p, cudaStream_t stre
   if (fourstep_backward_workspace_bytes(p) == 0 || p.batch <= 0 || p.channels <= 0 || p.seq_len < 1 ||
       2 * p.seq_len > p.fft_size || p.filter_len < 1 || p.filter_len > p.seq_len || !p.u || !p.grad ||
       !p.filter_spectrum || !p.grad_u || !p.grad_filter || !p.workspace ||
-      reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0)
+      reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0 || reinterpret_cast<uintptr_t>(p.u_spectrum) % 8 != 0)
     return cudaErrorInvalidValue;
   FourStepParams fp{};
   fp.filter_spectrum = p.filter_spectrum;
@@ -220,15 +227,21 @@ cudaError_t fourstep_backward(const FourStepBackwardParams& p, cudaStream_t stre
   float2* spectra = reinterpret_cast<float2*>(p.workspace);
   float2* dy_rows = reinterpret_cast<float2*>(static_cast<char*>(p.workspace) + half);
 
-  // X = spectrum(u)
-  fp.x = p.u;
-  fp.x_batch_stride = p.u_batch_stride;
-  fp.x_channel_stride = p.u_channel_stride;
-  fp.intermediate = reinterpret_cast<float*>(spectra);
-  FourStepArgs g = make_args(fp);
-  g.scale = 1.f;
-  cudaError_t err = launch_outer<false>(g, p.io_type, stream);
-  if (err == cudaSuccess) err = launch_inner_any<InnerMode::kSpectrum>(g, stream);
+  // X = spectrum(u), unless the forward kept it
+  cudaError_t err = cudaSuccess;
+  const float2* u_spectrum = reinterpret_cast<const float2*>(p.u_spectrum);
+  FourStepArgs g{};
+  if (u_spectrum == nullptr) {
+    fp.x = p.u;
+    fp.x_batch_stride = p.u_batch_stride;
+    fp.x_channel_stride = p.u_channel_stride;
+    fp.intermediate = reinterpret_cast<float*>(spectra);
+    g = make_args(fp);
+    g.scale = 1.f;
+    err = launch_outer<false>(g, p.io_type, stream);
+    if (err == cudaSuccess) err = launch_inner_any<InnerMode::kSpectrum>(g, stream);
+    u_spectrum = spectra;
+  }
 
   // du, and conj(X)·DY per sequence
   fp.x = p.grad;
@@ -238,7 +251,8 @@ cudaError_t fourstep_backward(const FourStepBackwardParams& p, cudaStream_t stre
   fp.y = p.grad_u;
   g = make_args(fp);
   g.conj = 1;
-  g.products = spectra;
+  g.products = u_spectrum;
+  g.products_out = spectra;
   if (err == cudaSuccess) err = launch_outer<false>(g, p.io_type, stream);
   if (err == cudaSuccess) err = launch_inner_any<InnerMode::kGrad>(g, stream);
   if (err == cudaSuccess) err = launch_outer<true>(g, p.io_type, stream);

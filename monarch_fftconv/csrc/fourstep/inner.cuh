@@ -95,18 +95,26 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inn
           }
           continue;
         }
+        if constexpr (MODE == InnerMode::kConvKeep) {
+          if (valid) {  // X for the backward: read once, much later
+            float2* xrow = g.spectrum_out + row * M;
+#pragma unroll
+            for (int r = 0; r < 16; ++r) __stcs(xrow + j + r * NS, make_float2(v[q][r].x, v[q][r].y));
+          }
+        }
         if constexpr (MODE == InnerMode::kGrad) {
-          float2* prow = g.products + (valid ? row : 0) * M;
           if (valid) {
+            const float2* xrow = g.products + row * M;
+            float2* prow = g.products_out + row * M;
 #pragma unroll
             for (int r = 0; r < 16; ++r) {
-              const float2 x = __ldcs(prow + j + r * NS);
+              const float2 x = __ldcs(xrow + j + r * NS);
               __stcg(prow + j + r * NS, make_float2(x.x * v[q][r].x + x.y * v[q][r].y,  // conj(X)·DY
                                                     x.x * v[q][r].y - x.y * v[q][r].x));
             }
           }
         }
-        if constexpr (MODE == InnerMode::kConv || MODE == InnerMode::kGrad) {
+        if constexpr (MODE == InnerMode::kConv || MODE == InnerMode::kConvKeep || MODE == InnerMode::kGrad) {
 #pragma unroll
           for (int r = 0; r < 16; ++r) {
             const float2 kk = valid ? __ldg(Krow + j + r * NS) : make_float2(0.f, 0.f);
