@@ -19,7 +19,8 @@
 # cuDNN's rows (the cudnn method) need cuDNN >= 9.26: carry .cudnn_kit (and .whl) and gpu_setup.sh
 # sets MONARCH_FFTCONV_CUDNN_KIT; each benchmark's limit then grows by cuDNN's first-call JIT.
 # Results: $OUT/{gpu.txt,build.log,tests.log,fuzz.log,host.log,bench_fwd.log,bench_bwd.log,
-#                bench_long.log,bench_bf16_{fwd,bwd}.log,install.log,bench.tgz,hyena/}, and $OUT/bench_json/{fwd,bwd,long}.json:
+#                bench_long.log,bench_bf16_{fwd,bwd}.log,install.log,bench.tgz,hyena/}, and $OUT/bench_json/{fwd,bwd,long}.json
+# (also in bench.tgz, rewritten after each benchmark with every output so far):
 # each benchmark's results.json, kept only when that benchmark finished. They are the input of
 # benchmarks/readme_tables.py, which writes README.md's and docs/performance.md's tables from
 # them; the last lines printed give the command.
@@ -29,6 +30,14 @@ source "$(dirname "$0")/gpu_setup.sh"
 JSON_DIR="$OUT/bench_json"
 rm -rf "$JSON_DIR" && mkdir -p "$JSON_DIR"   # this run's JSON only
 BENCH_DIRS=()                                 # the /tmp output directories of this run's benchmarks
+# pack: $OUT/bench.tgz afresh, every benchmark's output so far (the /tmp directories) and the JSON
+# kept, after each benchmark: a device call returns only its first few files, and a call stopped
+# at its time limit must still return what finished (session 34 lost the fwd+bwd JSON to both).
+pack() {
+  local json=(bench_json)
+  [ -d "$OUT/bench_json_bf16" ] && json+=(bench_json_bf16)
+  tar czf "$OUT/bench.tgz" -C "$OUT" "${json[@]}" -C /tmp "${BENCH_DIRS[@]}"
+}
 # keep_json NAME DIR STATUS: DIR/results.json into $JSON_DIR/NAME.json if the benchmark exited 0
 keep_json() {
   [ -d "$2" ] && BENCH_DIRS+=("$(basename "$2")")
@@ -37,6 +46,7 @@ keep_json() {
   else
     echo "(the $1 benchmark exited with status $3: its JSON is not kept for the tables)"
   fi
+  pack
 }
 
 # limit SECONDS SHAPE_COUNT: a benchmark's time limit, plus 45 s a shape for cuDNN's first call
@@ -49,7 +59,6 @@ SHAPES=${SHAPES:-16x256x8192,16x256x1024,16x256x2048,16x256x4096,16x256x16384,64
 BWD_SHAPES=${BWD_SHAPES:-16x256x8192}
 timeout "$(limit 200 "$(count "$SHAPES")")" python3 benchmarks/bench_cufft.py --shapes "$SHAPES" --out /tmp/bench_fwd ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_fwd.log"
 keep_json fwd /tmp/bench_fwd "${PIPESTATUS[0]}"
-tar czf "$OUT/bench.tgz" -C /tmp bench_fwd
 
 if [ -z "${SKIP_TESTS:-}" ]; then
   echo "== tests"
@@ -99,7 +108,8 @@ if [ -n "${BF16_IO:-}" ]; then
     timeout "$(limit 200 "$(count "$shapes")")" python3 benchmarks/bench_cufft.py --io-dtype bfloat16 $pass --shapes "$shapes" \
       --no-plots --out "/tmp/bench_$name" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_$name.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] && cp "/tmp/bench_$name/results.json" "$OUT/bench_json_bf16/$name.json"
-    BENCH_DIRS+=("bench_$name")
+    [ -d "/tmp/bench_$name" ] && BENCH_DIRS+=("bench_$name")
+    pack
   done
 fi
 if [ -n "${OPERATORS:-}" ]; then
@@ -133,7 +143,7 @@ if [ -n "${OPERATORS:-}" ]; then
     --shapes "${SPLIT_SHAPES:-16x256x16384,8x512x12000}" --no-plots --out /tmp/bench_switch_split_bwd ${BENCH_ARGS:-} 2>&1 |
     tee "$OUT/bench_switch_split_bwd.log"
 fi
-[ "${#BENCH_DIRS[@]}" -gt 0 ] && tar czf "$OUT/bench.tgz" -C /tmp "${BENCH_DIRS[@]}"
+pack
 
 echo "== tables: this run's JSON is in $JSON_DIR ($(ls "$JSON_DIR" | tr '\n' ' '))"
 echo "Where this repository's files are (for a copied-back \$OUT, its local path), regenerate"
