@@ -4,10 +4,10 @@
 # then a command run ROUNDS times (default 2) with each build, in alternating processes, so that
 # the machine's drift falls on both.
 #
-#   DEFINES=MONARCH_FFTCONV_FWD_L2_PREFETCH=1 TESTS="tests/test_operators.py -k cuda" \
-#     bash benchmarks/ab_builds.sh python3 benchmarks/bench_cufft.py --operator gated \
-#     --shapes 16x256x8192,16x256x4096 --methods 'monarch[fp32]' --no-plots --no-profile
-#   DEFINES=MONARCH_FFTCONV_FWD_OWN_PAIRS=1 \
+#   DEFINES=MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT=0 TESTS="tests/test_cuda_engine.py -k budget" \
+#     bash benchmarks/ab_builds.sh python3 benchmarks/bench_cufft.py \
+#     --shapes 16x256x8192,64x768x8192 --methods 'monarch[fp16]' --no-plots --no-profile
+#   DEFINES=MONARCH_FFTCONV_FWD_PREFETCH_POINT=2 \
 #     bash benchmarks/ab_builds.sh python3 benchmarks/kernel_times.py --shape 16x256x4096 --io-dtype bfloat16
 #
 # DEFINES is checked first (each entry a switch the sources default with #ifndef, an integer

@@ -1186,19 +1186,19 @@ def test_ab_builds_checks_the_switch_builds_both_and_alternates(tmp_path):
         return subprocess.run(["bash", str(repo / "benchmarks" / "ab_builds.sh"), *command], env=full,
                               capture_output=True, text=True, timeout=120)
 
-    misspelt = ab("MONARCH_FFTCONV_FWD_L2_PREFETCHH=1")
-    assert misspelt.returncode == 2 and "MONARCH_FFTCONV_FWD_L2_PREFETCHH" in misspelt.stdout + misspelt.stderr
+    misspelt = ab("MONARCH_FFTCONV_FWD_PREFETCH_POINTT=2")
+    assert misspelt.returncode == 2 and "MONARCH_FFTCONV_FWD_PREFETCH_POINTT" in misspelt.stdout + misspelt.stderr
     assert not out.exists() and not order.exists()
 
     (repo / "failing_test.py").write_text("def test_fails():\n    assert False\n")
-    stopped = ab("MONARCH_FFTCONV_FWD_L2_PREFETCH=1", TESTS=str(repo / "failing_test.py"))
+    stopped = ab("MONARCH_FFTCONV_FWD_PREFETCH_POINT=2", TESTS=str(repo / "failing_test.py"))
     assert stopped.returncode == 1 and "nothing timed" in stopped.stdout and not order.exists()
 
     (repo / "passing_test.py").write_text("import os\n\ndef test_variant_env():\n"
-                                          "    assert os.environ['MONARCH_FFTCONV_NVCC_DEFINES'] == 'MONARCH_FFTCONV_FWD_L2_PREFETCH=1'\n")
-    done = ab("MONARCH_FFTCONV_FWD_L2_PREFETCH=1", TESTS=str(repo / "passing_test.py"))
+                                          "    assert os.environ['MONARCH_FFTCONV_NVCC_DEFINES'] == 'MONARCH_FFTCONV_FWD_PREFETCH_POINT=2'\n")
+    done = ab("MONARCH_FFTCONV_FWD_PREFETCH_POINT=2", TESTS=str(repo / "passing_test.py"))
     assert done.returncode == 0, done.stdout + done.stderr
-    default, variant = "defines= dir=/tmp/ab_stub_build", "defines=MONARCH_FFTCONV_FWD_L2_PREFETCH=1 dir=/tmp/ab_stub_build_variant"
+    default, variant = "defines= dir=/tmp/ab_stub_build", "defines=MONARCH_FFTCONV_FWD_PREFETCH_POINT=2 dir=/tmp/ab_stub_build_variant"
     assert (out / "build.log").read_text().strip() == default + " jobs=3"
     assert (out / "build_variant.log").read_text().strip() == variant + " jobs=3"
     assert order.read_text().splitlines() == [default, variant, default, variant]

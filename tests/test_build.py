@@ -858,52 +858,24 @@ def test_build_defines_name_the_kernels_switches_and_reach_the_jit_build(monkeyp
     monkeypatch.delenv(_extension.DEFINES_ENV, raising=False)
     assert _extension.build_defines() == []
     switches = _extension._switch_macros()
-    assert {"MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT", "MONARCH_FFTCONV_FWD_OWN_PAIRS",
-            "MONARCH_FFTCONV_FWD_L2_PREFETCH"} <= switches
+    assert {"MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT", "MONARCH_FFTCONV_FWD_DIRECT_SKIP",
+            "MONARCH_FFTCONV_FWD_PREFETCH_POINT"} <= switches
     monkeypatch.setenv(_extension.DEFINES_ENV,
-                       "MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT=6, MONARCH_FFTCONV_FWD_OWN_PAIRS=1")
+                       "MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT=6, MONARCH_FFTCONV_FWD_DIRECT_SKIP=1")
     flags = _extension.build_defines()
-    assert flags == ["-DMONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT=6", "-DMONARCH_FFTCONV_FWD_OWN_PAIRS=1"]
+    assert flags == ["-DMONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT=6", "-DMONARCH_FFTCONV_FWD_DIRECT_SKIP=1"]
     assert _extension._aot_library() is None
     captured = {}
     monkeypatch.setattr("torch.utils.cpp_extension.load", lambda **kwargs: captured.update(kwargs) or "built.so")
     assert _extension.build() == "built.so"
     assert captured["extra_cuda_cflags"][-2:] == flags
-    for bad in ("MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONNENT=6", "MONARCH_FFTCONV_FWD_OWN_PAIRS", "NDEBUG=1",
-                "MONARCH_FFTCONV_FWD_OWN_PAIRS=yes", "MONARCH_FFTCONV_FWD_OWN_PAIRS=--6"):
+    for bad in ("MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONNENT=6", "MONARCH_FFTCONV_FWD_DIRECT_SKIP", "NDEBUG=1",
+                "MONARCH_FFTCONV_FWD_DIRECT_SKIP=yes", "MONARCH_FFTCONV_FWD_DIRECT_SKIP=--6"):
         monkeypatch.setenv(_extension.DEFINES_ENV, bad)
         with pytest.raises(ValueError, match=re.escape(bad)):
             _extension.build_defines()
-    monkeypatch.setenv(_extension.DEFINES_ENV, "MONARCH_FFTCONV_FWD_OWN_PAIRS=1,MONARCH_FFTCONV_FWD_OWN_PAIRS=0")
-    with pytest.raises(ValueError, match="MONARCH_FFTCONV_FWD_OWN_PAIRS is given twice"):
+    monkeypatch.setenv(_extension.DEFINES_ENV, "MONARCH_FFTCONV_FWD_DIRECT_SKIP=1,MONARCH_FFTCONV_FWD_DIRECT_SKIP=0")
+    with pytest.raises(ValueError, match="MONARCH_FFTCONV_FWD_DIRECT_SKIP is given twice"):
         _extension.build_defines()
-    monkeypatch.setenv(_extension.DEFINES_ENV, "MONARCH_FFTCONV_FWD_OWN_PAIRS=1,")  # a trailing comma is no entry
-    assert _extension.build_defines() == ["-DMONARCH_FFTCONV_FWD_OWN_PAIRS=1"]
-
-
-def test_the_forward_l2_prefetch_asks_for_the_rows_the_loads_read():
-    """-DMONARCH_FFTCONV_FWD_L2_PREFETCH=1 (session 30, off by default; the gated kernels): prefetch_rows_l2 asks L2
-    for rows by the same sequence-to-(b, c) map as forward_seq and the same row bases as forward_p1
-    (u, pregate) and last_inverse_store (postgate), read from the sources: a prefetch of other
-    rows would cost bandwidth and hide nothing. The kernel calls it at the top of each sequence,
-    before p1, for this sequence and the slot's next (one grid stride on), and only when built
-    with the switch; the default build is the kernel as it was."""
-    import re
-    stages = (_extension.CSRC / "fp32" / "forward_stages.cuh").read_text()
-    kernels = (_extension.CSRC / "fp32" / "forward_kernels.cuh").read_text()
-    prefetch = re.search(r"void prefetch_rows_l2\(.*?\n\}", stages, re.S).group(0)
-    assert "b = s % a.B;" in stages and "c = s / a.B;" in stages  # forward_seq's map
-    for seq in ("next", "current"):
-        assert f"const int64_t b = {seq} % a.B, c = {seq} / a.B;" in prefetch
-    p1 = re.search(r"void forward_p1\(.*?\n\}", stages, re.S).group(0)
-    store = re.search(r"void last_inverse_store\(.*?\n\}", stages, re.S).group(0)
-    for row, reader in (("static_cast<const IO*>(a.u) + b * a.ubs + c * a.ucs", p1),
-                        ("static_cast<const IO*>(a.pregate) + (b * a.C + c) * a.L", p1),
-                        ("static_cast<const IO*>(a.postgate) + (b * a.C + c) * a.L", store)):
-        assert row in reader and f"prefetch_span_l2({row}, row_bytes, tx, T)" in prefetch, row
-    assert "const int64_t row_bytes = a.L * (int64_t)sizeof(IO);" in prefetch
-    assert re.search(r"#ifndef MONARCH_FFTCONV_FWD_L2_PREFETCH\n#define MONARCH_FFTCONV_FWD_L2_PREFETCH 0\n", stages)
-    assert "static constexpr bool kL2Prefetch = MONARCH_FFTCONV_FWD_L2_PREFETCH == 1 && GATED;" in stages
-    loop = kernels[kernels.index("for (int64_t sb = "):kernels.index("forward_p1<LOGM")]
-    assert re.search(r"if constexpr \(Choices::kL2Prefetch\)\s+prefetch_rows_l2<LOGM, IO, GATED>\(a, s, "
-                     r"s \+ \(int64_t\)gridDim\.x \* SPB, nseq, kPrefetchU<IO> && a\.prefetch, tx\);", loop)
+    monkeypatch.setenv(_extension.DEFINES_ENV, "MONARCH_FFTCONV_FWD_DIRECT_SKIP=1,")  # a trailing comma is no entry
+    assert _extension.build_defines() == ["-DMONARCH_FFTCONV_FWD_DIRECT_SKIP=1"]

@@ -90,21 +90,19 @@ __device__ __forceinline__ void forward_sequences(const ForwardArgs<GATED>& a) {
     pf_cur = false;
     if (kPrefetchU<IO> && a.prefetch) {
       const int64_t sn = s + (int64_t)gridDim.x * SPB;
-      if (sn < nseq) pf_cur = prefetch_seq<LOGM, IO, Choices::kOwnPairs>(a, ubuf, sn, tx);
+      if (sn < nseq) pf_cur = prefetch_seq<LOGM>(a, ubuf, sn, tx);
     }
   };
   if (kPrefetchU<IO> && a.prefetch) {
     const int64_t s0 = (int64_t)blockIdx.x * SPB + ty;
-    if (s0 < nseq) pf_cur = prefetch_seq<LOGM, IO, Choices::kOwnPairs>(a, ubuf, s0, tx);
+    if (s0 < nseq) pf_cur = prefetch_seq<LOGM>(a, ubuf, s0, tx);
   }
   for (int64_t sb = (int64_t)blockIdx.x * SPB; sb < nseq; sb += (int64_t)gridDim.x * SPB) {
     const int64_t s = sb + ty;
     const ForwardSeq seq = forward_seq<IO>(a, s, nseq);
-    if constexpr (Choices::kL2Prefetch)
-      prefetch_rows_l2<LOGM, IO, GATED>(a, s, s + (int64_t)gridDim.x * SPB, nseq, kPrefetchU<IO> && a.prefetch, tx);
 
     // ================= forward p1: global -> smem, radix R1, NS = 1, upper half zero
-    forward_p1<LOGM, IO, GATED, Choices::kOwnPairs>(sm, re, im, tx, a, pf_cur, seq);
+    forward_p1<LOGM, IO, GATED>(sm, re, im, tx, a, pf_cur, seq);
     // ================= forward p2
     if constexpr (P::LR2 > 0) pass_smem<M, T, P::R2, P::R1, false>(re, im, tx, tables.fp2);
 

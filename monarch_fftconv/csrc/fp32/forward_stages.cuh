@@ -48,30 +48,11 @@ enum class PrefetchPoint { kAfterFilterStage, kAfterMidInverse, kBeforeLastStore
 #ifndef MONARCH_FFTCONV_FWD_DIRECT_SKIP
 #define MONARCH_FFTCONV_FWD_DIRECT_SKIP -1
 #endif
-#ifndef MONARCH_FFTCONV_FWD_OWN_PAIRS
-#define MONARCH_FFTCONV_FWD_OWN_PAIRS 0
-#endif
-// 1: each sequence of the gated kernels asks L2 for the rows its slot will next wait on
-// (prefetch_rows_l2, below; written in session 30, not yet run on a GPU). 0, the default, builds
-// the kernels without it.
-#ifndef MONARCH_FFTCONV_FWD_L2_PREFETCH
-#define MONARCH_FFTCONV_FWD_L2_PREFETCH 0
-#endif
 
 // The forward kernel's io-dependent code choices, per FFT size N = 2^(LOGM+1) (one home for them):
 // - kPrefetchPoint: where the next sequence's u prefetch is issued (2-byte io only);
 // - kDirectSkip: whether the store's D·u form is compiled. The skip is always folded into the
-//   spectrum (launch sets skip_fold), so the form never runs, but ptxas allocates around it;
-// - kOwnPairs (the plain call's kernel with 2-byte io, -DMONARCH_FFTCONV_FWD_OWN_PAIRS=1 only;
-//   written in session 28, not yet run on a GPU): each thread stages the u pairs its own p1 reads
-//   (4-byte cp.async) instead of a share of 16-byte chunks, and p1 waits on its own copies with no
-//   CTA barrier. Why: the bf16-io forward issues more instructions than the fp32-io one (SASS:
-//   7,304 against 7,040 at N = 8192, 8,800 against 7,840 at 16384) and one barrier more a
-//   sequence, and measured 1.5-3.8% slower (session 28). A build-time choice: as a run-time one
-//   its code raised every 2-byte instance's spills; built in, the plain bf16 kernel's move 132/236
-//   -> 112/108 (N = 8192), 16/12 -> 36/28 (16384), 64/76 -> 20/16 (32768), 108/168 -> 208/204
-//   (4096), and the gated ones' grew several-fold, so they keep the shared chunks. Predicted: -1 to
-//   -3% on the bf16-io forward kernel at 16x256x4096 and 8192.
+//   spectrum (launch sets skip_fold), so the form never runs, but ptxas allocates around it.
 // For the plain call's kernel with 2-byte io they are chosen by ptxas's spills (sm_90a, bytes
 // stored/loaded a thread; each option compiled, session 24): N = 4096 and 8192 without the D·u
 // form, N = 8192 prefetched after the mid pass (204/200 -> 108/168 prefetched after the filter
@@ -88,13 +69,6 @@ struct ForwardIoChoices {
                                               : PrefetchPoint::kAfterFilterStage;
   static constexpr bool kDirectSkip =
       MONARCH_FFTCONV_FWD_DIRECT_SKIP >= 0 ? MONARCH_FFTCONV_FWD_DIRECT_SKIP == 1 : !(kChosen && LOGM <= 12);
-  static constexpr bool kOwnPairs = MONARCH_FFTCONV_FWD_OWN_PAIRS == 1 && sizeof(IO) == 2 && !GATED;
-  // prefetch_rows_l2 at the top of each sequence (-DMONARCH_FFTCONV_FWD_L2_PREFETCH=1 only), in
-  // the gated kernels: there ptxas's spills move by at most 24 B a thread, as many down as up
-  // (the N = 16384 uniform kernel's fp32 60/56 -> 56/52 B); in the plain ones the u prefetch
-  // alone raised them (sm_90a, stores/loads B: fp32 N = 8192 144/140 -> 236/232, N = 2048 8/4 ->
-  // 72/76; bf16 N = 32768 64/76 -> 280/356, 16384 16/12 -> 104/128).
-  static constexpr bool kL2Prefetch = MONARCH_FFTCONV_FWD_L2_PREFETCH == 1 && GATED;
 };
 
 // What the forward kernel takes: KArgs, or GatedKArgs for the GATED instance.
@@ -142,82 +116,15 @@ __device__ __forceinline__ ForwardSeq forward_seq(const KArgs& a, int64_t s, int
   return {valid, b, c, Lv, upair, ypair};
 }
 
-// Forward p1's input pair r of butterfly j (thread tx's j = tx + q·T, q < 32/R1): u[t0], u[t0 + 1],
-// t0 = 2·(j + r·M/R1) (the radix-R1 butterfly j takes the points j + r·M/R1; its upper half
-// r >= R1/2 is the zero padding). The own-pairs staging copies by it and tests/p1_pairs_check.cu
-// checks it; forward_p1 writes the same formula out (the call moved ptxas's allocation, see
-// there), so a change to either must be made to both: the staging is right only while they agree.
-template <int LOGM>
-__host__ __device__ __forceinline__ int p1_pair_start(int j, int r) {
-  using P = Plan<LOGM>;
-  return 2 * (j + r * (P::M / P::R1));
-}
-
-// Stage the u pairs this thread's p1 reads (p1_pair_start), 4 bytes each, zero-filled past L:
-// no other thread reads them, so p1 waits on this thread's copies alone (ForwardIoChoices::kOwnPairs).
-template <int LOGM, typename IO>
-__device__ __forceinline__ void prefetch_own_pairs(IO* buf, const IO* src, int L, int tx) {
-  static_assert(sizeof(IO) == 2, "a pair of 2-byte values is one 4-byte copy");
-  using P = Plan<LOGM>;
-  constexpr int R = P::R1, NB = 32 / R;
-#pragma unroll
-  for (int q = 0; q < NB; ++q) {
-#pragma unroll
-    for (int r = 0; r < R / 2; ++r) {
-      const int t0 = p1_pair_start<LOGM>(tx + q * P::T, r);
-      if (t0 < L) {
-        const int rem = (L - t0) * (int)sizeof(IO);
-        cp_async4_zfill(buf + t0, src + t0, rem < 4 ? rem : 4);
-      }
-    }
-  }
-}
-
-// Asks L2 for the rows whose loads this slot will wait on and nothing stages: the next sequence's
-// u where the kernel has no staging buffer (fp32 io, or 2-byte io without a.prefetch) and, in the
-// gated kernel, the next sequence's pregate (read with u in p1) and this sequence's postgate (read
-// by the last pass's store, a whole FFT later). Why: forward p1 and the gated store load those rows
-// synchronously, so each sequence waits on DRAM at both ends (the gated forward's gate passes
-// measured fully additive, docs/performance.md, session 21); the grad kernel's L2 prefetch of its
-// next sequence measured -4 to -7% (session 27). prefetch.global.L2 holds no register and never
-// faults. Predicted, unmeasured: the gated forward kernel -5 to -15% at 16x256x4096 and 8192 (fp32
-// and bf16 io; ForwardIoChoices::kL2Prefetch says why not the plain kernels). Sequence s is
-// (b, c) = (s mod B, s / B), as forward_seq has it, derived here from the indices rather than
-// taken as ForwardSeq values (current's and forward_seq(next)): that form compiled with more
-// spills in half the gated instances (ptxas, session 30: up to +44 B loads a thread, bf16 N = 8192).
-template <int LOGM, typename IO, bool GATED>
-__device__ __forceinline__ void prefetch_rows_l2(const ForwardArgs<GATED>& a, int64_t current, int64_t next,
-                                                 int64_t nseq, bool u_staged, int tx) {
-  constexpr int T = Plan<LOGM>::T;
-  const int64_t row_bytes = a.L * (int64_t)sizeof(IO);
-  if (next < nseq) {
-    const int64_t b = next % a.B, c = next / a.B;
-    if (!u_staged) prefetch_span_l2(static_cast<const IO*>(a.u) + b * a.ubs + c * a.ucs, row_bytes, tx, T);
-    if constexpr (GATED) {
-      if (a.pregate != nullptr)
-        prefetch_span_l2(static_cast<const IO*>(a.pregate) + (b * a.C + c) * a.L, row_bytes, tx, T);
-    }
-  }
-  if constexpr (GATED) {
-    if (current < nseq && a.postgate != nullptr) {
-      const int64_t b = current % a.B, c = current / a.B;
-      prefetch_span_l2(static_cast<const IO*>(a.postgate) + (b * a.C + c) * a.L, row_bytes, tx, T);
-    }
-  }
-}
-
 // The u of sequence sq staged into the slot's prefetch buffer ubuf with cp.async, when it is
 // 16-byte aligned: returns whether it is staged (else p1 reads it from global memory). The
 // caller has checked that the prefetch is on and that sq exists.
-template <int LOGM, typename IO, bool OWN_PAIRS>
+template <int LOGM, typename IO>
 __device__ __forceinline__ bool prefetch_seq(const KArgs& a, IO* ubuf, int64_t sq, int tx) {
   const int64_t bq = sq % a.B, cq = sq / a.B;
   const IO* p = static_cast<const IO*>(a.u) + bq * a.ubs + cq * a.ucs;
   const bool staged = (reinterpret_cast<uintptr_t>(p) & 15) == 0;
-  if (staged) {
-    if constexpr (OWN_PAIRS) prefetch_own_pairs<LOGM>(ubuf, p, (int)a.L, tx);
-    else prefetch_u<IO, Plan<LOGM>::T>(ubuf, p, (int)a.L, tx);
-  }
+  if (staged) prefetch_u<IO, Plan<LOGM>::T>(ubuf, p, (int)a.L, tx);
   return staged;
 }
 
@@ -227,7 +134,7 @@ __device__ __forceinline__ bool prefetch_seq(const KArgs& a, IO* ubuf, int64_t s
 // shared memory, in which the prefetch buffer is found as the kernel places it.
 // GATED: x = pregate ⊙ u where a.pregate is given (the ungated instance is the kernel as it
 // was, instruction for instruction).
-template <int LOGM, typename IO, bool GATED, bool OWN_PAIRS>
+template <int LOGM, typename IO, bool GATED>
 __device__ __forceinline__ void forward_p1(const float* sm, float* re, float* im, int tx, const KArgs& a, bool pf_cur,
                                            const ForwardSeq& seq) {
   using P = Plan<LOGM>;
@@ -243,8 +150,7 @@ __device__ __forceinline__ void forward_p1(const float* sm, float* re, float* im
   cf v[NB][R];
   if (kPrefetchU<IO> && a.prefetch) {
     cp_async_wait_all();
-    // every thread's part of the staged u is visible (own pairs: this thread reads only its own)
-    if constexpr (!OWN_PAIRS) __syncthreads();
+    __syncthreads();  // every thread's part of the staged u is visible
   }
   const bool from_smem = kPrefetchU<IO> && pf_cur;
 #pragma unroll
@@ -252,8 +158,6 @@ __device__ __forceinline__ void forward_p1(const float* sm, float* re, float* im
     const int j = tx + q * T;
 #pragma unroll
     for (int r = 0; r < R / 2; ++r) {
-      // p1_pair_start(j, r) written out: called, it moved ptxas's allocation of the 2-byte
-      // kernels (N = 32768: 64/76 -> 76/92 B of spills; N = 8192: 132/236 -> 124/224)
       const int t0 = 2 * (j + r * (M / R));
       if (from_smem) {
         if (t0 + 1 < Lv) {

@@ -145,12 +145,6 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem_dst, const void* gme
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem_src), "r"(src_bytes)
                : "memory");
 }
-// 4 bytes, of which src_bytes (0..4) are read and the rest zero-filled (.ca: the only 4-byte form)
-__device__ __forceinline__ void cp_async4_zfill(void* smem_dst, const void* gmem_src, int src_bytes) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem_src), "r"(src_bytes)
-               : "memory");
-}
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 // stage u[0:L) of one sequence into shared memory (16-byte chunks; src must be 16-byte aligned)
