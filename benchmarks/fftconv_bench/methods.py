@@ -424,6 +424,12 @@ def convolutions(device: str, *, compile: bool = False,
                              _explain("fp32", operator), _monarch_flops,
                              unavailable=lacks_operator("a causal filter per channel, no gates or D")
                              or (None if device == "cuda" else "the fused grad kernel is the CUDA backward's")))
+    convs.append(Convolution("monarch-sum-in-grad", "monarch", "fp32",
+                             "fftconv_op + the four-step grad kernel summing the batch (N >= 65536)",
+                             bind_function(_backward_switched(SUM_IN_GRAD_ENV, "1")),
+                             _explain("fp32", operator), _monarch_flops,
+                             unavailable=lacks_operator("a causal filter per channel, no gates or D")
+                             or (None if device == "cuda" else "the grad kernel is the CUDA backward's")))
     convs.append(Convolution("monarch-keep-spectrum", "monarch", "fp32",
                              "fftconv keeping u's spectrum for the backward (N >= 65536)",
                              bind_function(_env_switched(KEEP_SPECTRUM_ENV, "1", "fp32")),
@@ -583,13 +589,16 @@ def cudnn_convolution(device: str, lacks_operator: Optional[str] = None) -> Conv
 TENSOR_CORE_PRECISIONS = ("bf16", "fp16", "tf32")
 # Rows run only when --methods names them: the tensor-core op, and the switches' routes beside
 # the defaults (the fp32 backward's scratch route, the fused gates, the ops on grouped rows).
-ON_REQUEST_PREFIXES = ("monarch-tc[", "monarch-scratch-grad", "monarch-fused-grad", "monarch-keep-spectrum",
+ON_REQUEST_PREFIXES = ("monarch-tc[", "monarch-scratch-grad", "monarch-fused-grad", "monarch-sum-in-grad",
+                       "monarch-keep-spectrum",
                        "monarch-aten-gates", "monarch-grouped-ops", "monarch-unfused-gated-train", "monarch-tc-gates[")
 # Read by the binding at each backward call.
 GRAD_ACCUMULATOR_ENV = "MONARCH_FFTCONV_GRAD_ACCUMULATOR"
 GRAD_SPLIT_ENV = "MONARCH_FFTCONV_GRAD_SPLIT"
 # Read by the binding at each training forward (the four-step sizes: u's spectrum kept for the backward).
 KEEP_SPECTRUM_ENV = "MONARCH_FFTCONV_KEEP_SPECTRUM"
+# Read by the binding at each four-step backward (the batch summed in the grad kernel).
+SUM_IN_GRAD_ENV = "MONARCH_FFTCONV_FOURSTEP_SUM_IN_GRAD"
 
 
 @contextlib.contextmanager
@@ -655,7 +664,8 @@ def _backward_switched(name: str, value: str) -> Callable[..., Tensor]:
     set around the call only, timed beside the default: the per-channel sums in the global
     scratch (MONARCH_FFTCONV_GRAD_ACCUMULATOR=global, the route the on-chip accumulator
     replaced), or the one fused grad kernel at N = 32768 (MONARCH_FFTCONV_GRAD_SPLIT=0: the route
-    the split backward replaced, du and the filter sums in one kernel)."""
+    the split backward replaced, du and the filter sums in one kernel), or the four-step grad
+    kernel summing the batch (MONARCH_FFTCONV_FOURSTEP_SUM_IN_GRAD=1)."""
 
     class SwitchedBackwardConv(torch.autograd.Function):
         @staticmethod

@@ -219,6 +219,7 @@ at::Tensor conv_forward_gated_z(const at::Tensor& u_in, const at::Tensor& spectr
 bool forward_uniform_pairs_from_env();  // beside the other switches, below
 mf::TensorCoreKernel tc_kernel_from_env();  // the same
 void engine_switches_from_env(mf::ConvForwardParams& p);  // the same
+bool fourstep_sum_in_grad_from_env();  // the same
 
 at::Tensor conv_forward(const at::Tensor& u_in, const at::Tensor& spectrum_in,
                         const std::optional<at::Tensor>& skip_in, c10::string_view precision) {
@@ -821,6 +822,7 @@ void fourstep_backward(const at::Tensor& grad, const at::Tensor& u, const at::Te
   fill_backward(p, grad, u, spectrum, skip, du, dk);
   p.fft_size = static_cast<int>(fft_size);
   p.u_spectrum = u_spectrum != nullptr ? u_spectrum->data_ptr<float>() : nullptr;
+  p.sum_in_grad = fourstep_sum_in_grad_from_env();
   const size_t workspace_bytes = mf::fourstep_backward_workspace_bytes(p);
   TORCH_CHECK(workspace_bytes > 0, message("monarch_fftconv: no four-step backward for N=", p.fft_size));
   const at::Tensor workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, u.options().dtype(at::kByte));
@@ -877,6 +879,12 @@ bool grad_split_from_env() { return !env_switch("MONARCH_FFTCONV_GRAD_SPLIT", "1
 // (kept: two launches fewer per backward, and (P/2+1)·M complex fp32 per sequence held from the
 // forward to the backward, 2.25-2.5x u in fp32; docs/design.md). The same bits either way.
 bool keep_spectrum_from_env() { return env_switch("MONARCH_FFTCONV_KEEP_SPECTRUM", "0", "1"); }
+
+// Whether the four-step backward sums the filter gradient over the batch in its grad kernel
+// (FourStepBackwardParams::sum_in_grad: no batch_sum launch, no B·C rows of products; where the
+// call has (c, k2) rows for two waves of the kernel), from MONARCH_FFTCONV_FOURSTEP_SUM_IN_GRAD,
+// read at each backward call: unset or "0" (batch_sum), "1" (session 34, not yet measured).
+bool fourstep_sum_in_grad_from_env() { return env_switch("MONARCH_FFTCONV_FOURSTEP_SUM_IN_GRAD", "0", "1"); }
 
 // The tensor-core kernel a 128 x 128 call takes (ConvForwardParams::tc_kernel), from
 // MONARCH_FFTCONV_TC_KERNEL, read at each tensor-core call: unset (the route), "engine" or "mma";

@@ -217,6 +217,9 @@ struct FourStepBackwardParams {
   float* grad_filter;             // dk: (channels, filter_len) contiguous
   const float* u_spectrum;        // u's spectrum as fourstep_conv stored it (spectrum_out), or null:
                                   // computed here (two launches more)
+  bool sum_in_grad;               // asks the grad kernel to sum the filter gradient over the batch
+                                  // (no batch_sum launch, no B·C product rows) where the call has
+                                  // rows enough for it (fourstep_backward_sums_in_grad)
   void* workspace;                // fourstep_backward_workspace_bytes, 16-byte aligned
   int64_t batch;
   int64_t channels;
@@ -314,8 +317,13 @@ cudaError_t fourstep_spectrum(const FourStepParams& params, cudaStream_t stream)
 
 // Four-step backward: du (the correlation of dy with the filter) and dk (Σ_b of the
 // correlations of dy_b with u_b, truncated to filter_len); deterministic. dD is the binding's
-// (a reduction of u·dy). The workspace holds two intermediates; 0 on an invalid size.
+// (a reduction of u·dy). The workspace holds two intermediates (B·C sequences each; the first C
+// only, with a kept u_spectrum and the sums in the grad kernel); 0 on an invalid size.
 size_t fourstep_backward_workspace_bytes(const FourStepBackwardParams& params);
 cudaError_t fourstep_backward(const FourStepBackwardParams& params, cudaStream_t stream);
+// Whether fourstep_backward sums over the batch in its grad kernel: sum_in_grad asked, and one
+// batch, or (c, k2) rows for two waves of the grad kernel's slots at least (the sums serialise a
+// filter row's B rows in one slot).
+bool fourstep_backward_sums_in_grad(const FourStepBackwardParams& params);
 
 }  // namespace monarch_fftconv

@@ -22,11 +22,12 @@ struct FourStepArgs {
   float2* spectrum_out;    // kConvKeep: (B·C, R, M), the rows' spectra before the filter product
   const float2* products;  // kGrad: (B·C, R, M), X
   float2* products_out;    // kGrad: conj(X)·DY (over products, or into another buffer)
+  float2* grad_sum;        // kGradSum: (C·R, M), Σ_b conj(X_b)·DY_b · scale (may be products' first C·R rows)
   int64_t B, C, L;
   int64_t columns;     // B·C·M
   int N, M, logM, R;   // R = P/2 + 1
   int conj;            // kConv, kGrad: multiply by the conjugate filter
-  float scale;         // kSpectrum: the spectrum times this
+  float scale;         // kSpectrum: the spectrum times this; kGradSum: the sum times this
   int64_t tile_stride; // outer stage, P >= 128: the CTAs resident at once (the prefetch distance)
 };
 
@@ -38,7 +39,9 @@ struct FourStepArgs {
 //   kGrad      as kConv; on the way, the row's spectrum DY and `products` (X) give conj(X)·DY,
 //              stored to `products_out`
 //   kInverse   inverse FFT_M only
-enum class InnerMode { kConv, kSpectrum, kGrad, kInverse, kConvKeep };
+//   kGradSum   as kGrad, a slot taking the B rows of one (c, k2) in turn: it sums their products
+//              into grad_sum (times `scale` at the last), which batch_sum did from B stored rows
+enum class InnerMode { kConv, kSpectrum, kGrad, kInverse, kConvKeep, kGradSum };
 
 }  // namespace fp32_detail
 }  // namespace

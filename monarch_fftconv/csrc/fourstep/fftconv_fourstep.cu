@@ -117,6 +117,22 @@ cudaError_t launch_inner_any(const FourStepArgs& g, cudaStream_t stream) {
   return with_log2<12, 13>(g.M, [&](auto logm) { return launch_inner<decltype(logm)::value, MODE>(g, stream); });
 }
 
+// The inner kernel's slots resident at once for inner size M (0 where the residency query fails).
+template <InnerMode MODE>
+int64_t inner_slots(int64_t M) {
+  int64_t slots = 0;
+  with_log2<12, 13>(M, [&](auto logm) {
+    constexpr int LOGM = decltype(logm)::value;
+    using Pl = Plan<LOGM>;
+    int ctas = 0, sms = 0;
+    const cudaError_t err =
+        residency<&inner_kernel<LOGM, MODE>>(Pl::THREADS, slots_smem<LOGM>(slot_floats<LOGM>()), ctas, sms);
+    if (err == cudaSuccess) slots = (int64_t)ctas * sms * Pl::SPB;
+    return err;
+  });
+  return slots;
+}
+
 // The filter gradient's spectrum, summed over the batch in a fixed order (deterministic):
 // a[c] = scale · Σ_b a[b·C + c] for every (k2, k1), into the first C sequences of a.
 __global__ void __launch_bounds__(kOuterThreads) batch_sum_kernel(float2* a, int64_t B, int64_t per_batch, float scale) {
@@ -190,10 +206,21 @@ cudaError_t fourstep_spectrum(const FourStepParams& p, cudaStream_t stream) {
   return err == cudaSuccess ? launch_inner_any<InnerMode::kSpectrum>(g, stream) : err;
 }
 
+bool fourstep_backward_sums_in_grad(const FourStepBackwardParams& p) {
+  if (!p.sum_in_grad || p.fft_size < kFourStepMinSize || p.fft_size > kFourStepMaxSize) return false;
+  if (p.batch == 1) return true;
+  const int64_t items = p.channels * fourstep_rows(p.fft_size);
+  const int64_t slots = fp32_detail::inner_slots<fp32_detail::InnerMode::kGradSum>(fourstep_inner_size(p.fft_size));
+  return slots > 0 && items >= 2 * slots;
+}
+
 size_t fourstep_backward_workspace_bytes(const FourStepBackwardParams& p) {
   if (p.fft_size < kFourStepMinSize || p.fft_size > kFourStepMaxSize) return 0;
-  const int64_t per_intermediate = p.batch * p.channels * fourstep_rows(p.fft_size) * fourstep_inner_size(p.fft_size);
-  return 2 * (size_t)per_intermediate * sizeof(float2);
+  const int64_t per_sequence = fourstep_rows(p.fft_size) * (int64_t)fourstep_inner_size(p.fft_size);
+  // the first: X (then its first C rows the filter gradient's sum), or only that sum where X is kept
+  // and the grad kernel sums; the second: dy's pipeline
+  const int64_t first = p.u_spectrum != nullptr && fourstep_backward_sums_in_grad(p) ? p.channels : p.batch * p.channels;
+  return (size_t)(first + p.batch * p.channels) * per_sequence * sizeof(float2);
 }
 
 // Eight launches through two intermediates, X (u's spectrum, then the filter gradient's) and
@@ -205,6 +232,9 @@ size_t fourstep_backward_workspace_bytes(const FourStepBackwardParams& p) {
 //   dk = the first filter_len samples of G's inverse   inner kInverse, outer inverse (fp32)
 // Given u_spectrum (the forward's X, kept), the first two launches go: kGrad reads X there and
 // writes the products into the workspace's first intermediate, leaving u_spectrum as it was.
+// Where the grad kernel sums (fourstep_backward_sums_in_grad), kGradSum accumulates G itself, a
+// slot taking a (c, k2)'s B rows in turn, into the first intermediate's first C rows (over X's
+// rows b = 0, each read by its own slot before the store): no product rows, no batch_sum.
 // The filter gradient is the spectrum's adjoint applied to w ⊙ G, w the row weights (rows
 // 0 and P/2 once, the others twice, as the outer inverse counts them); the adjoint divides
 // by w again, so G goes through the outer inverse as it is (docs/design.md).
@@ -223,9 +253,12 @@ cudaError_t fourstep_backward(const FourStepBackwardParams& p, cudaStream_t stre
   fp.seq_len = p.seq_len;
   fp.fft_size = p.fft_size;
   fp.io_type = p.io_type;
-  const size_t half = fourstep_backward_workspace_bytes(p) / 2;
+  const bool sums_in_grad = fourstep_backward_sums_in_grad(p);
+  const int64_t per_batch = p.channels * fourstep_rows(p.fft_size) * (int64_t)fourstep_inner_size(p.fft_size);
+  const size_t dy_bytes = (size_t)(p.batch * per_batch) * sizeof(float2);
   float2* spectra = reinterpret_cast<float2*>(p.workspace);
-  float2* dy_rows = reinterpret_cast<float2*>(static_cast<char*>(p.workspace) + half);
+  float2* dy_rows = reinterpret_cast<float2*>(static_cast<char*>(p.workspace) +
+                                              (fourstep_backward_workspace_bytes(p) - dy_bytes));
 
   // X = spectrum(u), unless the forward kept it
   cudaError_t err = cudaSuccess;
@@ -253,13 +286,15 @@ cudaError_t fourstep_backward(const FourStepBackwardParams& p, cudaStream_t stre
   g.conj = 1;
   g.products = u_spectrum;
   g.products_out = spectra;
+  g.grad_sum = spectra;
+  g.scale = 1.f / (float)p.fft_size;
   if (err == cudaSuccess) err = launch_outer<false>(g, p.io_type, stream);
-  if (err == cudaSuccess) err = launch_inner_any<InnerMode::kGrad>(g, stream);
+  if (err == cudaSuccess)
+    err = sums_in_grad ? launch_inner_any<InnerMode::kGradSum>(g, stream) : launch_inner_any<InnerMode::kGrad>(g, stream);
   if (err == cudaSuccess) err = launch_outer<true>(g, p.io_type, stream);
 
-  // G = Σ_b conj(X_b)·DY_b / N, then its inverse: dk
-  const int64_t per_batch = p.channels * fourstep_rows(p.fft_size) * (int64_t)fourstep_inner_size(p.fft_size);
-  if (err == cudaSuccess) {
+  // G = Σ_b conj(X_b)·DY_b / N (unless kGradSum has summed it), then its inverse: dk
+  if (err == cudaSuccess && !sums_in_grad) {
     batch_sum_kernel<<<(unsigned)((per_batch + kOuterThreads - 1) / kOuterThreads), kOuterThreads, 0, stream>>>(
         spectra, p.batch, per_batch, 1.f / (float)p.fft_size);
     err = cudaGetLastError();

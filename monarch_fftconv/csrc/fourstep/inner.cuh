@@ -24,10 +24,15 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inn
   float *re = slot.re, *im = slot.im;
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t rows = (g.columns >> g.logM) * g.R;
+  // A slot's item: one row, or in kGradSum the B rows b·(C·R) + item of one (c, k2) = item, in
+  // the order b = 0 .. B-1, so that the slot alone sums their products (a fixed order).
+  const int64_t steps = MODE == InnerMode::kGradSum ? g.B : 1;
+  const int64_t items = rows / steps;
 
-  for (int64_t rb = (int64_t)blockIdx.x * SPB; rb < rows; rb += (int64_t)gridDim.x * SPB) {
-    const int64_t row = rb + ty;
-    const bool valid = row < rows;
+  for (int64_t ib = (int64_t)blockIdx.x * SPB; ib < items; ib += (int64_t)gridDim.x * SPB) {
+  for (int64_t b = 0; b < steps; ++b) {
+    const int64_t item = ib + ty, row = b * items + item;
+    const bool valid = item < items;
     float2* data = g.a + (valid ? row : 0) * M;
 
     // ---- forward p1: global -> smem, radix R1, NS = 1
@@ -114,7 +119,26 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inn
             }
           }
         }
-        if constexpr (MODE == InnerMode::kConv || MODE == InnerMode::kConvKeep || MODE == InnerMode::kGrad) {
+        if constexpr (MODE == InnerMode::kGradSum) {
+          if (valid) {  // G[item] = Σ_b conj(X_b)·DY_b, b in order, times scale at the last: batch_sum's bits
+            const float2* xrow = g.products + row * M;
+            float2* grow = g.grad_sum + item * M;
+#pragma unroll
+            for (int r = 0; r < 16; ++r) {
+              const float2 x = __ldcs(xrow + j + r * NS);
+              float2 sum = make_float2(x.x * v[q][r].x + x.y * v[q][r].y,  // conj(X)·DY
+                                       x.x * v[q][r].y - x.y * v[q][r].x);
+              if (b > 0) {  // this slot's own store of step b - 1, from L2
+                const float2 before = __ldcg(grow + j + r * NS);
+                sum = make_float2(__fadd_rn(before.x, sum.x), __fadd_rn(before.y, sum.y));
+              }
+              if (b == steps - 1) sum = make_float2(__fmul_rn(sum.x, g.scale), __fmul_rn(sum.y, g.scale));
+              __stcg(grow + j + r * NS, sum);
+            }
+          }
+        }
+        if constexpr (MODE == InnerMode::kConv || MODE == InnerMode::kConvKeep || MODE == InnerMode::kGrad ||
+                      MODE == InnerMode::kGradSum) {
 #pragma unroll
           for (int r = 0; r < 16; ++r) {
             const float2 kk = valid ? __ldg(Krow + j + r * NS) : make_float2(0.f, 0.f);
@@ -142,6 +166,7 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inn
         for (int r = 0; r < R1; ++r) __stcg(data + j + r * NS, make_float2(v[q][r].x, v[q][r].y));
       });
     }
+  }
   }
 }
 
