@@ -988,19 +988,21 @@ SUM_IN_GRAD_ENV = "MONARCH_FFTCONV_FOURSTEP_SUM_IN_GRAD"  # read by the binding 
 
 @pytest.mark.watchdog(GPU_WATCHDOG_S)  # written in session 34 without a GPU: a hang fails, not stalls
 @pytest.mark.parametrize("batch, channels, groups, length, filter_len, io_dtype, keep", [
-    (3, 96, 96, 20000, 20000, torch.float32, False),  # N = 65536: 864 (c, k2) items, above two waves
+    (3, 96, 96, 40000, 40000, torch.float32, False),  # N = 131072: 864 (c, k2) items, G over X's rows
     (2, 48, 24, 70001, 333, torch.bfloat16, True),  # N = 262144: 816 items; grouped, 2-byte I/O, X kept
-    (2, 32, 32, 150000, 999, torch.float32, False),  # N = 2^19: M = 4096 (two slots a CTA), 2080 items
+    (3, 33, 33, 150000, 999, torch.float32, False),  # N = 2^19: M = 4096 (two slots a CTA), 2145 items:
+                                                     # the last CTA's second slot idle through the B steps
     (1, 3, 3, 20000, 777, torch.float32, True),  # one batch: summed whatever the rows
-    (4, 8, 8, 20000, 20000, torch.float32, True),  # 72 items: under two waves, batch_sum runs
+    (4, 8, 8, 20000, 20000, torch.float32, True),  # 40 items: under two waves, batch_sum runs
 ])
 def test_grad_kernel_sums_the_batch(batch, channels, groups, length, filter_len, io_dtype, keep, monkeypatch, gen):
     """MONARCH_FFTCONV_FOURSTEP_SUM_IN_GRAD=1: kGradSum sums the filter gradient over the batch, a
     slot taking a (c, k2)'s B rows in order, where the call has one batch or (c, k2) rows for two
-    waves of slots (here: B = 1, or more items than twice 3 CTAs of every SM); elsewhere batch_sum
-    runs as before (profiler). du, dk and dD are the bits of the backward without it (batch_sum's
-    order: b = 0 .. B-1, then the 1/N), with u's spectrum recomputed or kept, and dk within the
-    fp32 budget of float64. An unknown value of either switch is refused."""
+    waves of slots (here: B = 1, or more items than twice 3 CTAs of every SM, an upper bound of
+    the residency); elsewhere batch_sum runs as before (profiler: which ran). du, dk and dD are the
+    bits of the backward without it (batch_sum's order: b = 0 .. B-1, then the 1/N), with u's
+    spectrum recomputed or kept (then a second backward of the same graph the same bits: X left
+    as it was); dk within the fp32 budget of float64. An unknown value of either switch is refused."""
     u = randn(gen, batch, channels, length, device=DEVICE).to(io_dtype)
     k = randn(gen, groups, filter_len, device=DEVICE) / filter_len**0.5
     D = randn(gen, channels, device=DEVICE)
@@ -1019,12 +1021,19 @@ def test_grad_kernel_sums_the_batch(batch, channels, groups, length, filter_len,
     n = plan_for(length).fft_size
     items, slots_per_cta = channels * fourstep.spectrum_rows(n), 2 if fourstep.inner_for(n) == 4096 else 1
     sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count
+    summing = any("InnerMode)5>" in name for name in launched)  # kGradSum's instance
+    assert summing != any("batch_sum_kernel" in name for name in launched), sorted(launched)
     if batch == 1 or items >= 2 * 3 * sms * slots_per_cta:
-        assert not any("batch_sum_kernel" in name for name in launched), sorted(launched)
+        assert summing, sorted(launched)
     elif items < sms:
-        assert any("batch_sum_kernel" in name for name in launched), sorted(launched)
+        assert not summing, sorted(launched)
     for name, a, b in zip(("du", "dk", "dD"), summed, by_batch_sum):
         assert torch.equal(a, b), name
+    if keep:
+        y = mf.fftconv(leaves[0], leaves[1], D=leaves[2])
+        first = torch.autograd.grad(y, leaves, dy, retain_graph=True)
+        for name, a, b in zip(("du", "dk", "dD"), torch.autograd.grad(y, leaves, dy), first):
+            assert torch.equal(a, b), name
     k64 = k.double().requires_grad_()
     want_dk, = torch.autograd.grad(reference(u.double(), k64.repeat_interleave(channels // groups, dim=0), D.double()),
                                    k64, dy.double())

@@ -822,7 +822,7 @@ void fourstep_backward(const at::Tensor& grad, const at::Tensor& u, const at::Te
   fill_backward(p, grad, u, spectrum, skip, du, dk);
   p.fft_size = static_cast<int>(fft_size);
   p.u_spectrum = u_spectrum != nullptr ? u_spectrum->data_ptr<float>() : nullptr;
-  p.sum_in_grad = fourstep_sum_in_grad_from_env();
+  p.sum_in_grad = fourstep_sum_in_grad_from_env() && mf::fourstep_backward_sums_in_grad(p);  // decided once
   const size_t workspace_bytes = mf::fourstep_backward_workspace_bytes(p);
   TORCH_CHECK(workspace_bytes > 0, message("monarch_fftconv: no four-step backward for N=", p.fft_size));
   const at::Tensor workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, u.options().dtype(at::kByte));
@@ -1173,9 +1173,9 @@ class FftconvFunction : public torch::autograd::Function<FftconvFunction> {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     const std::optional<at::Tensor> skip_given = skip.defined() ? std::optional(skip) : std::nullopt;
     const c10::SymInt filter_len = ctx->saved_data["filter_len"].toSymInt();
-    auto [du, dk, dskip] = u_spectrum.defined()
-                               ? from_spectrum_op.call(grads[0], u, u_spectrum, spectrum, skip_given, filter_len, precision)
-                               : op.call(grads[0], u, spectrum, skip_given, filter_len, precision);
+    auto [du, dk, dskip] =
+        u_spectrum.defined() ? from_spectrum_op.call(grads[0], u, u_spectrum, spectrum, skip_given, filter_len, precision)
+                             : op.call(grads[0], u, spectrum, skip_given, filter_len, precision);
     const auto filter_dtype = static_cast<at::ScalarType>(ctx->saved_data["filter_dtype"].toInt());
     // needs_input_grad counts tensor inputs only: the skip term is input 2 when it is given.
     return {ctx->needs_input_grad(0) ? du.to(u.scalar_type()) : at::Tensor(),

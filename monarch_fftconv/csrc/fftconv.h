@@ -217,9 +217,10 @@ struct FourStepBackwardParams {
   float* grad_filter;             // dk: (channels, filter_len) contiguous
   const float* u_spectrum;        // u's spectrum as fourstep_conv stored it (spectrum_out), or null:
                                   // computed here (two launches more)
-  bool sum_in_grad;               // asks the grad kernel to sum the filter gradient over the batch
-                                  // (no batch_sum launch, no B·C product rows) where the call has
-                                  // rows enough for it (fourstep_backward_sums_in_grad)
+  bool sum_in_grad;               // the grad kernel sums the filter gradient over the batch (no
+                                  // batch_sum launch, no B·C product rows): the caller's decision,
+                                  // fourstep_backward_sums_in_grad's advice; the workspace's size
+                                  // depends on it
   void* workspace;                // fourstep_backward_workspace_bytes, 16-byte aligned
   int64_t batch;
   int64_t channels;
@@ -321,9 +322,9 @@ cudaError_t fourstep_spectrum(const FourStepParams& params, cudaStream_t stream)
 // only, with a kept u_spectrum and the sums in the grad kernel); 0 on an invalid size.
 size_t fourstep_backward_workspace_bytes(const FourStepBackwardParams& params);
 cudaError_t fourstep_backward(const FourStepBackwardParams& params, cudaStream_t stream);
-// Whether fourstep_backward sums over the batch in its grad kernel: sum_in_grad asked, and one
-// batch, or (c, k2) rows for two waves of the grad kernel's slots at least (the sums serialise a
-// filter row's B rows in one slot).
+// Whether summing over the batch in the grad kernel (sum_in_grad) suits the call on the current
+// device: one batch, or (c, k2) rows for two waves of the grad kernel's slots at least (the sum
+// serialises a filter row's B rows in one slot). Decide once, before the workspace's size.
 bool fourstep_backward_sums_in_grad(const FourStepBackwardParams& params);
 
 }  // namespace monarch_fftconv

@@ -128,6 +128,7 @@ int64_t inner_slots(int64_t M) {
     const cudaError_t err =
         residency<&inner_kernel<LOGM, MODE>>(Pl::THREADS, slots_smem<LOGM>(slot_floats<LOGM>()), ctas, sms);
     if (err == cudaSuccess) slots = (int64_t)ctas * sms * Pl::SPB;
+    else (void)cudaGetLastError();  // no slots known: the caller takes the other route; no error left set
     return err;
   });
   return slots;
@@ -207,10 +208,11 @@ cudaError_t fourstep_spectrum(const FourStepParams& p, cudaStream_t stream) {
 }
 
 bool fourstep_backward_sums_in_grad(const FourStepBackwardParams& p) {
-  if (!p.sum_in_grad || p.fft_size < kFourStepMinSize || p.fft_size > kFourStepMaxSize) return false;
+  if (p.fft_size < kFourStepMinSize || p.fft_size > kFourStepMaxSize) return false;
   if (p.batch == 1) return true;
   const int64_t items = p.channels * fourstep_rows(p.fft_size);
-  const int64_t slots = fp32_detail::inner_slots<fp32_detail::InnerMode::kGradSum>(fourstep_inner_size(p.fft_size));
+  using fp32_detail::InnerMode;
+  const int64_t slots = fp32_detail::inner_slots<InnerMode::kGradSum>(fourstep_inner_size(p.fft_size));
   return slots > 0 && items >= 2 * slots;
 }
 
@@ -219,7 +221,7 @@ size_t fourstep_backward_workspace_bytes(const FourStepBackwardParams& p) {
   const int64_t per_sequence = fourstep_rows(p.fft_size) * (int64_t)fourstep_inner_size(p.fft_size);
   // the first: X (then its first C rows the filter gradient's sum), or only that sum where X is kept
   // and the grad kernel sums; the second: dy's pipeline
-  const int64_t first = p.u_spectrum != nullptr && fourstep_backward_sums_in_grad(p) ? p.channels : p.batch * p.channels;
+  const int64_t first = p.u_spectrum != nullptr && p.sum_in_grad ? p.channels : p.batch * p.channels;
   return (size_t)(first + p.batch * p.channels) * per_sequence * sizeof(float2);
 }
 
@@ -232,7 +234,7 @@ size_t fourstep_backward_workspace_bytes(const FourStepBackwardParams& p) {
 //   dk = the first filter_len samples of G's inverse   inner kInverse, outer inverse (fp32)
 // Given u_spectrum (the forward's X, kept), the first two launches go: kGrad reads X there and
 // writes the products into the workspace's first intermediate, leaving u_spectrum as it was.
-// Where the grad kernel sums (fourstep_backward_sums_in_grad), kGradSum accumulates G itself, a
+// Where the grad kernel sums (sum_in_grad), kGradSum accumulates G itself, a
 // slot taking a (c, k2)'s B rows in turn, into the first intermediate's first C rows (over X's
 // rows b = 0, each read by its own slot before the store): no product rows, no batch_sum.
 // The filter gradient is the spectrum's adjoint applied to w ⊙ G, w the row weights (rows
@@ -253,7 +255,7 @@ cudaError_t fourstep_backward(const FourStepBackwardParams& p, cudaStream_t stre
   fp.seq_len = p.seq_len;
   fp.fft_size = p.fft_size;
   fp.io_type = p.io_type;
-  const bool sums_in_grad = fourstep_backward_sums_in_grad(p);
+  const bool sums_in_grad = p.sum_in_grad;
   const int64_t per_batch = p.channels * fourstep_rows(p.fft_size) * (int64_t)fourstep_inner_size(p.fft_size);
   const size_t dy_bytes = (size_t)(p.batch * per_batch) * sizeof(float2);
   float2* spectra = reinterpret_cast<float2*>(p.workspace);
@@ -290,7 +292,8 @@ cudaError_t fourstep_backward(const FourStepBackwardParams& p, cudaStream_t stre
   g.scale = 1.f / (float)p.fft_size;
   if (err == cudaSuccess) err = launch_outer<false>(g, p.io_type, stream);
   if (err == cudaSuccess)
-    err = sums_in_grad ? launch_inner_any<InnerMode::kGradSum>(g, stream) : launch_inner_any<InnerMode::kGrad>(g, stream);
+    err = sums_in_grad ? launch_inner_any<InnerMode::kGradSum>(g, stream)
+                       : launch_inner_any<InnerMode::kGrad>(g, stream);
   if (err == cudaSuccess) err = launch_outer<true>(g, p.io_type, stream);
 
   // G = Σ_b conj(X_b)·DY_b / N (unless kGradSum has summed it), then its inverse: dk
