@@ -414,22 +414,20 @@ def convolutions(device: str, *, compile: bool = False,
                                                         "times them)", operator.gated)))
     convs.append(cudnn_convolution(device, lacks_operator(
         "cudnn.ops.fft_causal_conv1d takes one causal filter per channel, no gates or D")))
-    convs.append(Convolution("monarch-scratch-grad", "monarch", "fp32", "fftconv_op + scratch-route backward",
-                             bind_function(_backward_switched(GRAD_ACCUMULATOR_ENV, "global")),
-                             _explain("fp32", operator), _monarch_flops,
-                             unavailable=lacks_operator("a causal filter per channel, no gates or D")
-                             or (None if device == "cuda" else "the scratch route is the CUDA backward's")))
-    convs.append(Convolution("monarch-fused-grad", "monarch", "fp32", "fftconv_op + one fused grad kernel (N = 32768)",
-                             bind_function(_backward_switched(GRAD_SPLIT_ENV, "0")),
-                             _explain("fp32", operator), _monarch_flops,
-                             unavailable=lacks_operator("a causal filter per channel, no gates or D")
-                             or (None if device == "cuda" else "the fused grad kernel is the CUDA backward's")))
-    convs.append(Convolution("monarch-sum-in-grad", "monarch", "fp32",
-                             "fftconv_op + the four-step grad kernel summing the batch (N >= 65536)",
-                             bind_function(_backward_switched(SUM_IN_GRAD_ENV, "1")),
-                             _explain("fp32", operator), _monarch_flops,
-                             unavailable=lacks_operator("a causal filter per channel, no gates or D")
-                             or (None if device == "cuda" else "the grad kernel is the CUDA backward's")))
+    # the CUDA backward's switches, each beside the default: (name, entry, switch, value, route)
+    backward_switched = [
+        ("monarch-scratch-grad", "fftconv_op + scratch-route backward", GRAD_ACCUMULATOR_ENV, "global",
+         "the scratch route"),
+        ("monarch-fused-grad", "fftconv_op + one fused grad kernel (N = 32768)", GRAD_SPLIT_ENV, "0",
+         "the fused grad kernel"),
+        ("monarch-sum-in-grad", "fftconv_op + the four-step grad kernel summing the batch (N >= 65536)",
+         SUM_IN_GRAD_ENV, "1", "the four-step grad kernel"),
+    ]
+    for name, entry, switch, value, route in backward_switched:
+        convs.append(Convolution(name, "monarch", "fp32", entry, bind_function(_backward_switched(switch, value)),
+                                 _explain("fp32", operator), _monarch_flops,
+                                 unavailable=lacks_operator("a causal filter per channel, no gates or D")
+                                 or (None if device == "cuda" else f"{route} is the CUDA backward's")))
     convs.append(Convolution("monarch-keep-spectrum", "monarch", "fp32",
                              "fftconv keeping u's spectrum for the backward (N >= 65536)",
                              bind_function(_env_switched(KEEP_SPECTRUM_ENV, "1", "fp32")),
