@@ -763,10 +763,14 @@ def test_explain_never_builds_and_then_names_the_kernel():
     assert out.stdout.split() == ["pending", "cuda-fp32", "cuda-tensor-core"]
 
 
-@pytest.mark.parametrize("precision, length", [("fp32", 2048), ("bf16", 2048), ("fp32", 20000)])
-def test_compiled_training_step(precision, length, gen):
+@pytest.mark.parametrize("precision, length, keep", [("fp32", 2048, "0"), ("bf16", 2048, "0"), ("fp32", 20000, "0"),
+                                                   ("fp32", 20000, "1")])
+def test_compiled_training_step(precision, length, keep, monkeypatch, gen):
     """torch.compile(fullgraph=True) of a module holding FFTConv, forward and backward,
-    matches eager (L = 20000: the four-step ops)."""
+    matches eager (L = 20000: the four-step ops; with MONARCH_FFTCONV_KEEP_SPECTRUM=1, u's
+    spectrum a saved activation of the compiled graph, read by the backward op)."""
+    monkeypatch.setenv("MONARCH_FFTCONV_KEEP_SPECTRUM", keep)
+    torch._dynamo.reset()  # the switch is read when the graph is traced: no graph of another setting
     model = torch.nn.Sequential(mf.FFTConv(4, length, precision=precision), torch.nn.GELU()).to(DEVICE)
     compiled = torch.compile(model, fullgraph=True)
     x = randn(gen, 2, 4, length, device=DEVICE)
