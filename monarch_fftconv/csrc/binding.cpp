@@ -215,7 +215,7 @@ mf::ConvForwardParams forward_params(const at::Tensor& u, const at::Tensor& spec
 at::Tensor conv_forward_gated_z(const at::Tensor& u_in, const at::Tensor& spectrum_in,
                                 const std::optional<at::Tensor>& skip_in, const std::optional<at::Tensor>& pregate_in,
                                 const std::optional<at::Tensor>& postgate_in, c10::string_view precision,
-                                at::Tensor* z_out);
+                                at::Tensor* z_out, at::Tensor* u_spectrum_out = nullptr);
 bool forward_uniform_pairs_from_env();  // beside the other switches, below
 mf::TensorCoreKernel tc_kernel_from_env();  // the same
 void engine_switches_from_env(mf::ConvForwardParams& p);  // the same
@@ -237,17 +237,21 @@ at::Tensor conv_forward_gated(const at::Tensor& u_in, const at::Tensor& spectrum
 // radix kernel's load and store where that kernel runs the call; elsewhere (the tensor-core
 // kernels, four-step) the gates are elementwise ATen ops around the conv. With z_out (the gated
 // training step's forward), z = conv(x) + D·x before the postgate is also returned there: the
-// fused kernel stores it beside y.
+// fused kernel stores it beside y. With u_spectrum_out (fftconv_keeping_spectrum; no gates), u's
+// four-step spectrum X, (B, C, P/2+1, M, 2) float32, as the inner kernel computed it; empty below
+// N = 65536.
 at::Tensor conv_forward_gated_z(const at::Tensor& u_in, const at::Tensor& spectrum_in,
                                 const std::optional<at::Tensor>& skip_in, const std::optional<at::Tensor>& pregate_in,
                                 const std::optional<at::Tensor>& postgate_in, c10::string_view precision,
-                                at::Tensor* z_out) {
+                                at::Tensor* z_out, at::Tensor* u_spectrum_out) {
   const at::Tensor u = time_contiguous(u_in);
   at::Tensor spectrum = spectrum_in.to(at::kFloat).contiguous();
   const Split split = check_plan(u, spectrum);
   const std::optional<at::Tensor> skip = skip_term(skip_in, u);
   const std::optional<at::Tensor> pregate = gate_term(pregate_in, u, "pregate");
   const std::optional<at::Tensor> postgate = gate_term(postgate_in, u, "postgate");
+  TORCH_CHECK(u_spectrum_out == nullptr || !(pregate || postgate || z_out),
+              "monarch_fftconv: u's spectrum is kept for calls without gates only");
   // Splits no tensor-core kernel covers run the fp32-accurate kernel whatever the precision
   // asked for: more accurate than asked, and the only kernel there. (The name is checked first,
   // at every size.)
@@ -271,6 +275,13 @@ at::Tensor conv_forward_gated_z(const at::Tensor& u_in, const at::Tensor& spectr
   const c10::cuda::CUDAGuard guard(u.device());
   at::Tensor y = at::empty(u.sizes(), u.options());
   if (z_out != nullptr) *z_out = at::empty(u.sizes(), u.options());
+  const bool fourstep = split.fft_size >= mf::kFourStepMinSize;
+  if (u_spectrum_out != nullptr) {
+    *u_spectrum_out = fourstep ? at::empty({u.size(0), u.size(1), mf::fourstep_rows(split.fft_size),
+                                            mf::fourstep_inner_size(split.fft_size), 2},
+                                           u.options().dtype(at::kFloat))
+                               : at::empty({0}, u.options().dtype(at::kFloat));
+  }
   if (y.numel() == 0) return y;
 
   mf::ConvForwardParams p = forward_params(u, spectrum, skip, y, split);
@@ -278,12 +289,13 @@ at::Tensor conv_forward_gated_z(const at::Tensor& u_in, const at::Tensor& spectr
   p.pregate = pregate ? pregate->data_ptr() : nullptr;
   p.postgate = postgate ? postgate->data_ptr() : nullptr;
   p.pre_postgate_out = z_out != nullptr ? z_out->data_ptr() : nullptr;
-  if (split.fft_size >= mf::kFourStepMinSize) {  // fp32 for every precision
+  if (fourstep) {  // fp32 for every precision
     at::Tensor intermediate;
     mf::FourStepParams f = fourstep_params(u, split.fft_size, intermediate);
     f.filter_spectrum = p.filter_spectrum;
     f.skip = p.skip;
     f.y = p.y;
+    f.spectrum_out = u_spectrum_out != nullptr ? u_spectrum_out->data_ptr<float>() : nullptr;
     check_launch(mf::fourstep_conv(f, current_stream(u)));
     return y;
   }
@@ -766,30 +778,13 @@ std::tuple<at::Tensor, at::Tensor> fftconv(const at::Tensor& u, const at::Tensor
 // kernel computed it, (B, C, P/2+1, M, 2) float32, for fftconv_backward_from_spectrum (which then
 // skips two of its launches); below N = 65536, X is empty. The autograd calls it under
 // MONARCH_FFTCONV_KEEP_SPECTRUM=1, holding X from the forward to the backward.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> fftconv_keeping_spectrum(const at::Tensor& u_in, const at::Tensor& k,
-                                                                        const std::optional<at::Tensor>& skip_in,
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fftconv_keeping_spectrum(const at::Tensor& u, const at::Tensor& k,
+                                                                        const std::optional<at::Tensor>& skip,
                                                                         c10::string_view precision) {
-  const at::Tensor u = time_contiguous(u_in);
+  TORCH_CHECK_VALUE(u.dim() == 3, message("monarch_fftconv: u must be (B, C, L), got ", u.sizes()));
   at::Tensor spectrum = filter_spectrum(k, u.size(2), precision);
-  const Split split = check_plan(u, spectrum);
-  const auto fp32 = u.options().dtype(at::kFloat);
-  if (split.fft_size < mf::kFourStepMinSize)
-    return {conv_forward(u, spectrum, skip_in, precision), spectrum, at::empty({0}, fp32)};
-  precision_of(precision);  // a known name; the four-step arithmetic is fp32 whatever it is
-  const std::optional<at::Tensor> skip = skip_term(skip_in, u);
-  const at::Tensor rows = per_channel_rows(spectrum.to(at::kFloat).contiguous(), channels_per_filter(u, spectrum));
-  const c10::cuda::CUDAGuard guard(u.device());
-  at::Tensor y = at::empty(u.sizes(), u.options());
-  at::Tensor u_spectrum = at::empty({u.size(0), u.size(1), mf::fourstep_rows(split.fft_size),
-                                     mf::fourstep_inner_size(split.fft_size), 2}, fp32);
-  if (y.numel() == 0) return {y, spectrum, u_spectrum};
-  at::Tensor intermediate;
-  mf::FourStepParams f = fourstep_params(u, split.fft_size, intermediate);
-  f.filter_spectrum = rows.data_ptr<float>();
-  f.skip = skip ? skip->data_ptr<float>() : nullptr;
-  f.y = y.data_ptr();
-  f.spectrum_out = u_spectrum.data_ptr<float>();
-  check_launch(mf::fourstep_conv(f, current_stream(u)));
+  at::Tensor u_spectrum;
+  at::Tensor y = conv_forward_gated_z(u, spectrum, skip, std::nullopt, std::nullopt, precision, nullptr, &u_spectrum);
   return {y, spectrum, u_spectrum};
 }
 
