@@ -242,7 +242,8 @@ size_t fourstep_backward_workspace_bytes(const FourStepBackwardParams& p) {
 // by w again, so G goes through the outer inverse as it is (docs/design.md).
 cudaError_t fourstep_backward(const FourStepBackwardParams& p, cudaStream_t stream) {
   using namespace fp32_detail;
-  if (fourstep_backward_workspace_bytes(p) == 0 || p.batch <= 0 || p.channels <= 0 || p.seq_len < 1 ||
+  const size_t workspace_bytes = fourstep_backward_workspace_bytes(p);
+  if (workspace_bytes == 0 || p.batch <= 0 || p.channels <= 0 || p.seq_len < 1 ||
       2 * p.seq_len > p.fft_size || p.filter_len < 1 || p.filter_len > p.seq_len || !p.u || !p.grad ||
       !p.filter_spectrum || !p.grad_u || !p.grad_filter || !p.workspace ||
       reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0 || reinterpret_cast<uintptr_t>(p.u_spectrum) % 8 != 0)
@@ -255,12 +256,11 @@ cudaError_t fourstep_backward(const FourStepBackwardParams& p, cudaStream_t stre
   fp.seq_len = p.seq_len;
   fp.fft_size = p.fft_size;
   fp.io_type = p.io_type;
-  const bool sums_in_grad = p.sum_in_grad;
   const int64_t per_batch = p.channels * fourstep_rows(p.fft_size) * (int64_t)fourstep_inner_size(p.fft_size);
   const size_t dy_bytes = (size_t)(p.batch * per_batch) * sizeof(float2);
+  const float grad_scale = 1.f / (float)p.fft_size;  // G's 1/N, by kGradSum or batch_sum
   float2* spectra = reinterpret_cast<float2*>(p.workspace);
-  float2* dy_rows = reinterpret_cast<float2*>(static_cast<char*>(p.workspace) +
-                                              (fourstep_backward_workspace_bytes(p) - dy_bytes));
+  float2* dy_rows = reinterpret_cast<float2*>(static_cast<char*>(p.workspace) + (workspace_bytes - dy_bytes));
 
   // X = spectrum(u), unless the forward kept it
   cudaError_t err = cudaSuccess;
@@ -289,17 +289,17 @@ cudaError_t fourstep_backward(const FourStepBackwardParams& p, cudaStream_t stre
   g.products = u_spectrum;
   g.products_out = spectra;
   g.grad_sum = spectra;
-  g.scale = 1.f / (float)p.fft_size;
+  g.scale = grad_scale;
   if (err == cudaSuccess) err = launch_outer<false>(g, p.io_type, stream);
   if (err == cudaSuccess)
-    err = sums_in_grad ? launch_inner_any<InnerMode::kGradSum>(g, stream)
-                       : launch_inner_any<InnerMode::kGrad>(g, stream);
+    err = p.sum_in_grad ? launch_inner_any<InnerMode::kGradSum>(g, stream)
+                        : launch_inner_any<InnerMode::kGrad>(g, stream);
   if (err == cudaSuccess) err = launch_outer<true>(g, p.io_type, stream);
 
   // G = Σ_b conj(X_b)·DY_b / N (unless kGradSum has summed it), then its inverse: dk
-  if (err == cudaSuccess && !sums_in_grad) {
+  if (err == cudaSuccess && !p.sum_in_grad) {
     batch_sum_kernel<<<(unsigned)((per_batch + kOuterThreads - 1) / kOuterThreads), kOuterThreads, 0, stream>>>(
-        spectra, p.batch, per_batch, 1.f / (float)p.fft_size);
+        spectra, p.batch, per_batch, grad_scale);
     err = cudaGetLastError();
   }
   fp.batch = 1;
