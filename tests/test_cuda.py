@@ -355,12 +355,12 @@ GRAD_SPLIT_ENV = "MONARCH_FFTCONV_GRAD_SPLIT"  # read by the binding at each bac
 SPLIT_KERNEL = "fftconv_fp32_filter_sums_kernel"
 
 
-def kernels_launched(fn) -> set[str]:
-    """The CUDA kernels fn launches (torch.profiler), by name."""
+def kernels_launched(fn) -> list[str]:
+    """The CUDA kernels fn launches (torch.profiler), by name, a name for each launch."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    return {event.name for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA}
+    return [event.name for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA]
 
 
 @pytest.mark.watchdog(GPU_WATCHDOG_S)  # a new kernel (the filter sums alone): a hang fails, not stalls
@@ -917,15 +917,6 @@ def test_fourstep_gradients(batch, channels, length, filter_len, precision, gen)
 KEEP_SPECTRUM_ENV = "MONARCH_FFTCONV_KEEP_SPECTRUM"  # read by the binding at each training forward
 
 
-def outer_forward_launches(fn) -> int:
-    """How many four-step outer forward kernels fn launches (torch.profiler)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return sum("outer_forward" in event.name for event in prof.events()
-               if event.device_type == torch.autograd.DeviceType.CUDA)
-
-
 @pytest.mark.watchdog(GPU_WATCHDOG_S)  # written in session 34 without a GPU: a hang fails, not stalls
 @pytest.mark.parametrize("batch, channels, groups, length, filter_len, io_dtype", [
     (3, 2, 2, 20000, 20000, torch.float32),  # N = 65536 (P = 8)
@@ -950,7 +941,8 @@ def test_kept_spectrum_gives_the_same_bits(batch, channels, groups, length, filt
         y = mf.fftconv(leaves[0], leaves[1], D=leaves[2])
         first = torch.autograd.grad(y, leaves, dy, retain_graph=True)
         second = torch.autograd.grad(y, leaves, dy, retain_graph=True)
-        launches = outer_forward_launches(lambda: torch.autograd.grad(y, leaves, dy))
+        launched = kernels_launched(lambda: torch.autograd.grad(y, leaves, dy))
+        launches = sum("outer_forward" in name for name in launched)  # the four-step outer forwards
         return y.detach(), first, second, launches
 
     monkeypatch.delenv(KEEP_SPECTRUM_ENV, raising=False)
