@@ -430,7 +430,7 @@ def convolutions(device: str, *, compile: bool = False,
                                  or (None if device == "cuda" else f"{route} is the CUDA backward's")))
     convs.append(Convolution("monarch-keep-spectrum", "monarch", "fp32",
                              "fftconv keeping u's spectrum for the backward (N >= 65536)",
-                             bind_function(_env_switched(KEEP_SPECTRUM_ENV, "1", "fp32")),
+                             bind_function(_fftconv_switched(KEEP_SPECTRUM_ENV, "1", "fp32", os.environ)),
                              _explain("fp32", operator), _monarch_flops,
                              unavailable=lacks_operator("the plain op's autograd keeps it")
                              or (None if device == "cuda" else "the CUDA autograd keeps it")))
@@ -619,17 +619,21 @@ def _set(owner: Any, name: str, value: Any):
             os.environ[name] = before
 
 
-def _fftconv_switched(switch: str, value: bool, precision: str = "fp32") -> Callable[..., Tensor]:
-    """monarch[precision] with the module switch backends.<switch> set to value for each call,
-    timed beside the default: GROUPS_IN_KERNELS on (the ops get the G filter rows; the backward
-    this call records sums each group inside), FUSED_GATES off (a forward that records no gradient
-    keeps the ATen gates around the kernel, the route the fused gates replaced),
-    FUSED_GATED_TRAINING off (a call that records a gradient keeps the ATen gates around the fp32
-    forward and grad kernels; its backward follows the forward's route, so the switch is set there
-    only), or GATED_CALLS_ON_FP32 off (a bf16/fp16 gated call on the tensor cores, its gates ATen
-    passes around them)."""
+def _fftconv_switched(switch: str, value: Any, precision: str = "fp32", owner: Any = mf.backends
+                      ) -> Callable[..., Tensor]:
+    """monarch[precision] with the switch owner.<switch> (a module attribute of backends, or a variable
+    of os.environ) set to value for each call, timed beside the default: the binding's
+    MONARCH_FFTCONV_KEEP_SPECTRUM=1 (read when the autograd records the call: u's four-step
+    spectrum kept from the forward for the backward, which reads it from the graph), or
+    GROUPS_IN_KERNELS on (the ops get the G filter rows; the backward this call records sums each
+    group inside), FUSED_GATES off (a forward that records no gradient keeps the ATen gates
+    around the kernel, the route the fused gates replaced), FUSED_GATED_TRAINING off (a call that
+    records a gradient keeps the ATen gates around the fp32 forward and grad kernels; its
+    backward follows the forward's route, so the switch is set there only), or
+    GATED_CALLS_ON_FP32 off (a bf16/fp16 gated call on the tensor cores, its gates ATen passes
+    around them)."""
     def fftconv(u: Tensor, k: Tensor, **terms: Tensor) -> Tensor:
-        with _set(mf.backends, switch, value):
+        with _set(owner, switch, value):
             return mf.fftconv(u, k, precision=precision, **terms)
     return fftconv
 
@@ -643,18 +647,6 @@ def _explain_switched(precision: str, operator: Operator, switch: str, value: bo
         with _set(mf.backends, switch, value):
             return describe(u, k, **terms)
     return explain
-
-
-def _env_switched(name: str, value: str, precision: str) -> Callable[..., Tensor]:
-    """monarch[precision] with the binding's switch `name` = value set around the forward call:
-    a switch the autograd reads when it records the call (MONARCH_FFTCONV_KEEP_SPECTRUM=1: u's
-    four-step spectrum kept from the forward for the backward, which reads it from the graph)."""
-
-    def conv(u: Tensor, k: Tensor, **terms: Tensor) -> Tensor:
-        with _set(os.environ, name, value):
-            return mf.fftconv(u, k, precision=precision, **terms)
-
-    return conv
 
 
 def _backward_switched(name: str, value: str) -> Callable[..., Tensor]:
