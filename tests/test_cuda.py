@@ -992,11 +992,12 @@ SUM_IN_GRAD_ENV = "MONARCH_FFTCONV_FOURSTEP_SUM_IN_GRAD"  # read by the binding 
     (4, 8, 8, 20000, 20000, torch.float32, True),  # 40 items: under two waves, batch_sum runs
 ])
 def test_grad_kernel_sums_the_batch(batch, channels, groups, length, filter_len, io_dtype, keep, monkeypatch, gen):
-    """MONARCH_FFTCONV_FOURSTEP_SUM_IN_GRAD=1: kGradSum sums the filter gradient over the batch, a
+    """MONARCH_FFTCONV_FOURSTEP_SUM_IN_GRAD unset or "1" (the default since session 35): kGradSum
+    sums the filter gradient over the batch, a
     slot taking a (c, k2)'s B rows in order, where the call has one batch or (c, k2) rows for two
     waves of slots (here: B = 1, or more items than twice 3 CTAs of every SM, an upper bound of
     the residency); elsewhere batch_sum runs as before (profiler: which ran). du, dk and dD are the
-    bits of the backward without it (batch_sum's order: b = 0 .. B-1, then the 1/N), with u's
+    bits of the backward with "0" (batch_sum's order: b = 0 .. B-1, then the 1/N), with u's
     spectrum recomputed or kept (then a second backward of the same graph the same bits: X left
     as it was); dk within the fp32 budget of float64. An unknown value of either switch is refused."""
     u = randn(gen, batch, channels, length, device=DEVICE).to(io_dtype)
@@ -1009,11 +1010,14 @@ def test_grad_kernel_sums_the_batch(batch, channels, groups, length, filter_len,
         return torch.autograd.grad(mf.fftconv(leaves[0], leaves[1], D=leaves[2]), leaves, dy)
 
     monkeypatch.setenv(KEEP_SPECTRUM_ENV, "1" if keep else "0")
-    monkeypatch.delenv(SUM_IN_GRAD_ENV, raising=False)
+    monkeypatch.setenv(SUM_IN_GRAD_ENV, "0")
     by_batch_sum = grads()
-    monkeypatch.setenv(SUM_IN_GRAD_ENV, "1")
+    assert not any("InnerMode)5>" in name for name in kernels_launched(grads))
+    monkeypatch.delenv(SUM_IN_GRAD_ENV, raising=False)  # the default
     summed = grads()
     launched = kernels_launched(grads)
+    monkeypatch.setenv(SUM_IN_GRAD_ENV, "1")
+    assert all(torch.equal(a, b) for a, b in zip(grads(), summed))
     n = plan_for(length).fft_size
     items, slots_per_cta = channels * fourstep.spectrum_rows(n), 2 if fourstep.inner_for(n) == 4096 else 1
     sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count
@@ -1036,7 +1040,7 @@ def test_grad_kernel_sums_the_batch(batch, channels, groups, length, filter_len,
     assert rel_l2(summed[1], want_dk) <= 1.5 * BUDGETS["fp32"]
     for env in (SUM_IN_GRAD_ENV, KEEP_SPECTRUM_ENV):
         monkeypatch.setenv(env, "on")
-        with pytest.raises(ValueError, match=f"{env} must be '0' or '1'"):
+        with pytest.raises(ValueError, match=f"{env} must be '[01]' or '[01]'"):
             grads()
         monkeypatch.setenv(env, "0")
 

@@ -420,8 +420,8 @@ def convolutions(device: str, *, compile: bool = False,
          "the scratch route"),
         ("monarch-fused-grad", "fftconv_op + one fused grad kernel (N = 32768)", GRAD_SPLIT_ENV, "0",
          "the fused grad kernel"),
-        ("monarch-sum-in-grad", "fftconv_op + the four-step grad kernel summing the batch (N >= 65536)",
-         SUM_IN_GRAD_ENV, "1", "the four-step grad kernel"),
+        ("monarch-batch-sum", "fftconv_op + the four-step products summed by batch_sum (N >= 65536)",
+         SUM_IN_GRAD_ENV, "0", "the four-step batch_sum"),
     ]
     for name, entry, switch, value, route in backward_switched:
         convs.append(Convolution(name, "monarch", "fp32", entry, bind_function(_backward_switched(switch, value)),
@@ -587,7 +587,7 @@ def cudnn_convolution(device: str, lacks_operator: Optional[str] = None) -> Conv
 TENSOR_CORE_PRECISIONS = ("bf16", "fp16", "tf32")
 # Rows run only when --methods names them: the tensor-core op, and the switches' routes beside
 # the defaults (the fp32 backward's scratch route, the fused gates, the ops on grouped rows).
-ON_REQUEST_PREFIXES = ("monarch-tc[", "monarch-scratch-grad", "monarch-fused-grad", "monarch-sum-in-grad",
+ON_REQUEST_PREFIXES = ("monarch-tc[", "monarch-scratch-grad", "monarch-fused-grad", "monarch-batch-sum",
                        "monarch-keep-spectrum",
                        "monarch-aten-gates", "monarch-grouped-ops", "monarch-unfused-gated-train", "monarch-tc-gates[")
 # Read by the binding at each backward call.
@@ -654,8 +654,9 @@ def _backward_switched(name: str, value: str) -> Callable[..., Tensor]:
     set around the call only, timed beside the default: the per-channel sums in the global
     scratch (MONARCH_FFTCONV_GRAD_ACCUMULATOR=global, the route the on-chip accumulator
     replaced), or the one fused grad kernel at N = 32768 (MONARCH_FFTCONV_GRAD_SPLIT=0: the route
-    the split backward replaced, du and the filter sums in one kernel), or the four-step grad
-    kernel summing the batch (MONARCH_FFTCONV_FOURSTEP_SUM_IN_GRAD=1)."""
+    the split backward replaced, du and the filter sums in one kernel), or the four-step products
+    summed over the batch by their own kernel (MONARCH_FFTCONV_FOURSTEP_SUM_IN_GRAD=0: the route
+    the grad kernel's own sum replaced)."""
 
     class SwitchedBackwardConv(torch.autograd.Function):
         @staticmethod

@@ -878,8 +878,10 @@ bool keep_spectrum_from_env() { return env_switch("MONARCH_FFTCONV_KEEP_SPECTRUM
 // Whether the four-step backward sums the filter gradient over the batch in its grad kernel
 // (FourStepBackwardParams::sum_in_grad: no batch_sum launch, no B·C rows of products; where the
 // call has (c, k2) rows for two waves of the kernel), from MONARCH_FFTCONV_FOURSTEP_SUM_IN_GRAD,
-// read at each backward call: unset or "0" (batch_sum), "1" (session 34, not yet measured).
-bool fourstep_sum_in_grad_from_env() { return env_switch("MONARCH_FFTCONV_FOURSTEP_SUM_IN_GRAD", "0", "1"); }
+// read at each backward call: unset or "1" (the default since session 35: the step 0.8-2.3%
+// faster on an H100 at 8x256x65536 and 4x256x131072, the same bits; docs/performance.md,
+// "Session 35"), "0" (the products by B·C rows and batch_sum, for side-by-side benchmarks).
+bool fourstep_sum_in_grad_from_env() { return !env_switch("MONARCH_FFTCONV_FOURSTEP_SUM_IN_GRAD", "1", "0"); }
 
 // The tensor-core kernel a 128 x 128 call takes (ConvForwardParams::tc_kernel), from
 // MONARCH_FFTCONV_TC_KERNEL, read at each tensor-core call: unset (the route), "engine" or "mma";
