@@ -35,6 +35,13 @@ but for the fold levels' spikes.
     python examples/generate_hyena.py --layer --channels 256 --seq-len 4096
     python examples/generate_hyena.py --layer --seq-len 4096 --baseline-stride 16 --plot tokens.png
 
+Python's cyclic garbage collector is paused for the run (`gc.collect`, `gc.freeze`, `gc.disable`;
+`--python-gc` leaves it on): with every token's output held, a full collection (generation 2,
+every tracked object scanned) lands inside one step now and then, and at L = 65536 it took 117 ms
+on the H100's host and 160 ms on a CPU run (session 35), one token's max 7,000x its median. That
+is the interpreter's pause, not the step's; a serving loop that wants flat latency pauses it
+the same way (or calls `gc.freeze()` after its prefill).
+
 On Linux, long CPU runs of the baselines grow the process's memory (8 GB at L = 4096): the
 prefix of a new length every token allocates temporaries of a new size, and glibc's heap keeps
 the freed pieces. No tensor leaks; `MALLOC_MMAP_THRESHOLD_=65536` in the environment keeps it
@@ -44,6 +51,8 @@ at a few hundred MB (docs/performance.md's runs set it).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import os
 import statistics
 import sys
@@ -154,6 +163,25 @@ def naive_step(op: HyenaOperator, x_t: Tensor, cache: NaiveHyenaCache) -> Tensor
 # B=1, C=256, L=8192, k=64) the naive method's first six timed positions took up to 23 ms against
 # 0.04 ms after them, and its estimated total came to 5.0 s against 0.26 s for the same calls
 # streamed after them.
+@contextlib.contextmanager
+def python_gc_paused(paused: bool):
+    """Python's cyclic collector off for the block (the objects alive at its start frozen out of
+    later collections), so that no full collection lands inside a timed step; as it was after."""
+    if not paused:
+        yield
+        return
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        if enabled:
+            gc.enable()
+
+
 def timed(fn: Callable[[], T], device: torch.device) -> tuple[T, float]:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -371,6 +399,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads for the run (one: per-token work is small, and more threads only "
                         "add synchronisation, ruinous on a shared host)")
+    p.add_argument("--python-gc", action="store_true",
+                   help="leave Python's cyclic garbage collector on during the run (default: paused, so that a "
+                        "full collection does not land inside a timed token)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plot", default=None, metavar="PNG",
                    help="also draw each method's per-token latency against the position (needs matplotlib)")
@@ -420,7 +451,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     for name, value in chosen.items():
         setattr(generation, name, value)
     try:
-        results = generate_layer(config) if args.layer else generate_lm(config)
+        with python_gc_paused(not args.python_gc):
+            results = generate_layer(config) if args.layer else generate_lm(config)
     finally:
         torch.set_num_threads(threads)
         for name, value in saved.items():
@@ -432,7 +464,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
                                    ("direct steps", chosen["DIRECT_STEP"]),
                                    ("the C++ stepper", chosen["DIRECT_STEP"] and chosen["DIRECT_STEPPER"])) if on]
     graphs = (", steps as CUDA graphs" + (f" ({', '.join(parts)})" if parts else "")) if args.cuda_graph else ""
-    heading = f"{what}, L={args.seq_len}, prompt {args.prompt}, {args.device}{graphs}, {args.threads} CPU thread(s)"
+    heading = (f"{what}, L={args.seq_len}, prompt {args.prompt}, {args.device}{graphs}, {args.threads} CPU thread(s), "
+               f"Python's GC {'on' if args.python_gc else 'paused'}")
     print(heading)
     print(table(results))
     if args.plot:

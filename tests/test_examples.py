@@ -1,5 +1,6 @@
 """CPU tests of examples/train_hyena.py (a tiny training run through `main`, and its task) and of
 examples/train_ddp.py's settings (its distributed runs: tests/test_distributed.py)."""
+import gc
 import importlib.util
 import json
 import math
@@ -218,3 +219,22 @@ def test_generation_example_plots_each_token_at_its_position(generate_hyena, tmp
                                    "--baseline-stride", "3"])
     assert list(results["methods"]["naive"]["per_token"][0]) == list(range(6, 20))
     assert list(results["methods"]["recompute"]["per_token"][0]) == list(range(6, 20, 3))
+
+
+@pytest.mark.parametrize("flags, paused", [([], True), (["--python-gc"], False)])
+def test_generation_example_pauses_pythons_collector_during_the_run(generate_hyena, monkeypatch, capsys, flags, paused):
+    """No full collection lands inside a timed token: the collector is off while the methods
+    run (unless --python-gc), and afterwards as it was (on, nothing left frozen)."""
+    seen = []
+    generate_layer = generate_hyena.generate_layer
+
+    def observed(config):
+        seen.append((gc.isenabled(), gc.get_freeze_count() > 0))
+        return generate_layer(config)
+
+    monkeypatch.setattr(generate_hyena, "generate_layer", observed)
+    assert gc.isenabled()
+    generate_hyena.main(["--layer", "--seq-len", "17", "--channels", "3", *flags])
+    assert seen == [(not paused, paused)]
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    assert f"Python's GC {'paused' if paused else 'on'}" in capsys.readouterr().out
