@@ -21,11 +21,11 @@ using namespace cute;
 // ---------------------------------------------------------------------------
 // The producer's loads.
 // ---------------------------------------------------------------------------
-// One sequence (or zeros, seq < 0) into a ring plane (s, r): sample t = 128 r + s, rounded,
-// 16-byte stores of 8 consecutive s.
+// One sequence (or zeros, seq < 0) into a ring plane (s, r): sample t = 128 r + s, rounded.
+// The default: 16-byte stores of 8 consecutive s, a thread's two 16-byte loads adjacent.
 template <class Cfg>
-__device__ __forceinline__ void load_plane(const ConvForwardParams& p, int seq, int c, bool vec_ok,
-                                           uint32_t plane, int pt) {
+__device__ __forceinline__ void load_plane_chunks(const ConvForwardParams& p, int seq, int c, bool vec_ok,
+                                                  uint32_t plane, int pt) {
   using T = typename Cfg::T;
   constexpr int kChunksPerRow = Cfg::kN2 / Cfg::kU8PerThread;  // 16
   constexpr int kChunks = Cfg::kInputRows * kChunksPerRow;      // 1024
@@ -46,6 +46,50 @@ __device__ __forceinline__ void load_plane(const ConvForwardParams& p, int seq, 
     }
     st_shared_v4(plane + 2 * Cfg::ring_offset(s0, r),
                  make_uint4(pack2<T>(v[0], v[1]), pack2<T>(v[2], v[3]), pack2<T>(v[4], v[5]), pack2<T>(v[6], v[7])));
+  }
+}
+
+// MONARCH_FFTCONV_ENGINE_COALESCED_LOADS: quads of 4 samples, a warp's 16-byte loads on 512
+// consecutive bytes (EngineTraits::quad_of), kQuadsInFlight loads issued before the first is
+// used; each quad one 8-byte store, half of a ring chunk (the swizzle moves whole 16-byte chunks).
+template <class Cfg>
+__device__ __forceinline__ void load_plane_quads(const ConvForwardParams& p, int seq, int c, bool vec_ok,
+                                                 uint32_t plane, int pt) {
+  using T = typename Cfg::T;
+  constexpr int kRounds = Cfg::kPlaneQuads / (Cfg::kWarpgroup * Cfg::kQuadsInFlight);  // 8
+  const int L = int(p.seq_len);
+  const float* u = static_cast<const float*>(p.u) + (seq >= 0 ? seq * p.u_batch_stride + c * p.u_channel_stride : 0);
+#pragma unroll 1
+  for (int round = 0; round < kRounds; ++round) {
+    float4 v[Cfg::kQuadsInFlight];
+#pragma unroll
+    for (int n = 0; n < Cfg::kQuadsInFlight; ++n) {
+      const int t0 = Cfg::quad_of(pt, Cfg::kQuadsInFlight * round + n) * Cfg::kQuadSamples;
+      if (seq >= 0 && vec_ok && t0 + 3 < L) {
+        v[n] = ld_stream(u + t0);
+      } else {
+        v[n].x = (seq >= 0 && t0 + 0 < L) ? __ldg(u + t0 + 0) : 0.0f;
+        v[n].y = (seq >= 0 && t0 + 1 < L) ? __ldg(u + t0 + 1) : 0.0f;
+        v[n].z = (seq >= 0 && t0 + 2 < L) ? __ldg(u + t0 + 2) : 0.0f;
+        v[n].w = (seq >= 0 && t0 + 3 < L) ? __ldg(u + t0 + 3) : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < Cfg::kQuadsInFlight; ++n) {
+      const int quad = Cfg::quad_of(pt, Cfg::kQuadsInFlight * round + n);
+      st_shared_v2(plane + 2 * Cfg::ring_offset(Cfg::quad_column(quad), Cfg::quad_row(quad)),
+                   make_uint2(pack2<T>(v[n].x, v[n].y), pack2<T>(v[n].z, v[n].w)));
+    }
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void load_plane(const ConvForwardParams& p, int seq, int c, bool vec_ok,
+                                           uint32_t plane, int pt) {
+  if constexpr (Cfg::kCoalescedLoads) {
+    load_plane_quads<Cfg>(p, seq, c, vec_ok, plane, pt);
+  } else {
+    load_plane_chunks<Cfg>(p, seq, c, vec_ok, plane, pt);
   }
 }
 

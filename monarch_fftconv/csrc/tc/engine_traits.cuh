@@ -35,6 +35,18 @@
 #define MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT 7
 #endif
 
+// How the producer reads u (load_plane, engine_producer.cuh). 0 (the default, every measured
+// run): a thread loads 8 consecutive samples as two 16-byte loads, so each load instruction of a
+// warp spans 1 KB and uses half of every 32-byte sector it fetches (the no-allocate loads do not
+// keep it in L1 for the second): ncu's 4,194,304 excess sectors at 16x256x8192, exactly u's count
+// (session 35). 1: each load instruction of a warp reads 512 consecutive bytes (a thread's load n
+// is quad pt + 128 n of 4 samples), stored as 8-byte halves of the ring's 16-byte chunks. The same
+// values in the same places: the same bits. Written in session 35 without a GPU; measure with
+// benchmarks/ab_builds.sh before making it the default.
+#ifndef MONARCH_FFTCONV_ENGINE_COALESCED_LOADS
+#define MONARCH_FFTCONV_ENGINE_COALESCED_LOADS 0
+#endif
+
 namespace monarch_fftconv {
 namespace engine {
 
@@ -216,6 +228,16 @@ struct EngineTraits {
                 "setmaxnreg takes multiples of 8 in [24, 256]");
   static constexpr int kStages = 2;  // the ring
   static constexpr int kU8PerThread = 8;  // consecutive samples a producer thread loads and stores (16 B)
+  // The coalesced loads' unit (MONARCH_FFTCONV_ENGINE_COALESCED_LOADS): a quad of 4 consecutive
+  // samples, one 16-byte load and one 8-byte store; thread pt's load n is quad pt + kWarpgroup·n,
+  // two in flight (the producer's 40 registers hold 8 samples, as the default's).
+  static constexpr bool kCoalescedLoads = MONARCH_FFTCONV_ENGINE_COALESCED_LOADS != 0;
+  static constexpr int kQuadSamples = 4;
+  static constexpr int kPlaneQuads = kInputRows * kN2 / kQuadSamples;  // 2048
+  static constexpr int kQuadsInFlight = 2;
+  __host__ __device__ static constexpr int quad_of(int pt, int n) { return pt + kWarpgroup * n; }
+  __host__ __device__ static constexpr int quad_row(int quad) { return quad * kQuadSamples / kN2; }       // r
+  __host__ __device__ static constexpr int quad_column(int quad) { return quad * kQuadSamples % kN2; }    // s0
   // The filter is resident as (K + D/N)·2^e, largest component in [2^-p, 2^(1-p)), p =
   // kFilterPeakExponent. Of the 2^-e that undoes it, the 16-bit hand-off takes at most
   // 2^-kHandoffExponent and y the rest (fp32, exact): a tiny channel's hand-off then holds the
@@ -308,6 +330,8 @@ struct EngineTraits {
   static_assert(kSmemBytes <= max_smem_per_cta(1), "one CTA per SM, within 227 KB");
   static_assert(kN1 == 128 && kN2 == 128, "split 128 x 128: one pair a job");
   static_assert(kTileRows * kConsumers == kN1, "a tile per consumer warpgroup covers a pair's rows");
+  static_assert(kPlaneQuads % (kWarpgroup * kQuadsInFlight) == 0, "every producer thread loads whole rounds of quads");
+  static_assert(kN2 % kQuadSamples == 0 && kU8PerThread % kQuadSamples == 0, "a quad lies in one row and one 16-byte chunk");
 };
 
 }  // namespace engine
