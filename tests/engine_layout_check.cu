@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "tc/engine_traits.cuh"
+#include "tc/engine_producer.cuh"
 #include "host_check.cuh"
 
 using namespace monarch_fftconv;
@@ -142,6 +143,29 @@ bool check_quads(const QuadOf& quad_of) {
       }
     }
   for (int e = 0; e < Cfg::kRingElems; ++e) EXPECT(hits[e] == 1, "ring element %d written %d times", e, hits[e]);
+  return true;
+}
+
+// The filter images' workspace (MONARCH_FFTCONV_ENGINE_FILTER_IMAGE): each channel's image
+// 16-byte aligned and kFilterBytes long, the images and the unscales disjoint, all inside
+// FilterImages::bytes; `bytes` is the size the binding allocates.
+using ImagesBytes = std::function<size_t(int64_t)>;
+bool check_filter_images(const ImagesBytes& bytes) {
+  alignas(16) static uint8_t base[1];
+  for (const int64_t channels : {int64_t(1), int64_t(3), int64_t(256), int64_t(4099)}) {
+    const FilterImages<Cfg> images(base, channels);
+    const auto at = [&](const void* q) { return size_t(static_cast<const uint8_t*>(q) - base); };
+    for (int64_t c = 0; c < channels; ++c) {
+      const size_t image = at(images.channel(int(c)));
+      EXPECT(image % 16 == 0, "channel %lld's image at byte %zu: not 16-byte aligned", (long long)c, image);
+      EXPECT(image == size_t(c) * Cfg::kFilterBytes, "channel %lld's image at byte %zu", (long long)c, image);
+      const size_t unscale = at(&images.unscales[c]);
+      EXPECT(unscale >= size_t(channels) * Cfg::kFilterBytes, "channel %lld's unscales inside the images", (long long)c);
+      EXPECT(unscale + sizeof(FilterUnscales) <= bytes(channels), "channel %lld's unscales past the workspace", (long long)c);
+    }
+    EXPECT(Cfg::kFilterBytes == Cfg::kFilterWords * 4 && Cfg::kFilterWords == Cfg::kFilterRows * kN2,
+           "the image is the resident buffer's words");
+  }
   return true;
 }
 
@@ -406,6 +430,7 @@ int main() {
   tally.must_pass("layouts: bijective, PTX SW128, CuTe's", check_layouts(false));
   tally.must_pass("tiles: F1 rows, hand-off halves", check_tiles());
   tally.must_pass("coalesced producer loads: every ring element once", check_quads(Cfg::quad_of));
+  tally.must_pass("filter images: aligned, disjoint, inside the workspace", check_filter_images(FilterImages<Cfg>::bytes));
   tally.must_pass("accumulator m64n128 = PTX D", check_accumulator(maps, 128));
   tally.must_pass("accumulator m64n64 = PTX D", check_accumulator(maps, 64));
   tally.must_pass("chaining n128 -> register A", check_chaining(maps, 128));
@@ -424,6 +449,9 @@ int main() {
   tally.must_reject("wrong: ring stores unswizzled", [] { return check_layouts(true); });
   tally.must_reject("wrong: a thread's quads adjacent (the default's strided pattern)", [] {
     return check_quads([](int pt, int n) { return pt * (Cfg::kPlaneQuads / Cfg::kWarpgroup) + n; });
+  });
+  tally.must_reject("wrong: a workspace without the unscales", [] {
+    return check_filter_images([](int64_t channels) { return size_t(channels) * Cfg::kFilterBytes; });
   });
   tally.must_reject("wrong: quads overlapping", [] {
     return check_quads([](int pt, int n) { return (pt + Cfg::kWarpgroup * n) / 2; });

@@ -34,12 +34,14 @@ needs_cutlass = pytest.mark.skipif(not _extension.cutlass_include_dirs(),
                                    reason="CUTLASS headers not installed (nvidia-cutlass)")
 
 
-def nvcc_check(source: Path, out_dir: Path) -> subprocess.CompletedProcess:
+def nvcc_check(source: Path, out_dir: Path, defines: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """nvcc on one unit with the build's flags, stopped after ptxas (-cubin): the front end
     checks host and device code, cicc and ptxas generate sm_90a code (inline PTX is checked by
-    ptxas alone). Left out: the host compiler's pass over nvcc's launch stubs, 15% of the time."""
+    ptxas alone). Left out: the host compiler's pass over nvcc's launch stubs, 15% of the time.
+    `defines`: build switches (NAME=VALUE), as MONARCH_FFTCONV_NVCC_DEFINES would pass them."""
     includes = [f"-I{d}" for d in (_extension.CSRC, *_extension.cutlass_include_dirs())]
-    cmd = [NVCC, *_extension.NVCC_FLAGS, *includes, "-Xptxas", "-v", "-cubin", str(source),  # -v: spills (stderr)
+    cmd = [NVCC, *_extension.NVCC_FLAGS, *includes, *(f"-D{d}" for d in defines),
+           "-Xptxas", "-v", "-cubin", str(source),  # -v: spills (stderr)
            "-o", str(out_dir / f"{source.stem}.cubin")]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=900)
 
@@ -310,6 +312,22 @@ def test_engine_register_split_fits_the_pool_ptxas_gives(compiled_units, cubin_d
         assert split <= c["kThreads"] * at_entry, (
             f"{name}: the split {c['kProducerRegs']}/{c['kConsumerRegs']} asks {split} registers, "
             f"the pool is {c['kThreads']} x {at_entry} = {c['kThreads'] * at_entry}")
+
+
+@needs_nvcc
+@needs_cutlass
+def test_engine_switches_written_without_a_gpu_compile_within_the_pool(tmp_path):
+    """The engine's unmeasured build switches (session 35: MONARCH_FFTCONV_ENGINE_COALESCED_LOADS,
+    MONARCH_FFTCONV_ENGINE_FILTER_IMAGE) build, both at once: the engine kernels keep the 168
+    registers at entry the 40/232 split is sized for, and the image build has its image kernel."""
+    (source,) = [s for s in SOURCES if s.name == "engine_instances.cu"]
+    result = nvcc_check(source, tmp_path, ("MONARCH_FFTCONV_ENGINE_COALESCED_LOADS=1",
+                                           "MONARCH_FFTCONV_ENGINE_FILTER_IMAGE=1"))
+    assert result.returncode == 0, result.stderr[-4000:]
+    registers = kernel_registers(tmp_path / f"{source.stem}.cubin")
+    engine = {name: count for name, count in registers.items() if "engine_forward_kernel" in name}
+    assert len(engine) == 2 and set(engine.values()) == {engine_constants()["kRegsAtEntry"]}, engine
+    assert sum("filter_image_kernel" in name for name in registers) == 2, sorted(registers)
 
 
 # setmaxnreg exists on sm_90a but not on sm_90; tcgen05 (Blackwell) not on sm_90a.

@@ -76,6 +76,9 @@ struct ConvForwardParams {
   bool engine_tables_per_element;
   bool engine_early_filter_release;
   bool engine_pdl;
+  // conv_forward_tensor_core_workspace_bytes() bytes, 16-byte aligned, where that is not 0 (the
+  // engine's filter images, MONARCH_FFTCONV_ENGINE_FILTER_IMAGE builds); otherwise unread.
+  void* workspace;
 };
 
 // The gradients of one conv_forward call from dy = dL/dy, in fp32 arithmetic whatever the
@@ -296,6 +299,9 @@ cudaError_t conv_block(const ConvBlockParams<float>& params, cudaStream_t stream
 cudaError_t conv_block(const ConvBlockParams<double>& params, cudaStream_t stream);
 
 // Fused tensor-core Monarch kernel: precisions kTF32, kBF16, kFP16.
+// The workspace conv_forward_tensor_core needs for this call (ConvForwardParams::workspace):
+// 0 unless the call takes the engine in a build with its filter images.
+size_t conv_forward_tensor_core_workspace_bytes(const ConvForwardParams& params);
 cudaError_t conv_forward_tensor_core(const ConvForwardParams& params, cudaStream_t stream);
 
 // Fused fp32-accurate radix kernel: precision kFP32, every radix split.

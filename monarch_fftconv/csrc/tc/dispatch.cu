@@ -21,6 +21,8 @@ namespace engine {
 // Defined in tc/engine_kernel.cuh; instantiated in tc/engine_instances.cu.
 template <Precision P, IOType IO>
 cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream);
+template <Precision P, IOType IO>
+size_t workspace_bytes(const ConvForwardParams& p);
 
 // The tensor-core engine (docs/design.md, "The next tensor-core engine"): split 128 x 128,
 // bf16/fp16 operands, fp32 I/O so far; calls of kEngineMinSequences or more, or any size on
@@ -31,6 +33,15 @@ inline tc::LaunchFn pick(const ConvForwardParams& p) {
     case Precision::kBF16: return &launch<Precision::kBF16, IOType::kFloat32>;
     case Precision::kFP16: return &launch<Precision::kFP16, IOType::kFloat32>;
     default: return nullptr;
+  }
+}
+// The workspace of the call engine::pick gives (its filter images), or 0.
+inline size_t pick_workspace_bytes(const ConvForwardParams& p) {
+  if (p.io_type != IOType::kFloat32) return 0;
+  switch (p.precision) {
+    case Precision::kBF16: return workspace_bytes<Precision::kBF16, IOType::kFloat32>(p);
+    case Precision::kFP16: return workspace_bytes<Precision::kFP16, IOType::kFloat32>(p);
+    default: return 0;
   }
 }
 }  // namespace engine
@@ -95,6 +106,10 @@ LaunchFn pick(const ConvForwardParams& p) {
 }
 
 }  // namespace tc
+
+size_t conv_forward_tensor_core_workspace_bytes(const ConvForwardParams& params) {
+  return pick_hopper(params) != nullptr ? engine::pick_workspace_bytes(params) : 0;
+}
 
 cudaError_t conv_forward_tensor_core(const ConvForwardParams& params, cudaStream_t stream) {
   tc::LaunchFn launch = pick_hopper(params);

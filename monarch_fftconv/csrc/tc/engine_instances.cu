@@ -9,6 +9,8 @@ namespace engine {
 
 template cudaError_t launch<Precision::kBF16, IOType::kFloat32>(const ConvForwardParams&, cudaStream_t);
 template cudaError_t launch<Precision::kFP16, IOType::kFloat32>(const ConvForwardParams&, cudaStream_t);
+template size_t workspace_bytes<Precision::kBF16, IOType::kFloat32>(const ConvForwardParams&);
+template size_t workspace_bytes<Precision::kFP16, IOType::kFloat32>(const ConvForwardParams&);
 
 }  // namespace engine
 }  // namespace monarch_fftconv

@@ -87,7 +87,8 @@ __global__ void __launch_bounds__(EngineTraits<P, IO>::kThreads, 1) engine_forwa
       mbar_init(&sm.empty[s], 4 * Cfg::kConsumers);  // every consumer warp, after stage 1
       mbar_init(&sm.done[s], 4 * Cfg::kConsumers);   // every consumer warp, after its y stores
     }
-    mbar_init(&sm.filter_full, Cfg::kWarpgroup);
+    // The producer's threads after their stores, or its thread 0's arrival with the image's bulk copy.
+    mbar_init(&sm.filter_full, Cfg::kFilterImage ? 1 : Cfg::kWarpgroup);
     mbar_init(&sm.filter_free, 4 * Cfg::kConsumers);
     for (int s = 0; s < Cfg::kStages; ++s) sm.nonfinite[s] = 0;  // cleared again as each is read
   }
@@ -104,6 +105,12 @@ __global__ void __launch_bounds__(EngineTraits<P, IO>::kThreads, 1) engine_forwa
 }
 
 template <Precision P, IOType IO>
+size_t workspace_bytes(const ConvForwardParams& p) {
+  using Cfg = EngineTraits<P, IO>;
+  return Cfg::kFilterImage ? FilterImages<Cfg>::bytes(p.channels) : 0;
+}
+
+template <Precision P, IOType IO>
 cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream) {
   using Cfg = EngineTraits<P, IO>;
   constexpr auto kernel = &engine_forward_kernel<P, IO>;
@@ -113,6 +120,11 @@ cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream) {
   const int64_t jobs = p.channels * jobs_per_channel(p.batch);
   const int64_t grid = jobs < int64_t(sms) ? jobs : int64_t(sms);
   if (grid == 0) return cudaSuccess;
+  if constexpr (Cfg::kFilterImage) {  // the channels' resident images, for the producer's bulk copies
+    if (p.workspace == nullptr || reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0) return cudaErrorInvalidValue;
+    filter_image_kernel<Cfg><<<dim3(unsigned(p.channels)), dim3(Cfg::kWarpgroup), 0, stream>>>(p);
+    if (const cudaError_t image_err = cudaGetLastError(); image_err != cudaSuccess) return image_err;
+  }
   if (!p.engine_pdl) {
     kernel<<<dim3(unsigned(grid)), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream>>>(p);
     return cudaGetLastError();

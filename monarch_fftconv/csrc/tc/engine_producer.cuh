@@ -99,6 +99,28 @@ __device__ __forceinline__ const float2* channel_spectrum(const ConvForwardParam
   return reinterpret_cast<const float2*>(p.filter_spectrum) + c * int64_t(Cfg::kFilterRows * Cfg::kN2);
 }
 
+// A channel's unscales: 2^-e split between the hand-off and y (filter_unscales, below).
+struct FilterUnscales {
+  float handoff;  // 2^-min(e, kHandoffExponent), at least 2^-127 when p > 0
+  float output;   // the rest of 2^-e
+};
+
+// MONARCH_FFTCONV_ENGINE_FILTER_IMAGE: the workspace the engine reads its filters from, per
+// channel the resident buffer's kFilterWords words (16-byte aligned: kFilterBytes is a multiple
+// of 16), then the C channels' unscales.
+template <class Cfg>
+struct FilterImages {
+  uint32_t* words;
+  FilterUnscales* unscales;
+  __host__ __device__ static size_t bytes(int64_t channels) {
+    return size_t(channels) * (Cfg::kFilterBytes + sizeof(FilterUnscales));
+  }
+  __host__ __device__ explicit FilterImages(void* workspace, int64_t channels)
+      : words(static_cast<uint32_t*>(workspace)),
+        unscales(reinterpret_cast<FilterUnscales*>(static_cast<uint8_t*>(workspace) + size_t(channels) * Cfg::kFilterBytes)) {}
+  __host__ __device__ const uint32_t* channel(int c) const { return words + int64_t(c) * Cfg::kFilterWords; }
+};
+
 // Asks L2 for the 128-byte lines holding bytes [0, bytes) from first, line i by producer thread
 // i % 128. The first line is asked by `first` itself: every address lies in the span, whatever
 // its alignment.
@@ -120,7 +142,11 @@ __device__ __forceinline__ void prefetch_item(const ConvForwardParams& p, const 
   prefetch_span<Cfg>(u + item.seq_re * p.u_batch_stride, bytes, pt);
   if (item.seq_im >= 0) prefetch_span<Cfg>(u + item.seq_im * p.u_batch_stride, bytes, pt);
   if (item.channel != resident) {
-    prefetch_span<Cfg>(channel_spectrum<Cfg>(p, item.channel), Cfg::kFilterRows * Cfg::kN2 * int(sizeof(float2)), pt);
+    if constexpr (Cfg::kFilterImage) {
+      prefetch_span<Cfg>(FilterImages<Cfg>(p.workspace, p.channels).channel(item.channel), int(Cfg::kFilterBytes), pt);
+    } else {
+      prefetch_span<Cfg>(channel_spectrum<Cfg>(p, item.channel), Cfg::kFilterRows * Cfg::kN2 * int(sizeof(float2)), pt);
+    }
   }
 }
 
@@ -150,16 +176,21 @@ __device__ __forceinline__ void for_each_filter_word(const float2* spec, int pt,
 // peak gives e in [-127 - p, 149 - p]: 2^e itself overflows from e = 128 (a peak below 2^-(127+p);
 // 0·inf made such a channel NaN), so it is applied as two normal factors, 2^(e/2) then the rest,
 // exact wherever the result is normal; the hand-off's share is kept at least -127, so both
-// unscales are powers of two in [2^-136, 2^127]. Two passes: filter_peak reads only global
-// memory and the producer's own sm.peak, so it runs while the consumers still use the
-// previous channel's filter; filter_store after they release it.
+// unscales are powers of two in [2^-136, 2^127]. The pieces below are shared by the producer's
+// two passes (filter_peak reads only global memory and the producer's own sm.peak, so it runs
+// while the consumers still use the previous channel's filter; filter_store after they release
+// it) and by filter_image_kernel (MONARCH_FFTCONV_ENGINE_FILTER_IMAGE), so both make the same bits.
 struct FilterScale {
   float skip;  // D/N
   int e;
 };
 template <class Cfg>
-__device__ __forceinline__ FilterScale filter_peak(const ConvForwardParams& p, int c, typename Cfg::Smem& sm, int pt) {
-  const float skip = p.skip != nullptr ? __ldg(p.skip + c) / float(Cfg::kN) : 0.0f;
+__device__ __forceinline__ float filter_skip(const ConvForwardParams& p, int c) {
+  return p.skip != nullptr ? __ldg(p.skip + c) / float(Cfg::kN) : 0.0f;
+}
+// The largest component of thread pt's column k2 = pt, or +inf if one is not finite.
+template <class Cfg>
+__device__ __forceinline__ float filter_column_peak(const ConvForwardParams& p, int c, float skip, int pt) {
   float peak = 0.0f;
   for_each_filter_word<Cfg>(channel_spectrum<Cfg>(p, c), pt, [&](int, float2 k) {
     peak = fmaxf(peak, fmaxf(fabsf(k.x + skip), fabsf(k.y)));  // fmaxf drops NaN: checked below
@@ -167,38 +198,87 @@ __device__ __forceinline__ FilterScale filter_peak(const ConvForwardParams& p, i
   });
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) peak = fmaxf(peak, __shfl_xor_sync(0xffffffffu, peak, o));
-  // Every producer thread has read the previous channel's peaks: with this pass ahead of
-  // filter_free, nothing else orders those reads before these writes.
-  named_sync(Cfg::kBarProducer, Cfg::kWarpgroup);
-  if (pt % 32 == 0) st_shared(smem_address(&sm.peak[pt / 32]), __float_as_uint(peak));  // as filter_store's
-  named_sync(Cfg::kBarProducer, Cfg::kWarpgroup);
-  peak = fmaxf(fmaxf(sm.peak[0], sm.peak[1]), fmaxf(sm.peak[2], sm.peak[3]));
+  return peak;  // the warp's
+}
+template <class Cfg>
+__device__ __forceinline__ int filter_exponent(float peak) {
   int e = 0;
   if (peak > 0.0f && isfinite(peak)) {
     int x;
     frexpf(peak, &x);  // peak = m·2^x, m in [0.5, 1)
     e = 1 - x - Cfg::kFilterPeakExponent;
   }
-  return FilterScale{skip, e};
+  return e;
+}
+// The channel's words (k1, k2 = pt), k1 = 0 .. n1/2, as fn(word index, packed word).
+template <class Cfg, class Fn>
+__device__ __forceinline__ void for_each_scaled_word(const ConvForwardParams& p, int c, FilterScale scale, int pt,
+                                                     Fn&& fn) {
+  using T = typename Cfg::T;
+  const float skip = scale.skip;
+  const float scale_lo = ldexpf(1.0f, scale.e / 2), scale_hi = ldexpf(1.0f, scale.e - scale.e / 2);
+  for_each_filter_word<Cfg>(channel_spectrum<Cfg>(p, c), pt, [&](int k1, float2 k) {
+    fn(filter_word<Cfg::kN2>(k1, pt), pack2<T>((k.x + skip) * scale_lo * scale_hi, k.y * scale_lo * scale_hi));
+  });
+}
+template <class Cfg>
+__device__ __forceinline__ FilterUnscales filter_unscales(int e) {
+  int to_handoff = min(e, Cfg::kHandoffExponent);
+  if constexpr (Cfg::kFilterPeakExponent > 0) to_handoff = max(to_handoff, -127);  // e reaches -127 - p
+  return FilterUnscales{ldexpf(1.0f, -to_handoff), ldexpf(1.0f, to_handoff - e)};
+}
+
+template <class Cfg>
+__device__ __forceinline__ FilterScale filter_peak(const ConvForwardParams& p, int c, typename Cfg::Smem& sm, int pt) {
+  const float skip = filter_skip<Cfg>(p, c);
+  float peak = filter_column_peak<Cfg>(p, c, skip, pt);
+  // Every producer thread has read the previous channel's peaks: with this pass ahead of
+  // filter_free, nothing else orders those reads before these writes.
+  named_sync(Cfg::kBarProducer, Cfg::kWarpgroup);
+  if (pt % 32 == 0) st_shared(smem_address(&sm.peak[pt / 32]), __float_as_uint(peak));  // as filter_store's
+  named_sync(Cfg::kBarProducer, Cfg::kWarpgroup);
+  peak = fmaxf(fmaxf(sm.peak[0], sm.peak[1]), fmaxf(sm.peak[2], sm.peak[3]));
+  return FilterScale{skip, filter_exponent<Cfg>(peak)};
 }
 template <class Cfg>
 __device__ __forceinline__ void filter_store(const ConvForwardParams& p, int c, FilterScale scale,
                                              typename Cfg::Smem& sm, int pt) {
-  using T = typename Cfg::T;
-  const float skip = scale.skip;
-  const int e = scale.e;
-  const float scale_lo = ldexpf(1.0f, e / 2), scale_hi = ldexpf(1.0f, e - e / 2);
   const uint32_t filter = smem_address(sm.filter);  // 32-bit addresses: the producer has 40 registers
-  for_each_filter_word<Cfg>(channel_spectrum<Cfg>(p, c), pt, [&](int k1, float2 k) {
-    const uint32_t word = pack2<T>((k.x + skip) * scale_lo * scale_hi, k.y * scale_lo * scale_hi);
-    st_shared(filter + 4 * filter_word<Cfg::kN2>(k1, pt), word);
-  });
+  for_each_scaled_word<Cfg>(p, c, scale, pt, [&](int word, uint32_t value) { st_shared(filter + 4 * word, value); });
   if (pt == 0) {  // the previous channel's last job reads them until filter_free
-    int to_handoff = min(e, Cfg::kHandoffExponent);
-    if constexpr (Cfg::kFilterPeakExponent > 0) to_handoff = max(to_handoff, -127);  // e reaches -127 - p
-    sm.handoff_unscale = ldexpf(1.0f, -to_handoff);
-    sm.output_unscale = ldexpf(1.0f, to_handoff - e);
+    const FilterUnscales unscale = filter_unscales<Cfg>(scale.e);
+    sm.handoff_unscale = unscale.handoff;
+    sm.output_unscale = unscale.output;
   }
+}
+
+// One CTA of kWarpgroup threads a channel: filter_peak and filter_store's work, into the image.
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kWarpgroup) filter_image_kernel(const ConvForwardParams p) {
+  __shared__ float peaks[Cfg::kWarpgroup / 32];
+  const int c = blockIdx.x, pt = threadIdx.x;
+  const FilterImages<Cfg> images(p.workspace, p.channels);
+  const float skip = filter_skip<Cfg>(p, c);
+  const float warp_peak = filter_column_peak<Cfg>(p, c, skip, pt);
+  if (pt % 32 == 0) peaks[pt / 32] = warp_peak;
+  __syncthreads();
+  const float peak = fmaxf(fmaxf(peaks[0], peaks[1]), fmaxf(peaks[2], peaks[3]));
+  const FilterScale scale{skip, filter_exponent<Cfg>(peak)};
+  uint32_t* image = images.words + int64_t(c) * Cfg::kFilterWords;
+  for_each_scaled_word<Cfg>(p, c, scale, pt, [&](int word, uint32_t value) { image[word] = value; });
+  if (pt == 0) images.unscales[c] = filter_unscales<Cfg>(scale.e);
+}
+
+// The producer's thread 0, after filter_free: the channel's image by one bulk copy, its unscales
+// stored before the arrival that publishes both (filter_full: one arrival and the copy's bytes).
+template <class Cfg>
+__device__ __forceinline__ void filter_copy(const ConvForwardParams& p, int c, typename Cfg::Smem& sm) {
+  const FilterImages<Cfg> images(p.workspace, p.channels);
+  const FilterUnscales unscale = images.unscales[c];
+  sm.handoff_unscale = unscale.handoff;
+  sm.output_unscale = unscale.output;
+  mbar_arrive_expect_tx(&sm.filter_full, Cfg::kFilterBytes);
+  bulk_copy_to_shared(smem_address(sm.filter), images.channel(c), Cfg::kFilterBytes, &sm.filter_full);
 }
 
 // The producer warpgroup: the CTA's jobs in order, each as a checked item; after the next
@@ -231,14 +311,21 @@ __device__ void producer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
     mbar_arrive(&sm.full[stage]);
     ++emitted;
     if (item.flags & kItemLoad) {
-      const FilterScale scale = filter_peak<Cfg>(p, item.channel, sm, pt);
       // Load n waits for the n-th release (phase n - 1 of filter_free; load 0 for none: a fresh
       // barrier's parity 1 counts as complete). That release is this item's kItemReleaseFirst or
       // an earlier item's kItemReleaseAfter, made by consumers that need nothing more from the
       // producer than the items already published: no cycle (FilterPlan).
-      mbar_wait(&sm.filter_free, (filter_loads & 1) ^ 1);
-      filter_store<Cfg>(p, item.channel, scale, sm, pt);
-      mbar_arrive(&sm.filter_full);
+      if constexpr (Cfg::kFilterImage) {
+        if (pt == 0) {
+          mbar_wait(&sm.filter_free, (filter_loads & 1) ^ 1);
+          filter_copy<Cfg>(p, item.channel, sm);
+        }
+      } else {
+        const FilterScale scale = filter_peak<Cfg>(p, item.channel, sm, pt);
+        mbar_wait(&sm.filter_free, (filter_loads & 1) ^ 1);
+        filter_store<Cfg>(p, item.channel, scale, sm, pt);
+        mbar_arrive(&sm.filter_full);
+      }
       ++filter_loads;
     }
     return stage;

@@ -47,6 +47,19 @@
 #define MONARCH_FFTCONV_ENGINE_COALESCED_LOADS 0
 #endif
 
+// Where the resident filter comes from. 0 (the default, every measured run): the producer reads
+// the channel's fp32 spectrum twice at each channel change (filter_peak, then filter_store after
+// filter_free), 17 dependent rounds of loads each on its 40 registers; the consumers waited for
+// it 10.8% of their time at 16x256x8192 (ncu, session 35). 1: a kernel before the engine writes
+// each channel's resident image (the same words, the same XOR-swizzled order) and its two
+// unscales to a workspace (conv_forward_tensor_core_workspace_bytes), and the producer's thread 0
+// copies the image into shared memory with one bulk copy (cp.async.bulk, completing filter_full's
+// transaction count): no registers, one round trip. The same bits. Written in session 35 without
+// a GPU; measure with benchmarks/ab_builds.sh before making it the default.
+#ifndef MONARCH_FFTCONV_ENGINE_FILTER_IMAGE
+#define MONARCH_FFTCONV_ENGINE_FILTER_IMAGE 0
+#endif
+
 namespace monarch_fftconv {
 namespace engine {
 
@@ -250,6 +263,13 @@ struct EngineTraits {
   // large as u's, whose DC bin Σu overflows fp16 from a mean of 4-8 at L = 8192 (the macro above).
   static constexpr int kFilterPeakExponent = MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT;
   static_assert(kFilterPeakExponent >= 0 && kFilterPeakExponent <= 10, "a peak between 2^-10 and 2");
+  // MONARCH_FFTCONV_ENGINE_FILTER_IMAGE: a channel's image is the resident buffer's bytes, and its
+  // unscales (handoff_unscale, output_unscale) two floats of a second array; one bulk copy moves
+  // the image (16-byte multiples, 16-byte aligned at each channel).
+  static constexpr bool kFilterImage = MONARCH_FFTCONV_ENGINE_FILTER_IMAGE != 0;
+  static constexpr int kFilterWords = kFilterRows * kN2;
+  static constexpr uint32_t kFilterBytes = kFilterWords * sizeof(uint32_t);  // 33,280
+  static_assert(kFilterBytes % 16 == 0, "the bulk copy moves multiples of 16 bytes");
 
   // Named barriers (0 is __syncthreads). rows_ready(w): warpgroup w's hand-off rows are stored;
   // handoff_free(w): the partner has read them, w may write the next job's; own_rows(w): all of
@@ -313,7 +333,7 @@ struct EngineTraits {
     T f2s[kF2Elems];
     T handoff[2][kHandoffElems];         // re, im
     T ring[kStages][2][kRingElems];      // stage, (Zr, Zi)
-    uint32_t filter[kFilterRows * kN2];  // (re, im) words
+    uint32_t filter[kFilterWords];       // (re, im) words
     uint64_t full[kStages], empty[kStages], done[kStages];
     uint64_t filter_full, filter_free;
     Item item[kStages];
@@ -325,6 +345,7 @@ struct EngineTraits {
   static constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // + the base's alignment slack
 
   static_assert(sizeof(T) == 2, "GMMA operands here are 16-bit");
+  static_assert(offsetof(Smem, filter) % 16 == 0, "the bulk copy's destination is 16-byte aligned");
   static_assert(offsetof(Smem, handoff) % 1024 == 0 && kHandoffPlaneBytes % 1024 == 0,
                 "HandoffAddresses folds the plane base into XORs of its low bits");
   static_assert(kSmemBytes <= max_smem_per_cta(1), "one CTA per SM, within 227 KB");
