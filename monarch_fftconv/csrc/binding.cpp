@@ -305,9 +305,11 @@ at::Tensor conv_forward_gated_z(const at::Tensor& u_in, const at::Tensor& spectr
   } else {
     p.tc_kernel = tc_kernel_from_env();
     engine_switches_from_env(p);
-    const size_t workspace_bytes = mf::conv_forward_tensor_core_workspace_bytes(p);  // the engine's filter images
-    const at::Tensor workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, u.options().dtype(at::kByte));
-    p.workspace = workspace_bytes > 0 ? workspace.data_ptr() : nullptr;
+    at::Tensor workspace;  // the engine's filter images, in builds that have them; stream-ordered
+    if (const size_t bytes = mf::conv_forward_tensor_core_workspace_bytes(p); bytes > 0) {
+      workspace = at::empty({static_cast<int64_t>(bytes)}, u.options().dtype(at::kByte));
+      p.workspace = workspace.data_ptr();
+    }
     check_launch(mf::conv_forward_tensor_core(p, current_stream(u)));
   }
   return y;
