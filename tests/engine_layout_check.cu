@@ -146,25 +146,22 @@ bool check_quads(const QuadOf& quad_of) {
   return true;
 }
 
-// The filter images' workspace (MONARCH_FFTCONV_ENGINE_FILTER_IMAGE): each channel's image
-// 16-byte aligned and kFilterBytes long, the images and the unscales disjoint, all inside
-// FilterImages::bytes; `bytes` is the size the binding allocates.
+// The filter images' workspace (MONARCH_FFTCONV_ENGINE_FILTER_IMAGE): channel c's image at a
+// 16-byte aligned offset, kImageBytes long (the filter's words, then its unscales, as Smem holds
+// them), the images disjoint and inside `bytes`, the size the binding allocates.
 using ImagesBytes = std::function<size_t(int64_t)>;
 bool check_filter_images(const ImagesBytes& bytes) {
-  alignas(16) static uint8_t base[1];
-  for (const int64_t channels : {int64_t(1), int64_t(3), int64_t(256), int64_t(4099)}) {
-    const FilterImages<Cfg> images(base, channels);
-    const auto at = [&](const void* q) { return size_t(static_cast<const uint8_t*>(q) - base); };
+  EXPECT(Cfg::kImageBytes == Cfg::kFilterWords * 4 + 16 && Cfg::kFilterWords == Cfg::kFilterRows * kN2,
+         "an image is the resident buffer's words and 16 bytes of unscales");
+  EXPECT(offsetof(Cfg::Smem, handoff_unscale) == offsetof(Cfg::Smem, filter) + Cfg::kFilterBytes,
+         "the unscales follow the filter in shared memory, as in the image");
+  for (const int64_t channels : {int64_t(1), int64_t(3), int64_t(256), int64_t(70001)}) {
     for (int64_t c = 0; c < channels; ++c) {
-      const size_t image = at(images.channel(int(c)));
-      EXPECT(image % 16 == 0, "channel %lld's image at byte %zu: not 16-byte aligned", (long long)c, image);
-      EXPECT(image == size_t(c) * Cfg::kFilterBytes, "channel %lld's image at byte %zu", (long long)c, image);
-      const size_t unscale = at(&images.unscales[c]);
-      EXPECT(unscale >= size_t(channels) * Cfg::kFilterBytes, "channel %lld's unscales inside the images", (long long)c);
-      EXPECT(unscale + sizeof(FilterUnscales) <= bytes(channels), "channel %lld's unscales past the workspace", (long long)c);
+      const size_t at = FilterImages<Cfg>::offset(c);
+      EXPECT(at % 16 == 0, "channel %lld's image at byte %zu: not 16-byte aligned", (long long)c, at);
+      EXPECT(c == 0 || at == FilterImages<Cfg>::offset(c - 1) + Cfg::kImageBytes, "channel %lld's image overlaps", (long long)c);
+      EXPECT(at + Cfg::kImageBytes <= bytes(channels), "channel %lld's image past the workspace", (long long)c);
     }
-    EXPECT(Cfg::kFilterBytes == Cfg::kFilterWords * 4 && Cfg::kFilterWords == Cfg::kFilterRows * kN2,
-           "the image is the resident buffer's words");
   }
   return true;
 }

@@ -106,19 +106,15 @@ struct FilterUnscales {
 };
 
 // MONARCH_FFTCONV_ENGINE_FILTER_IMAGE: the workspace the engine reads its filters from, per
-// channel the resident buffer's kFilterWords words (16-byte aligned: kFilterBytes is a multiple
-// of 16), then the C channels' unscales.
+// channel kImageBytes (16-byte aligned): the resident buffer's kFilterWords words, then its
+// unscales (handoff, output, two zeros), as Smem holds them.
 template <class Cfg>
 struct FilterImages {
-  uint32_t* words;
-  FilterUnscales* unscales;
-  __host__ __device__ static size_t bytes(int64_t channels) {
-    return size_t(channels) * (Cfg::kFilterBytes + sizeof(FilterUnscales));
+  __host__ __device__ static constexpr size_t bytes(int64_t channels) { return size_t(channels) * Cfg::kImageBytes; }
+  __host__ __device__ static constexpr size_t offset(int64_t c) { return size_t(c) * Cfg::kImageBytes; }
+  __host__ __device__ static uint32_t* words(void* workspace, int c) {
+    return reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(workspace) + offset(c));
   }
-  __host__ __device__ explicit FilterImages(void* workspace, int64_t channels)
-      : words(static_cast<uint32_t*>(workspace)),
-        unscales(reinterpret_cast<FilterUnscales*>(static_cast<uint8_t*>(workspace) + size_t(channels) * Cfg::kFilterBytes)) {}
-  __host__ __device__ const uint32_t* channel(int c) const { return words + int64_t(c) * Cfg::kFilterWords; }
 };
 
 // Asks L2 for the 128-byte lines holding bytes [0, bytes) from first, line i by producer thread
@@ -143,7 +139,7 @@ __device__ __forceinline__ void prefetch_item(const ConvForwardParams& p, const 
   if (item.seq_im >= 0) prefetch_span<Cfg>(u + item.seq_im * p.u_batch_stride, bytes, pt);
   if (item.channel != resident) {
     if constexpr (Cfg::kFilterImage) {
-      prefetch_span<Cfg>(FilterImages<Cfg>(p.workspace, p.channels).channel(item.channel), int(Cfg::kFilterBytes), pt);
+      prefetch_span<Cfg>(FilterImages<Cfg>::words(p.workspace, item.channel), int(Cfg::kImageBytes), pt);
     } else {
       prefetch_span<Cfg>(channel_spectrum<Cfg>(p, item.channel), Cfg::kFilterRows * Cfg::kN2 * int(sizeof(float2)), pt);
     }
@@ -257,28 +253,32 @@ template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kWarpgroup) filter_image_kernel(const ConvForwardParams p) {
   __shared__ float peaks[Cfg::kWarpgroup / 32];
   const int c = blockIdx.x, pt = threadIdx.x;
-  const FilterImages<Cfg> images(p.workspace, p.channels);
   const float skip = filter_skip<Cfg>(p, c);
   const float warp_peak = filter_column_peak<Cfg>(p, c, skip, pt);
   if (pt % 32 == 0) peaks[pt / 32] = warp_peak;
   __syncthreads();
   const float peak = fmaxf(fmaxf(peaks[0], peaks[1]), fmaxf(peaks[2], peaks[3]));
   const FilterScale scale{skip, filter_exponent<Cfg>(peak)};
-  uint32_t* image = images.words + int64_t(c) * Cfg::kFilterWords;
+  uint32_t* image = FilterImages<Cfg>::words(p.workspace, c);
   for_each_scaled_word<Cfg>(p, c, scale, pt, [&](int word, uint32_t value) { image[word] = value; });
-  if (pt == 0) images.unscales[c] = filter_unscales<Cfg>(scale.e);
+  if (pt == 0) {
+    const FilterUnscales unscale = filter_unscales<Cfg>(scale.e);
+    *reinterpret_cast<float4*>(image + Cfg::kFilterWords) = make_float4(unscale.handoff, unscale.output, 0.0f, 0.0f);
+  }
 }
 
-// The producer's thread 0, after filter_free: the channel's image by one bulk copy, its unscales
-// stored before the arrival that publishes both (filter_full: one arrival and the copy's bytes).
+// The producer's thread 0: once the consumers have released the buffer (filter_free's phase of
+// `parity`), the channel's image, words and unscales, by one bulk copy that completes
+// filter_full (one arrival and the copy's bytes). The consumers read the old filter through the
+// generic proxy and the copy writes through the async proxy: the proxy fence orders the two.
 template <class Cfg>
-__device__ __forceinline__ void filter_copy(const ConvForwardParams& p, int c, typename Cfg::Smem& sm) {
-  const FilterImages<Cfg> images(p.workspace, p.channels);
-  const FilterUnscales unscale = images.unscales[c];
-  sm.handoff_unscale = unscale.handoff;
-  sm.output_unscale = unscale.output;
-  mbar_arrive_expect_tx(&sm.filter_full, Cfg::kFilterBytes);
-  bulk_copy_to_shared(smem_address(sm.filter), images.channel(c), Cfg::kFilterBytes, &sm.filter_full);
+__device__ __forceinline__ void filter_copy(const ConvForwardParams& p, int c, typename Cfg::Smem& sm,
+                                            uint32_t parity) {
+  mbar_wait(&sm.filter_free, parity);
+  fence_proxy_async();
+  mbar_arrive_expect_tx(&sm.filter_full, Cfg::kImageBytes);
+  bulk_copy_to_shared(smem_address(sm.filter), FilterImages<Cfg>::words(p.workspace, c), Cfg::kImageBytes,
+                      &sm.filter_full);
 }
 
 // The producer warpgroup: the CTA's jobs in order, each as a checked item; after the next
@@ -316,10 +316,7 @@ __device__ void producer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
       // an earlier item's kItemReleaseAfter, made by consumers that need nothing more from the
       // producer than the items already published: no cycle (FilterPlan).
       if constexpr (Cfg::kFilterImage) {
-        if (pt == 0) {
-          mbar_wait(&sm.filter_free, (filter_loads & 1) ^ 1);
-          filter_copy<Cfg>(p, item.channel, sm);
-        }
+        if (pt == 0) filter_copy<Cfg>(p, item.channel, sm, (filter_loads & 1) ^ 1);
       } else {
         const FilterScale scale = filter_peak<Cfg>(p, item.channel, sm, pt);
         mbar_wait(&sm.filter_free, (filter_loads & 1) ^ 1);

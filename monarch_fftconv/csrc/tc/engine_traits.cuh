@@ -266,10 +266,14 @@ struct EngineTraits {
   // MONARCH_FFTCONV_ENGINE_FILTER_IMAGE: a channel's image is the resident buffer's bytes, and its
   // unscales (handoff_unscale, output_unscale) two floats of a second array; one bulk copy moves
   // the image (16-byte multiples, 16-byte aligned at each channel).
+  // A channel's image is the resident buffer's words and then its 16 bytes of unscales, as they
+  // lie in Smem (filter, then the unscales): one bulk copy of kImageBytes brings both.
   static constexpr bool kFilterImage = MONARCH_FFTCONV_ENGINE_FILTER_IMAGE != 0;
   static constexpr int kFilterWords = kFilterRows * kN2;
   static constexpr uint32_t kFilterBytes = kFilterWords * sizeof(uint32_t);  // 33,280
-  static_assert(kFilterBytes % 16 == 0, "the bulk copy moves multiples of 16 bytes");
+  static constexpr uint32_t kUnscaleBytes = 16;                              // two floats, padded
+  static constexpr uint32_t kImageBytes = kFilterBytes + kUnscaleBytes;
+  static_assert(kFilterBytes % 16 == 0 && kImageBytes % 16 == 0, "the bulk copy moves multiples of 16 bytes");
 
   // Named barriers (0 is __syncthreads). rows_ready(w): warpgroup w's hand-off rows are stored;
   // handoff_free(w): the partner has read them, w may write the next job's; own_rows(w): all of
@@ -334,18 +338,25 @@ struct EngineTraits {
     T handoff[2][kHandoffElems];         // re, im
     T ring[kStages][2][kRingElems];      // stage, (Zr, Zi)
     uint32_t filter[kFilterWords];       // (re, im) words
+    // Right after the filter (an image's bulk copy writes both): 2^-min(e, kHandoffExponent), at
+    // most 2^127 (filter_store), and the rest of 2^-e, for y.
+    float handoff_unscale;
+    float output_unscale;
+    float unscale_pad[2];
     uint64_t full[kStages], empty[kStages], done[kStages];
     uint64_t filter_full, filter_free;
     Item item[kStages];
     uint32_t nonfinite[kStages];         // the checked item's flag
-    float handoff_unscale;               // 2^-min(e, kHandoffExponent), at most 2^127 (filter_store)
-    float output_unscale;                // the rest of 2^-e, for y
     float peak[kWarpgroup / 32];         // the producer's reduction of the filter's largest component
   };
   static constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // + the base's alignment slack
 
   static_assert(sizeof(T) == 2, "GMMA operands here are 16-bit");
   static_assert(offsetof(Smem, filter) % 16 == 0, "the bulk copy's destination is 16-byte aligned");
+  static_assert(offsetof(Smem, handoff_unscale) == offsetof(Smem, filter) + kFilterBytes &&
+                    offsetof(Smem, output_unscale) == offsetof(Smem, handoff_unscale) + sizeof(float) &&
+                    sizeof(float) * 4 == kUnscaleBytes,
+                "an image is the filter's words and its unscales as they lie in shared memory");
   static_assert(offsetof(Smem, handoff) % 1024 == 0 && kHandoffPlaneBytes % 1024 == 0,
                 "HandoffAddresses folds the plane base into XORs of its low bits");
   static_assert(kSmemBytes <= max_smem_per_cta(1), "one CTA per SM, within 227 KB");
