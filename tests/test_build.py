@@ -318,11 +318,13 @@ def test_engine_register_split_fits_the_pool_ptxas_gives(compiled_units, cubin_d
 @needs_cutlass
 def test_engine_switches_written_without_a_gpu_compile_within_the_pool(tmp_path):
     """The engine's unmeasured build switches (session 35: MONARCH_FFTCONV_ENGINE_COALESCED_LOADS,
-    MONARCH_FFTCONV_ENGINE_FILTER_IMAGE) build, both at once: the engine kernels keep the 168
-    registers at entry the 40/232 split is sized for, and the image build has its image kernel."""
+    MONARCH_FFTCONV_ENGINE_FILTER_IMAGE, MONARCH_FFTCONV_ENGINE_CORNER_BY_INDEX) build, all at
+    once: the engine kernels keep the 168 registers at entry the 40/232 split is sized for, and
+    the image build has its image kernel."""
     (source,) = [s for s in SOURCES if s.name == "engine_instances.cu"]
     result = nvcc_check(source, tmp_path, ("MONARCH_FFTCONV_ENGINE_COALESCED_LOADS=1",
-                                           "MONARCH_FFTCONV_ENGINE_FILTER_IMAGE=1"))
+                                           "MONARCH_FFTCONV_ENGINE_FILTER_IMAGE=1",
+                                           "MONARCH_FFTCONV_ENGINE_CORNER_BY_INDEX=1"))
     assert result.returncode == 0, result.stderr[-4000:]
     registers = kernel_registers(tmp_path / f"{source.stem}.cubin")
     engine = {name: count for name, count in registers.items() if "engine_forward_kernel" in name}

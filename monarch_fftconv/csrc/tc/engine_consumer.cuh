@@ -159,7 +159,7 @@ __device__ __forceinline__ void filter_to_operand(const float (&pc)[32], const f
         float2 x = make_float2(pc[v] + qs[v], qc[v] - ps[v]);       // X[c]
         float2 xm = make_float2(pc[v] - qs[v], qc[v] + ps[v]);      // X[n2 - c]
         const int cm = mirror_column<Cfg::kN2>(c);
-        if (c == 0) {                                                 // X[0], X[n2/2]
+        if (Cfg::kCornerByIndex ? j == 0 && e == 0 && ln.q == 0 : c == 0) {  // X[0], X[n2/2]
           x = make_float2(pc[v], qc[v]);
           xm = make_float2(ps[v], qs[v]);
         }
@@ -217,8 +217,7 @@ __device__ __forceinline__ void handoff_store(const float (&pc)[32], const float
         a[e] = make_float2(pc[v] - qs[v], qc[v] + ps[v]);   // A'[c]
         am[e] = make_float2(pc[v] + qs[v], qc[v] - ps[v]);  // A'[n2 - c]
       }
-      const int c = acc_col(ln.q, j, 0);
-      if (c == 0) {  // A'[0], A'[n2/2]
+      if (Cfg::kCornerByIndex ? j == 0 && ln.q == 0 : acc_col(ln.q, j, 0) == 0) {  // A'[0], A'[n2/2]
         a[0] = make_float2(pc[acc_value(j, h, 0)], qc[acc_value(j, h, 0)]);
         am[0] = make_float2(ps[acc_value(j, h, 0)], qs[acc_value(j, h, 0)]);
         const float2 w64 = omega<Cfg::kN>(-k1 * (Cfg::kN2 / 2));

@@ -60,6 +60,18 @@
 #define MONARCH_FFTCONV_ENGINE_FILTER_IMAGE 0
 #endif
 
+// How the epilogues find column c = 0 (the real columns 0 and n2/2 of filter_to_operand and
+// handoff_store). 0 (the default, every measured run): `c == 0` with c = 8j + 2q + e, and q is
+// opaque to the compiler (Lane::opaque), so every unrolled (h, j) of handoff_store kept a branch
+// around its c = 0 code (a sincospif with it): 16 branch-and-reconverge blocks, 558
+// no-instruction samples at their BSYNCs (ncu, session 35). 1: the same test spelt j == 0 (and
+// e == 0) and q == 0, true for the same lanes (q = lane % 4 < 4), so the unrolled j > 0 have no
+// branch: 14 blocks fewer a kernel, 1,192 SASS instructions fewer in the two instances (5.7%),
+// the same registers and spills, the same bits. Written in session 35 without a GPU.
+#ifndef MONARCH_FFTCONV_ENGINE_CORNER_BY_INDEX
+#define MONARCH_FFTCONV_ENGINE_CORNER_BY_INDEX 0
+#endif
+
 namespace monarch_fftconv {
 namespace engine {
 
@@ -245,6 +257,7 @@ struct EngineTraits {
   // samples, one 16-byte load and one 8-byte store; thread pt's load n is quad pt + kWarpgroup·n,
   // two in flight (the producer's 40 registers hold 8 samples, as the default's).
   static constexpr bool kCoalescedLoads = MONARCH_FFTCONV_ENGINE_COALESCED_LOADS != 0;
+  static constexpr bool kCornerByIndex = MONARCH_FFTCONV_ENGINE_CORNER_BY_INDEX != 0;  // (the epilogues')
   static constexpr int kQuadSamples = 4;
   static constexpr int kPlaneQuads = kInputRows * kN2 / kQuadSamples;  // 2048
   static constexpr int kQuadsInFlight = 2;
