@@ -317,19 +317,34 @@ def test_engine_register_split_fits_the_pool_ptxas_gives(compiled_units, cubin_d
 @needs_nvcc
 @needs_cutlass
 def test_engine_switches_written_without_a_gpu_compile_within_the_pool(tmp_path):
-    """The engine's unmeasured build switches (session 35: MONARCH_FFTCONV_ENGINE_COALESCED_LOADS,
-    MONARCH_FFTCONV_ENGINE_FILTER_IMAGE, MONARCH_FFTCONV_ENGINE_CORNER_BY_INDEX) build, all at
-    once: the engine kernels keep the 168 registers at entry the 40/232 split is sized for, and
-    the image build has its image kernel."""
+    """The engine's unmeasured build switches (session 35, engine_switches.cuh) build, all at
+    once: the engine kernels (with MONARCH_FFTCONV_ENGINE_HALF_IO, six: bf16/fp16 operands x
+    fp32/bf16/fp16 I/O) keep the 168 registers at entry the 40/232 split is sized for, and the
+    image build has an image kernel for each. dispatch.cu builds with the switch too."""
+    switches = tuple(f"{name}=1" for name in ENGINE_SESSION_35_SWITCHES)
     (source,) = [s for s in SOURCES if s.name == "engine_instances.cu"]
-    result = nvcc_check(source, tmp_path, ("MONARCH_FFTCONV_ENGINE_COALESCED_LOADS=1",
-                                           "MONARCH_FFTCONV_ENGINE_FILTER_IMAGE=1",
-                                           "MONARCH_FFTCONV_ENGINE_CORNER_BY_INDEX=1"))
+    result = nvcc_check(source, tmp_path, switches)
     assert result.returncode == 0, result.stderr[-4000:]
     registers = kernel_registers(tmp_path / f"{source.stem}.cubin")
     engine = {name: count for name, count in registers.items() if "engine_forward_kernel" in name}
-    assert len(engine) == 2 and set(engine.values()) == {engine_constants()["kRegsAtEntry"]}, engine
-    assert sum("filter_image_kernel" in name for name in registers) == 2, sorted(registers)
+    assert len(engine) == 6 and set(engine.values()) == {engine_constants()["kRegsAtEntry"]}, engine
+    assert sum("filter_image_kernel" in name for name in registers) == 6, sorted(registers)
+    (dispatch,) = [s for s in SOURCES if s.name == "dispatch.cu"]
+    result = nvcc_check(dispatch, tmp_path, switches)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+ENGINE_SESSION_35_SWITCHES = ("MONARCH_FFTCONV_ENGINE_COALESCED_LOADS", "MONARCH_FFTCONV_ENGINE_FILTER_IMAGE",
+                              "MONARCH_FFTCONV_ENGINE_CORNER_BY_INDEX", "MONARCH_FFTCONV_ENGINE_HALF_IO")
+
+
+def test_the_engines_session_35_switches_are_build_switches_off_by_default():
+    """Each is a MONARCH_FFTCONV_NVCC_DEFINES switch (an #ifndef default in engine_switches.cuh),
+    and 0 there: none runs in a default build before a GPU has measured it."""
+    assert set(ENGINE_SESSION_35_SWITCHES) <= _extension._switch_macros()
+    text = (_extension.CSRC / "tc" / "engine_switches.cuh").read_text()
+    for name in ENGINE_SESSION_35_SWITCHES:
+        assert f"#ifndef {name}\n#define {name} 0\n#endif" in text, name
 
 
 # setmaxnreg exists on sm_90a but not on sm_90; tcgen05 (Blackwell) not on sm_90a.

@@ -11,10 +11,11 @@ import pytest
 import torch
 
 import monarch_fftconv as mf
+from monarch_fftconv import _extension
 from monarch_fftconv.backends import BACKEND_ENV
 
 from helpers import BUDGETS, GPU_WATCHDOG_S, randn, reference, rel_l2, requires_cuda
-from test_cuda import poisoned_call
+from test_cuda import kernels_launched, poisoned_call
 
 pytestmark = [requires_cuda, pytest.mark.watchdog(GPU_WATCHDOG_S)]
 
@@ -225,3 +226,32 @@ def test_an_unknown_engine_switch_value_is_refused(engine, monkeypatch, gen):
     monkeypatch.setenv("MONARCH_FFTCONV_ENGINE_EARLY_FILTER_RELEASE", "yes")
     with pytest.raises(ValueError, match="MONARCH_FFTCONV_ENGINE_EARLY_FILTER_RELEASE"):
         mf.fftconv(u, k, precision="bf16")
+
+
+# MONARCH_FFTCONV_ENGINE_HALF_IO=1 builds (session 35, written without a GPU: benchmarks/ab_builds.sh
+# with TESTS naming this file runs these in the variant build): the engine takes 2-byte u and y.
+HALF_IO_BUILD = "-DMONARCH_FFTCONV_ENGINE_HALF_IO=1" in _extension.build_defines()
+IO_ROUNDING = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+
+
+@pytest.mark.skipif(not HALF_IO_BUILD, reason="needs a build with MONARCH_FFTCONV_ENGINE_HALF_IO=1")
+@pytest.mark.parametrize("io_dtype", list(IO_ROUNDING))
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("batch, length, channel_step", [(3, 8192, 1), (5, 8191, 1), (4, 4097, 2), (2, 8192, 3)])
+def test_two_byte_io_reaches_the_engine_within_the_budget(batch, length, channel_step, precision, io_dtype,
+                                                           engine, gen):
+    """2-byte u and y through the engine: an odd batch, L not a multiple of 8 (the scalar loads),
+    a channel-strided u (16-byte vectors only where the strides allow), the skip term; y in u's
+    dtype, every output written, within the precision's budget plus y's rounding; the same bits
+    twice; and the engine's 2-byte instance is what ran."""
+    channels = 5
+    base = randn(gen, batch, channels * channel_step, length, device=DEVICE).to(io_dtype)
+    u = base[:, ::channel_step]
+    k, d = randn(gen, channels, length, device=DEVICE), randn(gen, channels, device=DEVICE)
+    y = poisoned_call(lambda: mf.fftconv(u, k, D=d, precision=precision), u)
+    assert y.dtype == io_dtype and torch.isfinite(y).all(), "unwritten (NaN) outputs"
+    assert rel_l2(y, reference(u, k, d)) <= BUDGETS[precision] + IO_ROUNDING[io_dtype]
+    assert torch.equal(mf.fftconv(u, k, D=d, precision=precision), y)
+    io_type = {torch.bfloat16: "IOType)1", torch.float16: "IOType)2"}[io_dtype]
+    launched = kernels_launched(lambda: mf.fftconv(u, k, D=d, precision=precision))
+    assert any("engine_forward_kernel" in name and io_type in name for name in launched), launched

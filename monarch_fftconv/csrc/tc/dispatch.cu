@@ -5,6 +5,7 @@
 // CUDA + CuTe headers only: never include torch here.
 
 #include "fftconv.h"
+#include "tc/engine_switches.cuh"  // MONARCH_FFTCONV_ENGINE_HALF_IO
 
 namespace monarch_fftconv {
 namespace tc {
@@ -27,17 +28,24 @@ size_t workspace_bytes(const ConvForwardParams& p);
 // The tensor-core engine (docs/design.md, "The next tensor-core engine"): split 128 x 128,
 // bf16/fp16 operands, fp32 I/O so far; calls of kEngineMinSequences or more, or any size on
 // request (MONARCH_FFTCONV_TC_KERNEL=engine). Any other call keeps the mma.sync kernel.
+template <Precision P>
+tc::LaunchFn pick_io(IOType io) {
+#if MONARCH_FFTCONV_ENGINE_HALF_IO
+  if (io == IOType::kBFloat16) return &launch<P, IOType::kBFloat16>;
+  if (io == IOType::kFloat16) return &launch<P, IOType::kFloat16>;
+#endif
+  return io == IOType::kFloat32 ? &launch<P, IOType::kFloat32> : nullptr;
+}
 inline tc::LaunchFn pick(const ConvForwardParams& p) {
-  if (p.io_type != IOType::kFloat32) return nullptr;
   switch (p.precision) {
-    case Precision::kBF16: return &launch<Precision::kBF16, IOType::kFloat32>;
-    case Precision::kFP16: return &launch<Precision::kFP16, IOType::kFloat32>;
+    case Precision::kBF16: return pick_io<Precision::kBF16>(p.io_type);
+    case Precision::kFP16: return pick_io<Precision::kFP16>(p.io_type);
     default: return nullptr;
   }
 }
 // The workspace of the call engine::pick gives (its filter images), or 0.
 inline size_t pick_workspace_bytes(const ConvForwardParams& p) {
-  if (p.io_type != IOType::kFloat32) return 0;
+  // The same for every I/O type: the images hold the filter in the operand type.
   switch (p.precision) {
     case Precision::kBF16: return workspace_bytes<Precision::kBF16, IOType::kFloat32>(p);
     case Precision::kFP16: return workspace_bytes<Precision::kFP16, IOType::kFloat32>(p);

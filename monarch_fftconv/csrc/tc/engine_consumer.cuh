@@ -289,33 +289,52 @@ template <class Cfg>
 __device__ __forceinline__ bool store_y(float (&yr)[32], float (&yi)[32], float unscale, const ConvForwardParams& p,
                                         const Item& item, const Lane& lane_in) {
   const Lane ln = lane_in.opaque();
+  using IoT = typename Cfg::IoT;
   const int64_t L = p.seq_len;
-  float* y = static_cast<float*>(p.y);
-  float* ya = y + (int64_t(item.seq_re) * p.channels + item.channel) * L;
-  float* yb = item.seq_im >= 0 ? y + (int64_t(item.seq_im) * p.channels + item.channel) * L : nullptr;
+  IoT* y = static_cast<IoT*>(p.y);
+  IoT* ya = y + (int64_t(item.seq_re) * p.channels + item.channel) * L;
+  IoT* yb = item.seq_im >= 0 ? y + (int64_t(item.seq_im) * p.channels + item.channel) * L : nullptr;
   bool bad = false;
 #pragma unroll
   for (int v = 0; v < 32; ++v) {
     yr[v] *= unscale;
     yi[v] *= unscale;
   }
-  const bool aligned = (reinterpret_cast<uintptr_t>(ya) & 7) == 0 && (yb == nullptr || (reinterpret_cast<uintptr_t>(yb) & 7) == 0);
+  // A pair's store is 8 bytes in fp32, 4 in a 2-byte type (MONARCH_FFTCONV_ENGINE_HALF_IO).
+  constexpr uintptr_t kPairAlign = 2 * sizeof(IoT) - 1;
+  const bool aligned = (reinterpret_cast<uintptr_t>(ya) & kPairAlign) == 0 &&
+                       (yb == nullptr || (reinterpret_cast<uintptr_t>(yb) & kPairAlign) == 0);
   const auto time = [&](int h, int j) {
     return int64_t(ln.row0 + 8 * h) * Cfg::kN2 + Cfg::kHalfCols * ln.wg + acc_col(ln.q, j, 0);
   };
   // The pair (h, j) from its row's start: (t of (h, j)) - (t of (0, 0)), a constant, so the
   // whole-tile stores take immediate offsets from one address each.
   const auto step = [](int h, int j) { return 8 * h * Cfg::kN2 + acc_col(0, j, 0); };
-  const auto store_pair = [&](int v, float* a, float* b) {
-    __stcs(reinterpret_cast<float2*>(a), make_float2(yr[v], yr[v + 1]));
-    if (b != nullptr) __stcs(reinterpret_cast<float2*>(b), make_float2(yi[v], yi[v + 1]));
+  // fp32: streaming stores (y is not read again here); a 2-byte y: rounded, one 4-byte store.
+  const auto store2 = [](IoT* at, float x0, float x1) {
+    if constexpr (Cfg::kHalfIo) {
+      Cfg::Io::store2(at, 0, x0, x1);
+    } else {
+      __stcs(reinterpret_cast<float2*>(at), make_float2(x0, x1));
+    }
+  };
+  const auto store1 = [](IoT* at, float x) {
+    if constexpr (Cfg::kHalfIo) {
+      Cfg::Io::store(at, 0, x);
+    } else {
+      __stcs(at, x);
+    }
+  };
+  const auto store_pair = [&](int v, IoT* a, IoT* b) {
+    store2(a, yr[v], yr[v + 1]);
+    if (b != nullptr) store2(b, yi[v], yi[v + 1]);
   };
   // Not short-circuit: no branch a pair (the y_b half is added once, below, where it is stored).
   const auto nonfinite = [](float x0, float x1) { return !isfinite(x0) | !isfinite(x1); };
   const int64_t t0 = time(0, 0);
   if (aligned && t0 + step(1, Cfg::kN2 / 16 - 1) + 1 < L) {
-    float* const a = ya + t0;
-    float* const b = yb != nullptr ? yb + t0 : nullptr;
+    IoT* const a = ya + t0;
+    IoT* const b = yb != nullptr ? yb + t0 : nullptr;
     bool bad_b = false;
 #pragma unroll
     for (int h = 0; h < 2; ++h)
@@ -342,10 +361,10 @@ __device__ __forceinline__ bool store_y(float (&yr)[32], float (&yi)[32], float 
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           if (t + e < L) {
-            __stcs(ya + t + e, yr[v + e]);
+            store1(ya + t + e, yr[v + e]);
             bad |= !isfinite(yr[v + e]);
             if (yb != nullptr) {
-              __stcs(yb + t + e, yi[v + e]);
+              store1(yb + t + e, yi[v + e]);
               bad |= !isfinite(yi[v + e]);
             }
           }

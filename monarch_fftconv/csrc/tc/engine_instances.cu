@@ -11,6 +11,12 @@ template cudaError_t launch<Precision::kBF16, IOType::kFloat32>(const ConvForwar
 template cudaError_t launch<Precision::kFP16, IOType::kFloat32>(const ConvForwardParams&, cudaStream_t);
 template size_t workspace_bytes<Precision::kBF16, IOType::kFloat32>(const ConvForwardParams&);
 template size_t workspace_bytes<Precision::kFP16, IOType::kFloat32>(const ConvForwardParams&);
+#if MONARCH_FFTCONV_ENGINE_HALF_IO  // 2-byte u and y (engine_traits.cuh)
+template cudaError_t launch<Precision::kBF16, IOType::kBFloat16>(const ConvForwardParams&, cudaStream_t);
+template cudaError_t launch<Precision::kBF16, IOType::kFloat16>(const ConvForwardParams&, cudaStream_t);
+template cudaError_t launch<Precision::kFP16, IOType::kBFloat16>(const ConvForwardParams&, cudaStream_t);
+template cudaError_t launch<Precision::kFP16, IOType::kFloat16>(const ConvForwardParams&, cudaStream_t);
+#endif
 
 }  // namespace engine
 }  // namespace monarch_fftconv

@@ -184,6 +184,13 @@ __device__ __forceinline__ float4 ld_stream(const float* p) {  // read once: no 
                : "l"(p));
   return v;
 }
+__device__ __forceinline__ uint4 ld_stream_u4(const void* p) {  // 16 bytes read once: no L1 allocation
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
 // The two planes of a pair of packed (re, im) words: (re0, re1) and (im0, im1).
 __device__ __forceinline__ uint32_t re_plane(uint32_t w0, uint32_t w1) { return __byte_perm(w0, w1, 0x5410); }
 __device__ __forceinline__ uint32_t im_plane(uint32_t w0, uint32_t w1) { return __byte_perm(w0, w1, 0x7632); }

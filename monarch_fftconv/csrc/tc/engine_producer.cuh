@@ -23,6 +23,52 @@ using namespace cute;
 // ---------------------------------------------------------------------------
 // One sequence (or zeros, seq < 0) into a ring plane (s, r): sample t = 128 r + s, rounded.
 // The default: 16-byte stores of 8 consecutive s, a thread's two 16-byte loads adjacent.
+// A sequence's first sample in global memory (u's I/O type).
+template <class Cfg>
+__device__ __forceinline__ const typename Cfg::IoT* sequence_start(const ConvForwardParams& p, int seq, int c) {
+  return static_cast<const typename Cfg::IoT*>(p.u) + (seq >= 0 ? seq * p.u_batch_stride + c * p.u_channel_stride : 0);
+}
+
+// MONARCH_FFTCONV_ENGINE_HALF_IO, 2-byte u: a chunk of 8 samples is one 16-byte load, a warp's
+// loads contiguous. Where u's type is the operand type the bytes go into the ring as they are
+// (the fp32 path rounds u to the operand type: a 2-byte u of that type is already rounded);
+// otherwise (bf16 u, fp16 operands and the reverse) each sample is widened and rounded.
+template <class Cfg>
+__device__ __forceinline__ void load_plane_half(const ConvForwardParams& p, int seq, int c, bool vec_ok,
+                                                uint32_t plane, int pt) {
+  using T = typename Cfg::T;
+  using IoT = typename Cfg::IoT;
+  using Io = typename Cfg::Io;
+  static_assert(Cfg::kSamplesPer16B == Cfg::kU8PerThread, "a chunk is one 16-byte load of 2-byte samples");
+  constexpr bool kAsIs = sizeof(T) == sizeof(IoT) && (std::is_same_v<T, cute::bfloat16_t> ==
+                                                      std::is_same_v<IoT, __nv_bfloat16>);
+  constexpr int kChunksPerRow = Cfg::kN2 / Cfg::kU8PerThread;  // 16
+  constexpr int kChunks = Cfg::kInputRows * kChunksPerRow;      // 1024
+  const int L = int(p.seq_len);
+  const IoT* u = sequence_start<Cfg>(p, seq, c);
+#pragma unroll 1
+  for (int chunk = pt; chunk < kChunks; chunk += Cfg::kWarpgroup) {
+    const int r = chunk / kChunksPerRow, s0 = (chunk % kChunksPerRow) * Cfg::kU8PerThread;
+    const int t0 = r * Cfg::kN2 + s0;
+    uint4 raw = make_uint4(0u, 0u, 0u, 0u);  // zeros in either 2-byte type
+    const bool whole = seq >= 0 && vec_ok && t0 + 7 < L;
+    if (whole) raw = ld_stream_u4(u + t0);
+    if (kAsIs && whole) {
+      st_shared_v4(plane + 2 * Cfg::ring_offset(s0, r), raw);
+      continue;
+    }
+    float v[8];
+    if (whole) {
+      Io::unpack(raw, v);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = (seq >= 0 && t0 + i < L) ? Io::load(u, t0 + i) : 0.0f;
+    }
+    st_shared_v4(plane + 2 * Cfg::ring_offset(s0, r),
+                 make_uint4(pack2<T>(v[0], v[1]), pack2<T>(v[2], v[3]), pack2<T>(v[4], v[5]), pack2<T>(v[6], v[7])));
+  }
+}
+
 template <class Cfg>
 __device__ __forceinline__ void load_plane_chunks(const ConvForwardParams& p, int seq, int c, bool vec_ok,
                                                   uint32_t plane, int pt) {
@@ -58,7 +104,7 @@ __device__ __forceinline__ void load_plane_quads(const ConvForwardParams& p, int
   using T = typename Cfg::T;
   constexpr int kRounds = Cfg::kPlaneQuads / (Cfg::kWarpgroup * Cfg::kQuadsInFlight);  // 8
   const int L = int(p.seq_len);
-  const float* u = static_cast<const float*>(p.u) + (seq >= 0 ? seq * p.u_batch_stride + c * p.u_channel_stride : 0);
+  const float* u = sequence_start<Cfg>(p, seq, c);
 #pragma unroll 1
   for (int round = 0; round < kRounds; ++round) {
     float4 v[Cfg::kQuadsInFlight];
@@ -86,7 +132,9 @@ __device__ __forceinline__ void load_plane_quads(const ConvForwardParams& p, int
 template <class Cfg>
 __device__ __forceinline__ void load_plane(const ConvForwardParams& p, int seq, int c, bool vec_ok,
                                            uint32_t plane, int pt) {
-  if constexpr (Cfg::kCoalescedLoads) {
+  if constexpr (Cfg::kHalfIo) {
+    load_plane_half<Cfg>(p, seq, c, vec_ok, plane, pt);
+  } else if constexpr (Cfg::kCoalescedLoads) {
     load_plane_quads<Cfg>(p, seq, c, vec_ok, plane, pt);
   } else {
     load_plane_chunks<Cfg>(p, seq, c, vec_ok, plane, pt);
@@ -133,8 +181,8 @@ __device__ __forceinline__ void prefetch_span(const void* first, int bytes, int 
 // load_plane reads of each sequence, and the channel's spectrum unless it is `resident`.
 template <class Cfg>
 __device__ __forceinline__ void prefetch_item(const ConvForwardParams& p, const Item& item, int resident, int pt) {
-  const float* u = static_cast<const float*>(p.u) + item.channel * p.u_channel_stride;
-  const int bytes = int(min(p.seq_len, int64_t(Cfg::kInputRows * Cfg::kN2))) * int(sizeof(float));
+  const typename Cfg::IoT* u = static_cast<const typename Cfg::IoT*>(p.u) + item.channel * p.u_channel_stride;
+  const int bytes = int(min(p.seq_len, int64_t(Cfg::kInputRows * Cfg::kN2))) * int(sizeof(typename Cfg::IoT));
   prefetch_span<Cfg>(u + item.seq_re * p.u_batch_stride, bytes, pt);
   if (item.seq_im >= 0) prefetch_span<Cfg>(u + item.seq_im * p.u_batch_stride, bytes, pt);
   if (item.channel != resident) {
@@ -287,8 +335,10 @@ template <class Cfg>
 __device__ void producer(const ConvForwardParams& p, typename Cfg::Smem& sm, int job_begin, int job_end) {
   const int pt = threadIdx.x % Cfg::kWarpgroup;
   const int batch = int(p.batch);    // 32-bit: the dispatch holds batch·channels below 2^31
-  const bool vec_ok = (reinterpret_cast<uintptr_t>(p.u) % 16) == 0 && p.u_batch_stride % 4 == 0 &&
-                      p.u_channel_stride % 4 == 0;
+  // Every 16-byte vector a load_plane reads is aligned: u's base, and each row's start (its
+  // strides in whole 16-byte vectors; t0 steps by 8 samples, or 4 in the quads).
+  const bool vec_ok = (reinterpret_cast<uintptr_t>(p.u) % 16) == 0 && p.u_batch_stride % Cfg::kSamplesPer16B == 0 &&
+                      p.u_channel_stride % Cfg::kSamplesPer16B == 0;
   uint32_t emitted = 0;          // items out: item n in stage n % 2
   uint32_t done_parity = 0;      // bit s: the parity of done[s]'s next phase (a register, not a local array)
   uint32_t filter_loads = 0;

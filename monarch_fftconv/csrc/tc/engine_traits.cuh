@@ -15,6 +15,7 @@
 #include "fftconv.h"
 #include "common/limits.cuh"
 #include "tc/io_traits.cuh"
+#include "tc/engine_switches.cuh"
 
 // Where each channel's scaled filter spectrum peaks: [2^-p, 2^(1-p)) for p = this (docs/design.md,
 // "fp16's range"). 7 (the default since session 30) gives the engine's fp16 the mma.sync kernel's
@@ -33,43 +34,6 @@
 // overflows from a mean of 4-8: keep it off the route, ENGINE_ROUTE_PRECISIONS = ("bf16",)).
 #ifndef MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT
 #define MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT 7
-#endif
-
-// How the producer reads u (load_plane, engine_producer.cuh). 0 (the default, every measured
-// run): a thread loads 8 consecutive samples as two 16-byte loads, so each load instruction of a
-// warp spans 1 KB and uses half of every 32-byte sector it fetches (the no-allocate loads do not
-// keep it in L1 for the second): ncu's 4,194,304 excess sectors at 16x256x8192, exactly u's count
-// (session 35). 1: each load instruction of a warp reads 512 consecutive bytes (a thread's load n
-// is quad pt + 128 n of 4 samples), stored as 8-byte halves of the ring's 16-byte chunks. The same
-// values in the same places: the same bits. Written in session 35 without a GPU; measure with
-// benchmarks/ab_builds.sh before making it the default.
-#ifndef MONARCH_FFTCONV_ENGINE_COALESCED_LOADS
-#define MONARCH_FFTCONV_ENGINE_COALESCED_LOADS 0
-#endif
-
-// Where the resident filter comes from. 0 (the default, every measured run): the producer reads
-// the channel's fp32 spectrum twice at each channel change (filter_peak, then filter_store after
-// filter_free), 17 dependent rounds of loads each on its 40 registers; the consumers waited for
-// it 10.8% of their time at 16x256x8192 (ncu, session 35). 1: a kernel before the engine writes
-// each channel's resident image (the same words, the same XOR-swizzled order) and its two
-// unscales to a workspace (conv_forward_tensor_core_workspace_bytes), and the producer's thread 0
-// copies the image into shared memory with one bulk copy (cp.async.bulk, completing filter_full's
-// transaction count): no registers, one round trip. The same bits. Written in session 35 without
-// a GPU; measure with benchmarks/ab_builds.sh before making it the default.
-#ifndef MONARCH_FFTCONV_ENGINE_FILTER_IMAGE
-#define MONARCH_FFTCONV_ENGINE_FILTER_IMAGE 0
-#endif
-
-// How the epilogues find column c = 0 (the real columns 0 and n2/2 of filter_to_operand and
-// handoff_store). 0 (the default, every measured run): `c == 0` with c = 8j + 2q + e, and q is
-// opaque to the compiler (Lane::opaque), so every unrolled (h, j) of handoff_store kept a branch
-// around its c = 0 code (a sincospif with it): 16 branch-and-reconverge blocks, 558
-// no-instruction samples at their BSYNCs (ncu, session 35). 1: the same test spelt j == 0 (and
-// e == 0) and q == 0, true for the same lanes (q = lane % 4 < 4), so the unrolled j > 0 have no
-// branch: 14 blocks fewer a kernel, 1,192 SASS instructions fewer in the two instances (5.7%),
-// the same registers and spills, the same bits. Written in session 35 without a GPU.
-#ifndef MONARCH_FFTCONV_ENGINE_CORNER_BY_INDEX
-#define MONARCH_FFTCONV_ENGINE_CORNER_BY_INDEX 0
 #endif
 
 namespace monarch_fftconv {
@@ -223,6 +187,10 @@ __host__ __device__ inline uint32_t sw128_offset(SwizzledLayout const& layout, i
 template <Precision P_, IOType IO_>
 struct EngineTraits {
   using Io = tc::IoTraits<IO_>;
+  using IoT = typename Io::T;  // u's and y's element in global memory
+  static constexpr bool kHalfIo = sizeof(IoT) == 2;
+  // A 16-byte vector of u: kU8PerThread samples of 2 bytes, or half of them in fp32.
+  static constexpr int kSamplesPer16B = 16 / int(sizeof(IoT));
   using O = Ops<P_>;
   using T = typename O::T;
 
