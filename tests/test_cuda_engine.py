@@ -237,13 +237,15 @@ IO_ROUNDING = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 @pytest.mark.skipif(not HALF_IO_BUILD, reason="needs a build with MONARCH_FFTCONV_ENGINE_HALF_IO=1")
 @pytest.mark.parametrize("io_dtype", list(IO_ROUNDING))
 @pytest.mark.parametrize("precision", PRECISIONS)
-@pytest.mark.parametrize("batch, length, channel_step", [(3, 8192, 1), (5, 8191, 1), (4, 4097, 2), (2, 8192, 3)])
+@pytest.mark.parametrize("batch, length, channel_step", [(3, 8192, 1), (5, 8191, 1), (4, 4097, 2), (2, 8192, 3),
+                                                         (3, 4100, 2)])  # 16-byte rows, a partial last chunk
 def test_two_byte_io_reaches_the_engine_within_the_budget(batch, length, channel_step, precision, io_dtype,
                                                            engine, gen):
     """2-byte u and y through the engine: an odd batch, L not a multiple of 8 (the scalar loads),
     a channel-strided u (16-byte vectors only where the strides allow), the skip term; y in u's
-    dtype, every output written, within the precision's budget plus y's rounding; the same bits
-    twice; and the engine's 2-byte instance is what ran."""
+    dtype, every output written, within the precision's budget plus y's rounding; the bits of
+    the fp32-I/O engine on the same values, rounded to u's dtype (the operands and the
+    arithmetic are the same); the same bits twice; and the engine's 2-byte instance is what ran."""
     channels = 5
     base = randn(gen, batch, channels * channel_step, length, device=DEVICE).to(io_dtype)
     u = base[:, ::channel_step]
@@ -251,6 +253,7 @@ def test_two_byte_io_reaches_the_engine_within_the_budget(batch, length, channel
     y = poisoned_call(lambda: mf.fftconv(u, k, D=d, precision=precision), u)
     assert y.dtype == io_dtype and torch.isfinite(y).all(), "unwritten (NaN) outputs"
     assert rel_l2(y, reference(u, k, d)) <= BUDGETS[precision] + IO_ROUNDING[io_dtype]
+    assert torch.equal(mf.fftconv(u.float(), k, D=d, precision=precision).to(io_dtype), y)
     assert torch.equal(mf.fftconv(u, k, D=d, precision=precision), y)
     io_type = {torch.bfloat16: "IOType)1", torch.float16: "IOType)2"}[io_dtype]
     launched = kernels_launched(lambda: mf.fftconv(u, k, D=d, precision=precision))

@@ -75,7 +75,10 @@ tc::LaunchFn pick_hopper(const ConvForwardParams& p) {
     // same two): fp16 is back since session 30, its filter peak near 2^-7 (engine_traits.cuh's
     // kFilterPeakExponent); in session 29 the route took bf16 alone, as a peak near 1 overflowed
     // fp16 on inputs of mean 4-8 (docs/design.md, "fp16's range").
-    case TensorCoreKernel::kRoute: return p.batch * p.channels >= kEngineMinSequences ? engine::pick(p) : nullptr;
+    // The route takes fp32 I/O only: a MONARCH_FFTCONV_ENGINE_HALF_IO build's 2-byte instances
+    // run on request, until measured (backends.engine_applies says the same).
+    case TensorCoreKernel::kRoute:
+      return p.io_type == IOType::kFloat32 && p.batch * p.channels >= kEngineMinSequences ? engine::pick(p) : nullptr;
     case TensorCoreKernel::kEngine: return engine::pick(p);
     default: return nullptr;
   }

@@ -30,9 +30,10 @@ __device__ __forceinline__ const typename Cfg::IoT* sequence_start(const ConvFor
 }
 
 // MONARCH_FFTCONV_ENGINE_HALF_IO, 2-byte u: a chunk of 8 samples is one 16-byte load, a warp's
-// loads contiguous. Where u's type is the operand type the bytes go into the ring as they are
-// (the fp32 path rounds u to the operand type: a 2-byte u of that type is already rounded);
-// otherwise (bf16 u, fp16 operands and the reverse) each sample is widened and rounded.
+// loads contiguous, two chunks (pt and pt + 128) in flight a thread as the fp32 path's two
+// loads. Where u's type is the operand type the bytes go into the ring as they are (the fp32
+// path rounds u to the operand type: a 2-byte u of that type is already rounded); otherwise
+// (bf16 u, fp16 operands and the reverse) each sample is widened and rounded.
 template <class Cfg>
 __device__ __forceinline__ void load_plane_half(const ConvForwardParams& p, int seq, int c, bool vec_ok,
                                                 uint32_t plane, int pt) {
@@ -40,32 +41,42 @@ __device__ __forceinline__ void load_plane_half(const ConvForwardParams& p, int 
   using IoT = typename Cfg::IoT;
   using Io = typename Cfg::Io;
   static_assert(Cfg::kSamplesPer16B == Cfg::kU8PerThread, "a chunk is one 16-byte load of 2-byte samples");
-  constexpr bool kAsIs = sizeof(T) == sizeof(IoT) && (std::is_same_v<T, cute::bfloat16_t> ==
-                                                      std::is_same_v<IoT, __nv_bfloat16>);
+  constexpr bool kAsIs = std::is_same_v<T, cute::bfloat16_t> == std::is_same_v<IoT, __nv_bfloat16>;
   constexpr int kChunksPerRow = Cfg::kN2 / Cfg::kU8PerThread;  // 16
   constexpr int kChunks = Cfg::kInputRows * kChunksPerRow;      // 1024
+  constexpr int kInFlight = 2;
+  static_assert(kChunks % (kInFlight * Cfg::kWarpgroup) == 0, "whole rounds");
   const int L = int(p.seq_len);
   const IoT* u = sequence_start<Cfg>(p, seq, c);
 #pragma unroll 1
-  for (int chunk = pt; chunk < kChunks; chunk += Cfg::kWarpgroup) {
-    const int r = chunk / kChunksPerRow, s0 = (chunk % kChunksPerRow) * Cfg::kU8PerThread;
-    const int t0 = r * Cfg::kN2 + s0;
-    uint4 raw = make_uint4(0u, 0u, 0u, 0u);  // zeros in either 2-byte type
-    const bool whole = seq >= 0 && vec_ok && t0 + 7 < L;
-    if (whole) raw = ld_stream_u4(u + t0);
-    if (kAsIs && whole) {
-      st_shared_v4(plane + 2 * Cfg::ring_offset(s0, r), raw);
-      continue;
-    }
-    float v[8];
-    if (whole) {
-      Io::unpack(raw, v);
-    } else {
+  for (int first = pt; first < kChunks; first += kInFlight * Cfg::kWarpgroup) {
+    uint4 raw[kInFlight];
+    bool whole[kInFlight];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = (seq >= 0 && t0 + i < L) ? Io::load(u, t0 + i) : 0.0f;
+    for (int n = 0; n < kInFlight; ++n) {  // both loads issued before either is used
+      const int t0 = (first + n * Cfg::kWarpgroup) * Cfg::kU8PerThread;  // chunk · 8 = 128 r + s0
+      whole[n] = seq >= 0 && vec_ok && t0 + 7 < L;
+      raw[n] = whole[n] ? ld_stream_u4(u + t0) : make_uint4(0u, 0u, 0u, 0u);
     }
-    st_shared_v4(plane + 2 * Cfg::ring_offset(s0, r),
-                 make_uint4(pack2<T>(v[0], v[1]), pack2<T>(v[2], v[3]), pack2<T>(v[4], v[5]), pack2<T>(v[6], v[7])));
+#pragma unroll
+    for (int n = 0; n < kInFlight; ++n) {
+      const int chunk = first + n * Cfg::kWarpgroup;
+      const int r = chunk / kChunksPerRow, s0 = (chunk % kChunksPerRow) * Cfg::kU8PerThread;
+      const int t0 = r * Cfg::kN2 + s0;
+      const uint32_t at = plane + 2 * Cfg::ring_offset(s0, r);
+      if (kAsIs && whole[n]) {
+        st_shared_v4(at, raw[n]);
+        continue;
+      }
+      float v[8];
+      if (whole[n]) {
+        Io::unpack(raw[n], v);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = (seq >= 0 && t0 + i < L) ? Io::load(u, t0 + i) : 0.0f;
+      }
+      st_shared_v4(at, make_uint4(pack2<T>(v[0], v[1]), pack2<T>(v[2], v[3]), pack2<T>(v[4], v[5]), pack2<T>(v[6], v[7])));
+    }
   }
 }
 
