@@ -644,8 +644,11 @@ def test_the_engine_threshold_is_the_dispatchers():
     assert backends.ENGINE_ROUTE_PRECISIONS == ("bf16", "fp16")
     route = re.search(r"case TensorCoreKernel::kRoute:.*?;", source, re.S).group(0)
     assert "engine::pick(p)" in route and "precision" not in route
+    # The route keeps fp32 I/O (backends.engine_applies): a MONARCH_FFTCONV_ENGINE_HALF_IO build's
+    # 2-byte instances run only by name.
+    assert "p.io_type == IOType::kFloat32" in route
     pick = re.search(r"inline tc::LaunchFn pick\(const ConvForwardParams& p\) \{.*?\n\}", source, re.S).group(0)
-    picked = re.findall(r"case Precision::k(\w+): return &launch<", pick)
+    picked = re.findall(r"case Precision::k(\w+): return pick_io<Precision::k\1>\(p.io_type\);", pick)
     assert sorted(name.lower() for name in picked) == sorted(backends.ENGINE_ROUTE_PRECISIONS)
 
 
