@@ -26,8 +26,9 @@ template <Precision P, IOType IO>
 size_t workspace_bytes(const ConvForwardParams& p);
 
 // The tensor-core engine (docs/design.md, "The next tensor-core engine"): split 128 x 128,
-// bf16/fp16 operands, fp32 I/O so far; calls of kEngineMinSequences or more, or any size on
-// request (MONARCH_FFTCONV_TC_KERNEL=engine). Any other call keeps the mma.sync kernel.
+// bf16/fp16 operands, fp32 I/O (and 2-byte I/O in a MONARCH_FFTCONV_ENGINE_HALF_IO build, on
+// request only); calls of kEngineMinSequences or more, or any size on request
+// (MONARCH_FFTCONV_TC_KERNEL=engine). Any other call keeps the mma.sync kernel.
 template <Precision P>
 tc::LaunchFn pick_io(IOType io) {
 #if MONARCH_FFTCONV_ENGINE_HALF_IO

@@ -1,5 +1,5 @@
 // monarch_fftconv: instances of the Hopper tensor-core engine's forward, tc/engine_kernel.cuh:
-// split 128 x 128, bf16 and fp16 operands, fp32 I/O.
+// split 128 x 128, bf16 and fp16 operands, fp32 I/O (and bf16/fp16 I/O with MONARCH_FFTCONV_ENGINE_HALF_IO).
 // CUDA + CuTe headers only: never include torch here.
 
 #include "tc/engine_kernel.cuh"

@@ -1,6 +1,7 @@
 // monarch_fftconv: the Hopper tensor-core engine's forward (docs/design.md, "The next tensor-core
 // engine"; its float64 data flow: tests/test_tc_engine_dataflow.py), split 128 x 128
-// (N = 16384), bf16/fp16 operands, fp32 accumulation, fp32 I/O.
+// (N = 16384), bf16/fp16 operands, fp32 accumulation, fp32 I/O (2-byte too
+// in a MONARCH_FFTCONV_ENGINE_HALF_IO build).
 //
 // A persistent CTA of three warpgroups. The producer loads packed pairs z = u_a + i·u_b into a
 // two-stage ring and the channel's filter spectrum into a resident buffer; two consumer
