@@ -21,8 +21,6 @@ using namespace cute;
 // ---------------------------------------------------------------------------
 // The producer's loads.
 // ---------------------------------------------------------------------------
-// One sequence (or zeros, seq < 0) into a ring plane (s, r): sample t = 128 r + s, rounded.
-// The default: 16-byte stores of 8 consecutive s, a thread's two 16-byte loads adjacent.
 // A sequence's first sample in global memory (u's I/O type).
 template <class Cfg>
 __device__ __forceinline__ const typename Cfg::IoT* sequence_start(const ConvForwardParams& p, int seq, int c) {
@@ -80,6 +78,7 @@ __device__ __forceinline__ void load_plane_half(const ConvForwardParams& p, int 
   }
 }
 
+// The default: 16-byte stores of 8 consecutive s, a thread's two 16-byte loads adjacent.
 template <class Cfg>
 __device__ __forceinline__ void load_plane_chunks(const ConvForwardParams& p, int seq, int c, bool vec_ok,
                                                   uint32_t plane, int pt) {
@@ -140,6 +139,8 @@ __device__ __forceinline__ void load_plane_quads(const ConvForwardParams& p, int
   }
 }
 
+// One sequence (or zeros, seq < 0) into a ring plane (s, r): sample t = 128 r + s, rounded to
+// the operand type. The build's switches pick the load pattern (tc/engine_switches.cuh).
 template <class Cfg>
 __device__ __forceinline__ void load_plane(const ConvForwardParams& p, int seq, int c, bool vec_ok,
                                            uint32_t plane, int pt) {
