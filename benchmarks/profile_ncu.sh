@@ -7,7 +7,8 @@
 #     (regex:grad_kernel would match filter_grad_kernel too, and -s 1 -c 1 profiles whichever runs first)
 #   SECTIONS="--section SpeedOfLight --section WarpStateStats" ...   # fewer sections: faster
 #   IO_DTYPE=bfloat16 ...                                    # u (and dy) in bf16 or fp16: the half-precision I/O instances
-# Results in $OUT: prof_<precision>.ncu-rep (open in ncu-ui), details.txt (every section),
+# Results in $OUT: prof_<precision>.ncu-rep (open in ncu-ui, or `python benchmarks/ncu_report.py` where
+# no ncu is installed: the PC tables from the report alone), details.txt (every section),
 # source.csv (per-SASS-line instruction and stall counts, with the CUDA line that made it).
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"
