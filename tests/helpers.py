@@ -2,6 +2,7 @@
 process with a time limit (the watchdog's)."""
 
 import contextlib
+import importlib.util
 import os
 import signal
 import subprocess
@@ -16,6 +17,16 @@ import torch
 from monarch_fftconv.policy import ERROR_BUDGETS as BUDGETS  # noqa: F401  (re-exported)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def load_script(name: str, path) -> object:
+    """A script that is not a package module (benchmarks/*.py), imported under `name`, registered
+    in sys.modules first: dataclasses look their module up there."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def is_png(path) -> bool:

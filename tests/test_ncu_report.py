@@ -5,7 +5,6 @@ reader's decoder), with fresh random values each run, and read back. A fake nvdi
 script printing a disassembly made for the synthetic kernel) stands in for the real one. One test
 reads a real report where this machine has it (never committed: 7 MB)."""
 import csv
-import importlib.util
 import os
 import random
 import re
@@ -18,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import load_script
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "ncu_report.py"
 REAL_REPORT = Path("/tmp/ncu/prof_bf16.ncu-rep")
@@ -28,11 +29,7 @@ SAMPLES = "smsp__pcsamp_sample_count"
 
 @pytest.fixture(scope="module")
 def ncu():
-    spec = importlib.util.spec_from_file_location("ncu_report", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("ncu_report", SCRIPT)
 
 
 @pytest.fixture

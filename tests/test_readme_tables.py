@@ -2,7 +2,6 @@
 
 A quick CPU run of bench_cufft.py (forward with a short and a long shape, and a training step)
 is the run; the tables are parsed back and held to the JSON's numbers."""
-import importlib.util
 import json
 import re
 import shlex
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import is_png
+from helpers import is_png, load_script
 from monarch_fftconv.planner import plan_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,11 +25,7 @@ COMMITTED_FIGURE = REPO / "docs" / "img" / "readme_times.png"   # README.md's fi
 
 @pytest.fixture(scope="module")
 def tables():
-    spec = importlib.util.spec_from_file_location("readme_tables", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("readme_tables", SCRIPT)
 
 
 @pytest.fixture(scope="module")
