@@ -156,13 +156,6 @@ def naive_step(op: HyenaOperator, x_t: Tensor, cache: NaiveHyenaCache) -> Tensor
 
 # ---------------------------------------------------------------- timing
 
-# UNTIMED_FIRST: the baselines timed at every k-th position (--baseline-stride) run there once
-# untimed before they are timed, so each timing is that position's steady per-token cost. A
-# one-off cost paid at a timed position (a kernel loaded on its first use, an FFT plan, a BLAS
-# heuristic for a new shape) would count k times in the estimated total: on an H100 (session 34,
-# B=1, C=256, L=8192, k=64) the naive method's first six timed positions took up to 23 ms against
-# 0.04 ms after them, and its estimated total came to 5.0 s against 0.26 s for the same calls
-# streamed after them.
 @contextlib.contextmanager
 def python_gc_paused(paused: bool):
     """Python's cyclic collector off for the block (the objects alive at its start frozen out of
@@ -182,6 +175,13 @@ def python_gc_paused(paused: bool):
             gc.enable()
 
 
+# UNTIMED_FIRST: the baselines timed at every k-th position (--baseline-stride) run there once
+# untimed before they are timed, so each timing is that position's steady per-token cost. A
+# one-off cost paid at a timed position (a kernel loaded on its first use, an FFT plan, a BLAS
+# heuristic for a new shape) would count k times in the estimated total: on an H100 (session 34,
+# B=1, C=256, L=8192, k=64) the naive method's first six timed positions took up to 23 ms against
+# 0.04 ms after them, and its estimated total came to 5.0 s against 0.26 s for the same calls
+# streamed after them.
 def timed(fn: Callable[[], T], device: torch.device) -> tuple[T, float]:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
