@@ -216,6 +216,12 @@ at::Tensor conv_forward_gated_z(const at::Tensor& u_in, const at::Tensor& spectr
                                 const std::optional<at::Tensor>& skip_in, const std::optional<at::Tensor>& pregate_in,
                                 const std::optional<at::Tensor>& postgate_in, c10::string_view precision,
                                 at::Tensor* z_out, at::Tensor* u_spectrum_out = nullptr);
+
+// The shape of u's kept four-step spectrum X at FFT size N: (B, C, P/2+1, M, 2) float32, the
+// forward's output and the backward's input (fftconv_keeping_spectrum, fftconv_backward_from_spectrum).
+std::vector<int64_t> kept_spectrum_sizes(const at::Tensor& u, int64_t fft_size) {
+  return {u.size(0), u.size(1), mf::fourstep_rows(fft_size), mf::fourstep_inner_size(fft_size), 2};
+}
 bool forward_uniform_pairs_from_env();  // beside the other switches, below
 mf::TensorCoreKernel tc_kernel_from_env();  // the same
 void engine_switches_from_env(mf::ConvForwardParams& p);  // the same
@@ -277,10 +283,8 @@ at::Tensor conv_forward_gated_z(const at::Tensor& u_in, const at::Tensor& spectr
   if (z_out != nullptr) *z_out = at::empty(u.sizes(), u.options());
   const bool fourstep = split.fft_size >= mf::kFourStepMinSize;
   if (u_spectrum_out != nullptr) {
-    *u_spectrum_out = fourstep ? at::empty({u.size(0), u.size(1), mf::fourstep_rows(split.fft_size),
-                                            mf::fourstep_inner_size(split.fft_size), 2},
-                                           u.options().dtype(at::kFloat))
-                               : at::empty({0}, u.options().dtype(at::kFloat));
+    *u_spectrum_out = at::empty(fourstep ? kept_spectrum_sizes(u, split.fft_size) : std::vector<int64_t>{0},
+                                u.options().dtype(at::kFloat));
   }
   if (y.numel() == 0) return y;
 
@@ -1059,8 +1063,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fftconv_backward_from_spectrum(
                               split.fft_size, "), got ", u_spectrum.sizes()));
     return backward_impl(grad, u, spectrum, skip, filter_len, precision, false);
   }
-  const std::vector<int64_t> expected{u.size(0), u.size(1), mf::fourstep_rows(split.fft_size),
-                                      mf::fourstep_inner_size(split.fft_size), 2};
+  const std::vector<int64_t> expected = kept_spectrum_sizes(u, split.fft_size);
   TORCH_CHECK_VALUE(u_spectrum.sizes() == at::IntArrayRef(expected) && u_spectrum.scalar_type() == at::kFloat &&
                         u_spectrum.is_contiguous() && u_spectrum.device() == u.device(),
                     message("monarch_fftconv: u_spectrum must be contiguous float32 ", at::IntArrayRef(expected),
