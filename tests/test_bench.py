@@ -1206,3 +1206,19 @@ def test_ab_builds_checks_the_switch_builds_both_and_alternates(tmp_path):
         for round_ in (1, 2):
             assert (out / f"ab_{build}_{round_}.log").read_text().strip() == "timing-line"
     assert done.stdout.count("timing-line") == 4 and "== variant, round 2 (status 0)" in done.stdout
+
+    # Several variants (';'): each built in its own directory at once, each tested; one whose
+    # tests fail is left out of the timing, the others alternate with the default.
+    order.unlink()
+    image, quads = "MONARCH_FFTCONV_ENGINE_FILTER_IMAGE=1", "MONARCH_FFTCONV_ENGINE_COALESCED_LOADS=1"
+    (repo / "picky_test.py").write_text("import os\n\ndef test_not_image():\n"
+                                        f"    assert os.environ['MONARCH_FFTCONV_NVCC_DEFINES'] != '{image}'\n")
+    several = ab(f"{image};{quads};{image},{quads}", TESTS=str(repo / "picky_test.py"), ROUNDS="1")
+    assert several.returncode == 0, several.stdout + several.stderr
+    builds = {name: f"defines={defines} dir=/tmp/ab_stub_build_{name}"
+              for name, defines in (("variant1", image), ("variant2", quads), ("variant3", f"{image},{quads}"))}
+    for name, line in builds.items():
+        assert (out / f"build_{name}.log").read_text().strip() == line + " jobs=1"
+    assert "variant1's tests failed" in several.stdout
+    assert order.read_text().splitlines() == [default, builds["variant2"], builds["variant3"]]
+    assert several.stdout.count("timing-line") == 3 and "== variant3, round 1 (status 0)" in several.stdout
