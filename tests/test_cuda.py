@@ -642,6 +642,28 @@ def test_conv_forward_op_refuses_inputs_that_need_gradients(gen):
     assert rel_l2(y, reference(u, k)) <= BUDGETS["fp32"]
 
 
+def test_gated_ops_take_the_cpp_autograd_kernel(gen):
+    """gated_conv_forward (gated inference) and gated_fftconv (the gated training step's forward)
+    have C++ kernels at AutogradCUDA, as conv_forward does (no Python shim a call): each refuses
+    a u that needs a gradient with grad mode on and, below it, gives the gated convolution."""
+    B, C, L = 2, 3, 999
+    u, k, skip = randn(gen, B, C, L, device=DEVICE), randn(gen, C, L, device=DEVICE), randn(gen, C, device=DEVICE)
+    pre, post = randn(gen, B, C, L, device=DEVICE), randn(gen, B, C, L, device=DEVICE)
+    for op in ("gated_conv_forward", "gated_fftconv"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"monarch_fftconv::{op}", "AutogradCUDA"), op
+    expected = post * (reference(pre * u, k) + skip[:, None] * pre * u)
+    spectrum = ops.filter_spectrum(k, L, "fp32")
+    with pytest.raises(RuntimeError, match="gated_conv_forward is not differentiable"):
+        ops.gated_conv_forward_op(u.clone().requires_grad_(), spectrum, skip, pre, post, "fp32")
+    with pytest.raises(RuntimeError, match="gated_fftconv is not differentiable"):
+        ops.gated_fftconv_op(u, k.clone().requires_grad_(), skip, pre, post, "fp32")
+    with torch.no_grad():
+        y = ops.gated_conv_forward_op(u.clone().requires_grad_(), spectrum, skip, pre, post, "fp32")
+        y2, z, _ = ops.gated_fftconv_op(u, k.clone().requires_grad_(), skip, pre, post, "fp32")
+    assert rel_l2(y, expected) <= BUDGETS["fp32"] and rel_l2(y2, expected) <= BUDGETS["fp32"]
+    assert rel_l2(post * z, expected) <= BUDGETS["fp32"]
+
+
 def test_module_sees_filter_writes_and_caches_on_request_on_gpu(gen):
     """At the fused kernels' largest Monarch size: a write through `.data` (no version bump) is
     seen by the next call; inside inference_cache() the cached spectrum gives the same result."""

@@ -1204,6 +1204,32 @@ at::Tensor conv_forward_autograd(const at::Tensor& u, const at::Tensor& spectrum
   return op.call(u, spectrum, skip, precision);
 }
 
+// The gated inference call (gated_conv_forward) and the gated training step's forward
+// (gated_fftconv, called inside functional.py's autograd Function, where grad mode is off): the
+// same refusal and redispatch, so a gated call, like a plain one, runs no Python at the autograd key.
+at::Tensor gated_conv_forward_autograd(const at::Tensor& u, const at::Tensor& spectrum,
+                                       const std::optional<at::Tensor>& skip, const std::optional<at::Tensor>& pregate,
+                                       const std::optional<at::Tensor>& postgate, c10::string_view precision) {
+  static const auto op =
+      op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                           const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, c10::string_view)>(
+          "monarch_fftconv::gated_conv_forward");
+  refuse_gradients("gated_conv_forward", u, spectrum, skip, pregate, postgate);
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return op.call(u, spectrum, skip, pregate, postgate, precision);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_fftconv_autograd(
+    const at::Tensor& u, const at::Tensor& k, const std::optional<at::Tensor>& skip,
+    const std::optional<at::Tensor>& pregate, const std::optional<at::Tensor>& postgate, c10::string_view precision) {
+  static const auto op = op_handle<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+      const std::optional<at::Tensor>&, c10::string_view)>("monarch_fftconv::gated_fftconv");
+  refuse_gradients("gated_fftconv", u, k, skip, pregate, postgate);
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return op.call(u, k, skip, pregate, postgate, precision);
+}
+
 std::tuple<at::Tensor, at::Tensor> fftconv_autograd(const at::Tensor& u, const at::Tensor& k,
                                                     const std::optional<at::Tensor>& skip,
                                                     c10::string_view precision) {
@@ -1259,6 +1285,8 @@ TORCH_LIBRARY_IMPL(monarch_fftconv, CUDA, m) {
 TORCH_LIBRARY_IMPL(monarch_fftconv, AutogradCUDA, m) {
   m.impl("fftconv", &fftconv_autograd);
   m.impl("conv_forward", &conv_forward_autograd);
+  m.impl("gated_conv_forward", &gated_conv_forward_autograd);
+  m.impl("gated_fftconv", &gated_fftconv_autograd);
 }
 
 // The library as a Python module (generation.py imports it for this class; the ops above need no
