@@ -7,8 +7,8 @@
 #   DEFINES=MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT=0 TESTS="tests/test_cuda_engine.py -k budget" \
 #     bash benchmarks/ab_builds.sh python3 benchmarks/bench_cufft.py \
 #     --shapes 16x256x8192,64x768x8192 --methods 'monarch[fp16]' --no-plots --no-profile
-#   DEFINES="MONARCH_FFTCONV_ENGINE_FILTER_IMAGE=1;MONARCH_FFTCONV_ENGINE_COALESCED_LOADS=1" \
-#     bash benchmarks/ab_builds.sh python3 benchmarks/kernel_times.py --shape 16x256x8192
+#   DEFINES="MONARCH_FFTCONV_FWD_PREFETCH_POINT=1;MONARCH_FFTCONV_FWD_PREFETCH_POINT=1,MONARCH_FFTCONV_FWD_DIRECT_SKIP=0" \
+#     bash benchmarks/ab_builds.sh python3 benchmarks/kernel_times.py --shape 16x256x8192 --io-dtype bfloat16
 #
 # DEFINES: one variant, NAME=VALUE[,NAME=VALUE...], or several separated by ';' (builds named
 # variant1, variant2, ...; one variant is named "variant"). Each is checked first (each entry a

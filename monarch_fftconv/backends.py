@@ -366,8 +366,10 @@ FUSED_GATED_TRAINING = True
 # fp32-accurate, so within every precision's budget. Its GPU test passed in session 30 (H100).
 GATED_CALLS_ON_FP32 = True
 
-# bf16/fp16 calls (ENGINE_ROUTE_PRECISIONS) at N = 16384 with fp32 I/O and at least
-# ENGINE_MIN_SEQUENCES sequences (B·C) routed to the tensor-core engine instead of the fp32 kernel.
+# bf16/fp16 calls (ENGINE_ROUTE_PRECISIONS) at N = 16384 with any I/O dtype (ENGINE_IO_DTYPES) and
+# at least ENGINE_MIN_SEQUENCES sequences (B·C) routed to the tensor-core engine instead of the fp32
+# kernel. 2-byte I/O since session 36 (H100, side by side with the fp32 kernel's same bf16 I/O:
+# 0.256 against 0.317 ms at 16x256x8192, 2.29 against 3.24 at 64x768x8192).
 # Through the public call, side by side with the fp32 kernel (H100, session 22): 0.303 against
 # 0.340 ms at 16x256x8192, 0.505 against 0.642 at 32x256, 2.71 against 3.59 at 64x768; a tie at
 # 2048 sequences, slower below. Error 3.9e-3 (bf16's budget 1e-2); fp16 at the peak exponent 7:
@@ -433,8 +435,8 @@ _decisions: dict[tuple, Backend] = {}
 
 # Which tensor-core kernel runs the 128x128 split (N = 16384) in bf16/fp16 (tc/dispatch.cu,
 # pick_hopper): unset, the tensor-core engine for bf16/fp16 calls of ENGINE_MIN_SEQUENCES or more
-# with fp32 I/O and the mma.sync kernel otherwise; "engine" the engine at any size (fp32 I/O only: docs/
-# design.md, "The next tensor-core engine"); "mma" the mma.sync kernel at any size; any other value
+# and the mma.sync kernel otherwise; "engine" the engine at any size (docs/design.md, "The next
+# tensor-core engine"); "mma" the mma.sync kernel at any size; any other value
 # is refused (here and by the binding: a misspelt name must not run another kernel). The binding
 # reads the same variable per call; here it names the kernel in explain() and keeps a named kernel
 # off the engine route.
@@ -451,9 +453,13 @@ def requested_tc_kernel() -> str:
     return choice
 
 
+# The I/O dtypes the engine reads and writes as they are (2-byte I/O since session 36).
+ENGINE_IO_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def engine_applies(plan: MonarchPlan, precision: str, dtype: torch.dtype) -> bool:
-    """Whether the tensor-core engine covers a call: split 128x128, bf16/fp16, fp32 I/O."""
-    return plan.factors == ENGINE_FACTORS and precision in ("bf16", "fp16") and dtype == torch.float32
+    """Whether the tensor-core engine covers a call: split 128x128, bf16/fp16, fp32/bf16/fp16 I/O."""
+    return plan.factors == ENGINE_FACTORS and precision in ("bf16", "fp16") and dtype in ENGINE_IO_DTYPES
 
 
 def _tensor_core_kernel(plan: MonarchPlan, precision: str, dtype: torch.dtype, sequences: int = 1) -> str:
@@ -593,9 +599,9 @@ def _decide(
     if ENGINE_ROUTE and engine_size and requested_tc_kernel() in ("", "engine"):
         return tensor_core_backend(
             plan, precision, dtype, ENGINE_MIN_SEQUENCES,
-            reason=f"B·C >= {ENGINE_MIN_SEQUENCES} sequences at N={plan.fft_size} with float32 I/O: the tensor-core "
-                   f"engine measured faster than the fp32 kernel there (H100: 1.10x at 16x256x8192, 1.24x at "
-                   f"64x768x8192)")
+            reason=f"B·C >= {ENGINE_MIN_SEQUENCES} sequences at N={plan.fft_size}: the tensor-core engine measured "
+                   f"faster than the fp32 kernel there (H100, float32 I/O: 1.10x at 16x256x8192, 1.24x at 64x768x8192; "
+                   f"bfloat16 I/O: 1.24x and 1.41x)")
     if (why := fp32_kernel_is_faster(precision, fills, plan.fft_size)) is not None:
         return fp32_kernel(plan, why, runs_as="fp32")
     return tensor_core_backend(plan, precision, dtype, ENGINE_MIN_SEQUENCES if engine_size else 1)

@@ -117,36 +117,7 @@ bool check_layouts(bool wrong) {
   return true;
 }
 
-// The coalesced producer loads (MONARCH_FFTCONV_ENGINE_COALESCED_LOADS): over every thread pt and
-// load n, quad q = quad_of(pt, n) holds samples t = 4q .. 4q + 3, stored at ring (s, r) with
-// t = 128 r + s: every element of a plane written exactly once, by one aligned 8-byte store of
-// 4 contiguous elements; and each load instruction of a warp (32 consecutive pt, one n) reads
-// 512 consecutive bytes of u.
-using QuadOf = std::function<int(int, int)>;
-bool check_quads(const QuadOf& quad_of) {
-  constexpr int kPer = Cfg::kPlaneQuads / Cfg::kWarpgroup;
-  std::vector<int> hits(Cfg::kRingElems, 0);
-  for (int pt = 0; pt < Cfg::kWarpgroup; ++pt)
-    for (int n = 0; n < kPer; ++n) {
-      const int q = quad_of(pt, n);
-      EXPECT(q >= 0 && q < Cfg::kPlaneQuads, "quad (%d, %d) = %d outside the plane", pt, n, q);
-      const int r = Cfg::quad_row(q), s0 = Cfg::quad_column(q);
-      EXPECT(r * kN2 + s0 == q * Cfg::kQuadSamples, "quad %d at (s %d, r %d) is not samples 4q..", q, s0, r);
-      const uint32_t o = Cfg::ring_offset(s0, r);
-      EXPECT(o % Cfg::kQuadSamples == 0, "quad %d's store not 8-byte aligned (element %u)", q, o);
-      for (int i = 0; i < Cfg::kQuadSamples; ++i) {
-        EXPECT(Cfg::ring_offset(s0 + i, r) == o + i, "quad %d's element %d not contiguous", q, i);
-        EXPECT(hits[o + i]++ == 0, "ring element %u written twice (quad %d)", o + i, q);
-      }
-      if (pt % 32 != 0) {
-        EXPECT(q == quad_of(pt - 1, n) + 1, "load %d of lanes %d, %d: not consecutive quads", n, pt - 1, pt);
-      }
-    }
-  for (int e = 0; e < Cfg::kRingElems; ++e) EXPECT(hits[e] == 1, "ring element %d written %d times", e, hits[e]);
-  return true;
-}
-
-// The filter images' workspace (MONARCH_FFTCONV_ENGINE_FILTER_IMAGE): channel c's image at a
+// The filter images' workspace (filter_image_kernel writes it): channel c's image at a
 // 16-byte aligned offset, kImageBytes long (the filter's words, then its unscales, as Smem holds
 // them), the images disjoint and inside `bytes`, the size the binding allocates.
 using ImagesBytes = std::function<size_t(int64_t)>;
@@ -426,7 +397,6 @@ int main() {
   const Maps maps;
   tally.must_pass("layouts: bijective, PTX SW128, CuTe's", check_layouts(false));
   tally.must_pass("tiles: F1 rows, hand-off halves", check_tiles());
-  tally.must_pass("coalesced producer loads: every ring element once", check_quads(Cfg::quad_of));
   tally.must_pass("filter images: aligned, disjoint, inside the workspace", check_filter_images(FilterImages<Cfg>::bytes));
   tally.must_pass("accumulator m64n128 = PTX D", check_accumulator(maps, 128));
   tally.must_pass("accumulator m64n64 = PTX D", check_accumulator(maps, 64));
@@ -444,14 +414,8 @@ int main() {
 
   // The same checks on deliberately wrong maps.
   tally.must_reject("wrong: ring stores unswizzled", [] { return check_layouts(true); });
-  tally.must_reject("wrong: a thread's quads adjacent (the default's strided pattern)", [] {
-    return check_quads([](int pt, int n) { return pt * (Cfg::kPlaneQuads / Cfg::kWarpgroup) + n; });
-  });
   tally.must_reject("wrong: a workspace without the unscales", [] {
     return check_filter_images([](int64_t channels) { return size_t(channels) * Cfg::kFilterBytes; });
-  });
-  tally.must_reject("wrong: quads overlapping", [] {
-    return check_quads([](int pt, int n) { return (pt + Cfg::kWarpgroup * n) / 2; });
   });
   Maps m = maps;
   m.col = [](int q, int j, int e) { return 8 * j + 2 * e + q; };

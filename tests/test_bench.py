@@ -1210,13 +1210,13 @@ def test_ab_builds_checks_the_switch_builds_both_and_alternates(tmp_path):
     # Several variants (';'): each built in its own directory at once, each tested; one whose
     # tests fail is left out of the timing, the others alternate with the default.
     order.unlink()
-    image, quads = "MONARCH_FFTCONV_ENGINE_FILTER_IMAGE=1", "MONARCH_FFTCONV_ENGINE_COALESCED_LOADS=1"
-    (repo / "picky_test.py").write_text("import os\n\ndef test_not_image():\n"
-                                        f"    assert os.environ['MONARCH_FFTCONV_NVCC_DEFINES'] != '{image}'\n")
-    several = ab(f"{image};{quads};{image},{quads}", TESTS=str(repo / "picky_test.py"), ROUNDS="1")
+    first, second = "MONARCH_FFTCONV_FWD_PREFETCH_POINT=1", "MONARCH_FFTCONV_FWD_DIRECT_SKIP=0"
+    (repo / "picky_test.py").write_text("import os\n\ndef test_not_the_first():\n"
+                                        f"    assert os.environ['MONARCH_FFTCONV_NVCC_DEFINES'] != '{first}'\n")
+    several = ab(f"{first};{second};{first},{second}", TESTS=str(repo / "picky_test.py"), ROUNDS="1")
     assert several.returncode == 0, several.stdout + several.stderr
     builds = {name: f"defines={defines} dir=/tmp/ab_stub_build_{name}"
-              for name, defines in (("variant1", image), ("variant2", quads), ("variant3", f"{image},{quads}"))}
+              for name, defines in (("variant1", first), ("variant2", second), ("variant3", f"{first},{second}"))}
     for name, line in builds.items():
         assert (out / f"build_{name}.log").read_text().strip() == line + " jobs=1"
     assert "variant1's tests failed" in several.stdout

@@ -304,7 +304,7 @@ def test_engine_register_split_fits_the_pool_ptxas_gives(compiled_units, cubin_d
     assert compiled_units[source].returncode == 0, compiled_units[source].stderr[-4000:]
     kernels = {name: count for name, count in kernel_registers(cubin_dir / f"{source.stem}.cubin").items()
                if "engine_forward_kernel" in name}
-    assert len(kernels) == 2, kernels  # bf16 and fp16
+    assert len(kernels) == 6, kernels  # bf16 and fp16 operands x fp32, bf16 and fp16 I/O
     c = engine_constants()
     split = c["kWarpgroup"] * c["kProducerRegs"] + c["kConsumers"] * c["kWarpgroup"] * c["kConsumerRegs"]
     for name, at_entry in kernels.items():
@@ -316,35 +316,17 @@ def test_engine_register_split_fits_the_pool_ptxas_gives(compiled_units, cubin_d
 
 @needs_nvcc
 @needs_cutlass
-def test_engine_switches_written_without_a_gpu_compile_within_the_pool(tmp_path):
-    """The engine's unmeasured build switches (session 35, engine_switches.cuh) build, all at
-    once: the engine kernels (with MONARCH_FFTCONV_ENGINE_HALF_IO, six: bf16/fp16 operands x
-    fp32/bf16/fp16 I/O) keep the 168 registers at entry the 40/232 split is sized for, and the
-    image build has an image kernel for each. dispatch.cu builds with the switch too."""
-    switches = tuple(f"{name}=1" for name in ENGINE_SESSION_35_SWITCHES)
+def test_every_engine_instance_has_its_filter_image_kernel(compiled_units, cubin_dir):
+    """The engine's six instances (bf16/fp16 operands x fp32/bf16/fp16 I/O) each launch a
+    filter_image_kernel first (the producer copies a channel's image, never the spectrum): six of
+    those too, and no engine switch left (session 36 measured them and kept the image, the corner
+    by index and 2-byte I/O as the code, and deleted the coalesced loads)."""
     (source,) = [s for s in SOURCES if s.name == "engine_instances.cu"]
-    result = nvcc_check(source, tmp_path, switches)
-    assert result.returncode == 0, result.stderr[-4000:]
-    registers = kernel_registers(tmp_path / f"{source.stem}.cubin")
-    engine = {name: count for name, count in registers.items() if "engine_forward_kernel" in name}
-    assert len(engine) == 6 and set(engine.values()) == {engine_constants()["kRegsAtEntry"]}, engine
+    assert compiled_units[source].returncode == 0, compiled_units[source].stderr[-4000:]
+    registers = kernel_registers(cubin_dir / f"{source.stem}.cubin")
     assert sum("filter_image_kernel" in name for name in registers) == 6, sorted(registers)
-    (dispatch,) = [s for s in SOURCES if s.name == "dispatch.cu"]
-    result = nvcc_check(dispatch, tmp_path, switches)
-    assert result.returncode == 0, result.stderr[-4000:]
-
-
-ENGINE_SESSION_35_SWITCHES = ("MONARCH_FFTCONV_ENGINE_COALESCED_LOADS", "MONARCH_FFTCONV_ENGINE_FILTER_IMAGE",
-                              "MONARCH_FFTCONV_ENGINE_CORNER_BY_INDEX", "MONARCH_FFTCONV_ENGINE_HALF_IO")
-
-
-def test_the_engines_session_35_switches_are_build_switches_off_by_default():
-    """Each is a MONARCH_FFTCONV_NVCC_DEFINES switch (an #ifndef default in engine_switches.cuh),
-    and 0 there: none runs in a default build before a GPU has measured it."""
-    assert set(ENGINE_SESSION_35_SWITCHES) <= _extension._switch_macros()
-    text = (_extension.CSRC / "tc" / "engine_switches.cuh").read_text()
-    for name in ENGINE_SESSION_35_SWITCHES:
-        assert f"#ifndef {name}\n#define {name} 0\n#endif" in text, name
+    assert not any(name.startswith("MONARCH_FFTCONV_ENGINE_") and name != "MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT"
+                   for name in _extension._switch_macros())
 
 
 # setmaxnreg exists on sm_90a but not on sm_90; tcgen05 (Blackwell) not on sm_90a.
@@ -459,7 +441,7 @@ H200_SMS = 132
 @pytest.mark.parametrize("request_, dtype, kernel", [
     (None, torch.float32, "the mma.sync kernel"),
     ("engine", torch.float32, "the tensor-core engine"),
-    ("engine", torch.bfloat16, "the mma.sync kernel"),  # the engine takes fp32 I/O only: dispatch.cu
+    ("engine", torch.bfloat16, "the tensor-core engine"),  # 2-byte I/O too (session 36)
     ("mma", torch.float32, "the mma.sync kernel"),
 ])
 def test_explain_names_the_requested_tensor_core_kernel(hopper_kernels, monkeypatch, request_, dtype, kernel):
@@ -550,10 +532,10 @@ def test_half_precision_calls_that_fill_the_gpu_take_the_fp32_kernel(hopper_kern
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_the_engine_route_takes_large_float32_io_calls_at_n_16384(hopper_kernels, monkeypatch, precision):
-    """With ENGINE_ROUTE on, a bf16/fp16 call at N = 16384 with fp32 I/O and at least
-    ENGINE_MIN_SEQUENCES sequences takes the tensor cores, naming the engine and why; one
-    sequence fewer, 2-byte I/O, another N, or a kernel named in MONARCH_FFTCONV_TC_KERNEL other
+def test_the_engine_route_takes_large_calls_at_n_16384(hopper_kernels, monkeypatch, precision):
+    """With ENGINE_ROUTE on, a bf16/fp16 call at N = 16384 with fp32, bf16 or fp16 I/O and at
+    least ENGINE_MIN_SEQUENCES sequences takes the tensor cores, naming the engine and why; one
+    sequence fewer, float64 I/O, another N, or a kernel named in MONARCH_FFTCONV_TC_KERNEL other
     than the engine keep the fp32 kernel. The switch is on by default; off, nothing is routed."""
     cuda, plan, many = torch.device("cuda", 0), plan_for(8192), hopper_kernels.ENGINE_MIN_SEQUENCES
     monkeypatch.delenv(hopper_kernels.TC_KERNEL_ENV, raising=False)
@@ -566,7 +548,10 @@ def test_the_engine_route_takes_large_float32_io_calls_at_n_16384(hopper_kernels
     assert "the tensor-core engine" in routed.kernel and "measured faster than the fp32 kernel" in routed.reason
     assert hopper_kernels.select_backend(cuda, torch.float32, precision, plan, 16 * many) is routed
     assert hopper_kernels.select_backend(cuda, torch.float32, precision, plan, many - 1).name == "cuda-fp32"
-    assert hopper_kernels.select_backend(cuda, torch.bfloat16, precision, plan, many).name == "cuda-fp32"
+    for io_dtype in (torch.bfloat16, torch.float16):
+        two_byte = hopper_kernels.select_backend(cuda, io_dtype, precision, plan, many)
+        assert two_byte.name == "cuda-tensor-core" and "the tensor-core engine" in two_byte.kernel, io_dtype
+    assert hopper_kernels.select_backend(cuda, torch.float64, precision, plan, many).name != "cuda-tensor-core"
     assert hopper_kernels.select_backend(cuda, torch.float32, precision, plan_for(4096), many).name == "cuda-fp32"
     assert hopper_kernels.select_backend(cuda, torch.float32, "fp32", plan, many).name == "cuda-fp32"
     for named, route in (("mma", "cuda-fp32"), ("engine", "cuda-tensor-core")):
@@ -644,9 +629,11 @@ def test_the_engine_threshold_is_the_dispatchers():
     assert backends.ENGINE_ROUTE_PRECISIONS == ("bf16", "fp16")
     route = re.search(r"case TensorCoreKernel::kRoute:.*?;", source, re.S).group(0)
     assert "engine::pick(p)" in route and "precision" not in route
-    # The route keeps fp32 I/O (backends.engine_applies): a MONARCH_FFTCONV_ENGINE_HALF_IO build's
-    # 2-byte instances run only by name.
-    assert "p.io_type == IOType::kFloat32" in route
+    # Every I/O type (backends.engine_applies): the route filters none, and pick_io has all three.
+    assert "io_type" not in route
+    pick_io = re.search(r"tc::LaunchFn pick_io\(IOType io\) \{.*?\n\}", source, re.S).group(0)
+    assert sorted(re.findall(r"case IOType::k(\w+): return &launch<P, IOType::k\1>;", pick_io)) == [
+        "BFloat16", "Float16", "Float32"]
     pick = re.search(r"inline tc::LaunchFn pick\(const ConvForwardParams& p\) \{.*?\n\}", source, re.S).group(0)
     picked = re.findall(r"case Precision::k(\w+): return pick_io<Precision::k\1>\(p.io_type\);", pick)
     assert sorted(name.lower() for name in picked) == sorted(backends.ENGINE_ROUTE_PRECISIONS)

@@ -664,6 +664,27 @@ def test_gated_ops_take_the_cpp_autograd_kernel(gen):
     assert rel_l2(post * z, expected) <= BUDGETS["fp32"]
 
 
+def test_inference_cache_keeps_an_entry_per_stream(gen):
+    """Inside inference_cache() a CUDA layer's spectra are kept per stream (a refresh on one
+    stream never races a convolution reading the spectrum on another): a call on a side stream
+    makes a second entry, keyed by that stream's id as torch.cuda.Stream reports it (the cache asks
+    torch._C for the id alone), and both streams' outputs are the uncached call's."""
+    layer = mf.FFTConv(8, 1000).to(DEVICE)
+    x = randn(gen, 2, 8, 1000, device=DEVICE)
+    with torch.no_grad():
+        expected = layer(x)
+        side = torch.cuda.Stream()
+        with mf.inference_cache(layer):
+            on_default = layer(x)
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                on_side = layer(x)
+            torch.cuda.current_stream().wait_stream(side)
+            streams = {key[-1] for key in layer._spectra.entries}
+    assert streams == {torch.cuda.current_stream().stream_id, side.stream_id}
+    assert torch.equal(on_default, expected) and torch.equal(on_side, expected)
+
+
 def test_module_sees_filter_writes_and_caches_on_request_on_gpu(gen):
     """At the fused kernels' largest Monarch size: a write through `.data` (no version bump) is
     seen by the next call; inside inference_cache() the cached spectrum gives the same result."""

@@ -1,17 +1,15 @@
 """The Hopper tensor-core engine's forward (docs/design.md, "The next tensor-core engine"), run on
-request (MONARCH_FFTCONV_TC_KERNEL=engine) at N = 16384, bf16 and fp16 operands, fp32 I/O:
+request (MONARCH_FFTCONV_TC_KERNEL=engine) at N = 16384, bf16 and fp16 operands, fp32 I/O (and 2-byte I/O, below):
 the float64 budget with an odd batch (the last pair's partner is zeros) and L not a multiple
 of 128, the skip term folded into the spectrum, the NaN rule (a poisoned sequence does not
 reach its pair partner; the other pairs are bitwise unchanged), determinism, and that the
-request reaches the engine; and the route (backends.ENGINE_ROUTE) that sends large fp32-I/O
-calls to it. Skipped without a GPU. Each test runs in a child process under the
+request reaches the engine; and the route (backends.ENGINE_ROUTE) that sends large calls to it. Skipped without a GPU. Each test runs in a child process under the
 watchdog (conftest.py): the engine's first run hung, and a hang must fail, not stall the suite."""
 
 import pytest
 import torch
 
 import monarch_fftconv as mf
-from monarch_fftconv import _extension
 from monarch_fftconv.backends import BACKEND_ENV
 
 from helpers import BUDGETS, GPU_WATCHDOG_S, randn, reference, rel_l2, requires_cuda
@@ -146,6 +144,31 @@ def test_the_route_runs_the_engine_within_the_budget(length, precision, monkeypa
     assert torch.equal(routed, mf.fftconv(u, k, D=d, precision=precision))
 
 
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("io_dtype", [torch.bfloat16, torch.float16])
+def test_the_route_runs_the_engine_on_two_byte_io(io_dtype, precision, monkeypatch, gen):
+    """Session 36 put 2-byte I/O on the route: a public call of ENGINE_MIN_SEQUENCES sequences
+    at N = 16384 with bf16/fp16 u takes the engine's 2-byte instance (explain() and the launch
+    say so), y in u's dtype within the budget plus y's rounding, and the fp32-I/O engine's bits
+    on the same values, rounded (the same operands and arithmetic)."""
+    from monarch_fftconv import backends
+    monkeypatch.delenv(KERNEL_ENV, raising=False)
+    monkeypatch.setattr(backends, "_decisions", {})
+    batch, channels, length = 16, backends.ENGINE_MIN_SEQUENCES // 16, 8191
+    u = randn(gen, batch, channels, length, device=DEVICE).to(io_dtype)
+    k = randn(gen, channels, length, device=DEVICE) / length**0.5
+    d = randn(gen, channels, device=DEVICE)
+    info = mf.explain(u, k, D=d, precision=precision)
+    assert info["backend"] == "cuda-tensor-core" and "the tensor-core engine" in info["kernel"], info
+    y = poisoned_call(lambda: mf.fftconv(u, k, D=d, precision=precision), u)
+    assert y.dtype == io_dtype and torch.isfinite(y).all(), "unwritten (NaN) outputs"
+    assert rel_l2(y, reference(u, k, d)) <= BUDGETS[precision] + IO_ROUNDING[io_dtype]
+    assert torch.equal(mf.fftconv(u.float(), k, D=d, precision=precision).to(io_dtype), y)
+    io_type = {torch.bfloat16: "IOType)1", torch.float16: "IOType)2"}[io_dtype]
+    launched = kernels_launched(lambda: mf.fftconv(u, k, D=d, precision=precision))
+    assert any("engine_forward_kernel" in name and io_type in name for name in launched), launched
+
+
 @pytest.mark.parametrize("mean", [8.0, 64.0])
 def test_fp16_calls_of_the_route_size_stay_finite_on_inputs_with_a_mean(mean, monkeypatch, gen):
     """A public fp16 call of the route's size, u of mean 8 or 64 (a DC bin of 65536 or 524288 at
@@ -228,13 +251,10 @@ def test_an_unknown_engine_switch_value_is_refused(engine, monkeypatch, gen):
         mf.fftconv(u, k, precision="bf16")
 
 
-# MONARCH_FFTCONV_ENGINE_HALF_IO=1 builds (session 35, written without a GPU: benchmarks/ab_builds.sh
-# with TESTS naming this file runs these in the variant build): the engine takes 2-byte u and y.
-HALF_IO_BUILD = "-DMONARCH_FFTCONV_ENGINE_HALF_IO=1" in _extension.build_defines()
+# The engine takes 2-byte u and y (session 35's build switch, measured and made the code in session 36).
 IO_ROUNDING = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 
 
-@pytest.mark.skipif(not HALF_IO_BUILD, reason="needs a build with MONARCH_FFTCONV_ENGINE_HALF_IO=1")
 @pytest.mark.parametrize("io_dtype", list(IO_ROUNDING))
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("batch, length, channel_step", [(3, 8192, 1), (5, 8191, 1), (4, 4097, 2), (2, 8192, 3),

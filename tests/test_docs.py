@@ -91,8 +91,8 @@ README_RANGES = [
      lambda: (backends.FP32_KERNEL_POINTS_PER_SM, H200_SMS * backends.FP32_KERNEL_POINTS_PER_SM // TC_MAX,
               longest_input(TC_MAX))),
     ("the engine's split and route",  # and its precisions: backends.ENGINE_ROUTE_PRECISIONS
-     rf"At N = {SIZE}, {'/'.join(backends.ENGINE_ROUTE_PRECISIONS)} calls of B·C ≥ {SIZE} with fp32 I/O take the\s+"
-     rf"tensor-core engine",
+     rf"At N = {SIZE}, {'/'.join(backends.ENGINE_ROUTE_PRECISIONS)} calls of B·C ≥ {SIZE} with fp32, bf16 or fp16 I/O\s+"
+     rf"take the tensor-core engine",
      lambda: (TC_MAX, backends.ENGINE_MIN_SEQUENCES)),
     ("tf32 on tensor cores", rf"tf32 variant measured\s+slower than the fp32 kernel but on small calls at N ≤ {SIZE}",
      lambda: (backends.TF32_TENSOR_CORE_MAX_FFT,)),

@@ -77,7 +77,7 @@ struct ConvForwardParams {
   bool engine_early_filter_release;
   bool engine_pdl;
   // conv_forward_tensor_core_workspace_bytes() bytes, 16-byte aligned, where that is not 0 (the
-  // engine's filter images, MONARCH_FFTCONV_ENGINE_FILTER_IMAGE builds); otherwise unread.
+  // engine's filter images); otherwise unread.
   void* workspace;
 };
 

@@ -5,7 +5,6 @@
 // CUDA + CuTe headers only: never include torch here.
 
 #include "fftconv.h"
-#include "tc/engine_switches.cuh"  // MONARCH_FFTCONV_ENGINE_HALF_IO
 
 namespace monarch_fftconv {
 namespace tc {
@@ -26,16 +25,16 @@ template <Precision P, IOType IO>
 size_t workspace_bytes(const ConvForwardParams& p);
 
 // The tensor-core engine (docs/design.md, "The next tensor-core engine"): split 128 x 128,
-// bf16/fp16 operands, fp32 I/O (and 2-byte I/O in a MONARCH_FFTCONV_ENGINE_HALF_IO build, on
-// request only); calls of kEngineMinSequences or more, or any size on request
-// (MONARCH_FFTCONV_TC_KERNEL=engine). Any other call keeps the mma.sync kernel.
+// bf16/fp16 operands, fp32, bf16 or fp16 I/O; calls of kEngineMinSequences or more, or any size
+// on request (MONARCH_FFTCONV_TC_KERNEL=engine). Any other call keeps the mma.sync kernel.
 template <Precision P>
 tc::LaunchFn pick_io(IOType io) {
-#if MONARCH_FFTCONV_ENGINE_HALF_IO
-  if (io == IOType::kBFloat16) return &launch<P, IOType::kBFloat16>;
-  if (io == IOType::kFloat16) return &launch<P, IOType::kFloat16>;
-#endif
-  return io == IOType::kFloat32 ? &launch<P, IOType::kFloat32> : nullptr;
+  switch (io) {
+    case IOType::kFloat32: return &launch<P, IOType::kFloat32>;
+    case IOType::kBFloat16: return &launch<P, IOType::kBFloat16>;
+    case IOType::kFloat16: return &launch<P, IOType::kFloat16>;
+    default: return nullptr;
+  }
 }
 inline tc::LaunchFn pick(const ConvForwardParams& p) {
   switch (p.precision) {
@@ -58,9 +57,10 @@ inline size_t pick_workspace_bytes(const ConvForwardParams& p) {
 namespace {
 
 // Calls of at least this many sequences (B·C) take the engine where it applies (split 128 x 128,
-// bf16/fp16 operands, fp32 I/O) unless MONARCH_FFTCONV_TC_KERNEL names a kernel: measured faster
-// than the fp32 kernel from there (H100, session 20: 1.10x at 16x256x8192, 1.21x at 32x256, 1.24x
-// at 64x768; a tie at 2048 sequences, slower below). Smaller calls keep the mma.sync kernel.
+// bf16/fp16 operands, any I/O type) unless MONARCH_FFTCONV_TC_KERNEL names a kernel: measured
+// faster than the fp32 kernel from there (H100, session 20, fp32 I/O: 1.10x at 16x256x8192, 1.21x
+// at 32x256, 1.24x at 64x768; a tie at 2048 sequences, slower below; session 36, bf16 I/O: 1.24x at
+// 16x256x8192, 1.41x at 64x768). Smaller calls keep the mma.sync kernel.
 // backends.ENGINE_MIN_SEQUENCES mirrors it (tests/test_build.py checks).
 constexpr int64_t kEngineMinSequences = 4096;
 
@@ -76,10 +76,10 @@ tc::LaunchFn pick_hopper(const ConvForwardParams& p) {
     // same two): fp16 is back since session 30, its filter peak near 2^-7 (engine_traits.cuh's
     // kFilterPeakExponent); in session 29 the route took bf16 alone, as a peak near 1 overflowed
     // fp16 on inputs of mean 4-8 (docs/design.md, "fp16's range").
-    // The route takes fp32 I/O only: a MONARCH_FFTCONV_ENGINE_HALF_IO build's 2-byte instances
-    // run on request, until measured (backends.engine_applies says the same).
+    // Every I/O type since session 36 (2-byte I/O 1.24x / 1.41x the fp32 kernel's at 16x256x8192
+    // / 64x768x8192 on an H100; backends.engine_applies says the same).
     case TensorCoreKernel::kRoute:
-      return p.io_type == IOType::kFloat32 && p.batch * p.channels >= kEngineMinSequences ? engine::pick(p) : nullptr;
+      return p.batch * p.channels >= kEngineMinSequences ? engine::pick(p) : nullptr;
     case TensorCoreKernel::kEngine: return engine::pick(p);
     default: return nullptr;
   }

@@ -1,10 +1,9 @@
 // monarch_fftconv: the Hopper tensor-core engine's forward (docs/design.md, "The next tensor-core
 // engine"; its float64 data flow: tests/test_tc_engine_dataflow.py), split 128 x 128
-// (N = 16384), bf16/fp16 operands, fp32 accumulation, fp32 I/O (2-byte too
-// in a MONARCH_FFTCONV_ENGINE_HALF_IO build).
+// (N = 16384), bf16/fp16 operands, fp32 accumulation, fp32 or 2-byte (bf16/fp16) I/O.
 //
 // A persistent CTA of three warpgroups. The producer loads packed pairs z = u_a + i·u_b into a
-// two-stage ring and the channel's filter spectrum into a resident buffer; two consumer
+// two-stage ring and the channel's filter image (filter_image_kernel, launched first) into a resident buffer; two consumer
 // warpgroups run per job: stage 1 (SS), twiddle, stage 2 (RS, A = stage 1's accumulator),
 // filter, inverse 2 (RS), the one shared-memory hand-off, inverse 1 (SS), y_a = Re, y_b = Im.
 // Traits: tc/engine_traits.cuh. Parts: tc/engine_primitives.cuh (barriers, wgmma issue, helpers),
@@ -88,8 +87,7 @@ __global__ void __launch_bounds__(EngineTraits<P, IO>::kThreads, 1) engine_forwa
       mbar_init(&sm.empty[s], 4 * Cfg::kConsumers);  // every consumer warp, after stage 1
       mbar_init(&sm.done[s], 4 * Cfg::kConsumers);   // every consumer warp, after its y stores
     }
-    // The producer's threads after their stores, or its thread 0's arrival with the image's bulk copy.
-    mbar_init(&sm.filter_full, Cfg::kFilterImage ? 1 : Cfg::kWarpgroup);
+    mbar_init(&sm.filter_full, 1);  // the producer's thread 0, with the image's bulk copy
     mbar_init(&sm.filter_free, 4 * Cfg::kConsumers);
     for (int s = 0; s < Cfg::kStages; ++s) sm.nonfinite[s] = 0;  // cleared again as each is read
   }
@@ -108,7 +106,7 @@ __global__ void __launch_bounds__(EngineTraits<P, IO>::kThreads, 1) engine_forwa
 template <Precision P, IOType IO>
 size_t workspace_bytes(const ConvForwardParams& p) {
   using Cfg = EngineTraits<P, IO>;
-  return Cfg::kFilterImage ? FilterImages<Cfg>::bytes(p.channels) : 0;
+  return FilterImages<Cfg>::bytes(p.channels);
 }
 
 template <Precision P, IOType IO>
@@ -121,11 +119,10 @@ cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream) {
   const int64_t jobs = p.channels * jobs_per_channel(p.batch);
   const int64_t grid = jobs < int64_t(sms) ? jobs : int64_t(sms);
   if (grid == 0) return cudaSuccess;
-  if constexpr (Cfg::kFilterImage) {  // the channels' resident images, for the producer's bulk copies
-    if (p.workspace == nullptr || reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0) return cudaErrorInvalidValue;
-    filter_image_kernel<Cfg><<<dim3(unsigned(p.channels)), dim3(Cfg::kWarpgroup), 0, stream>>>(p);
-    if (const cudaError_t image_err = cudaGetLastError(); image_err != cudaSuccess) return image_err;
-  }
+  // The channels' resident images, for the producer's bulk copies.
+  if (p.workspace == nullptr || reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0) return cudaErrorInvalidValue;
+  filter_image_kernel<Cfg><<<dim3(unsigned(p.channels)), dim3(Cfg::kWarpgroup), 0, stream>>>(p);
+  if (const cudaError_t image_err = cudaGetLastError(); image_err != cudaSuccess) return image_err;
   if (!p.engine_pdl) {
     kernel<<<dim3(unsigned(grid)), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream>>>(p);
     return cudaGetLastError();

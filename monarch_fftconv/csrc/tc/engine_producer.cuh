@@ -1,6 +1,6 @@
 // monarch_fftconv: the tensor-core engine's producer warpgroup (tc/engine_kernel.cuh): the
 // packed pairs z = u_a + i·u_b into the ring, the L2 prefetch a job ahead, and the channel's
-// filter spectrum, scaled, into the resident buffer.
+// filter image into the resident buffer (one bulk copy a channel change).
 //
 // CUDA + CuTe headers only: never include torch here.
 #pragma once
@@ -27,9 +27,8 @@ __device__ __forceinline__ const typename Cfg::IoT* sequence_start(const ConvFor
   return static_cast<const typename Cfg::IoT*>(p.u) + (seq >= 0 ? seq * p.u_batch_stride + c * p.u_channel_stride : 0);
 }
 
-// MONARCH_FFTCONV_ENGINE_HALF_IO, 2-byte u: a chunk of 8 samples is one 16-byte load, a warp's
-// loads contiguous, two chunks (pt and pt + 128) in flight a thread as the fp32 path's two
-// loads. Where u's type is the operand type the bytes go into the ring as they are (the fp32
+// 2-byte u: a chunk of 8 samples is one 16-byte load, a warp's loads contiguous, two chunks
+// (pt and pt + 128) in flight a thread as the fp32 path's two loads. Where u's type is the operand type the bytes go into the ring as they are (the fp32
 // path rounds u to the operand type: a 2-byte u of that type is already rounded); otherwise
 // (bf16 u, fp16 operands and the reverse) each sample is widened and rounded.
 template <class Cfg>
@@ -78,7 +77,9 @@ __device__ __forceinline__ void load_plane_half(const ConvForwardParams& p, int 
   }
 }
 
-// The default: 16-byte stores of 8 consecutive s, a thread's two 16-byte loads adjacent.
+// fp32 u: 16-byte stores of 8 consecutive s, a thread's two 16-byte loads adjacent. (Loads of
+// 512 consecutive bytes a warp instruction, a thread's 4-sample quads apart, measured 6% slower
+// at 16x256x8192 in session 36 and were deleted.)
 template <class Cfg>
 __device__ __forceinline__ void load_plane_chunks(const ConvForwardParams& p, int seq, int c, bool vec_ok,
                                                   uint32_t plane, int pt) {
@@ -105,49 +106,13 @@ __device__ __forceinline__ void load_plane_chunks(const ConvForwardParams& p, in
   }
 }
 
-// MONARCH_FFTCONV_ENGINE_COALESCED_LOADS: quads of 4 samples, a warp's 16-byte loads on 512
-// consecutive bytes (EngineTraits::quad_of), kQuadsInFlight loads issued before the first is
-// used; each quad one 8-byte store, half of a ring chunk (the swizzle moves whole 16-byte chunks).
-template <class Cfg>
-__device__ __forceinline__ void load_plane_quads(const ConvForwardParams& p, int seq, int c, bool vec_ok,
-                                                 uint32_t plane, int pt) {
-  using T = typename Cfg::T;
-  constexpr int kRounds = Cfg::kPlaneQuads / (Cfg::kWarpgroup * Cfg::kQuadsInFlight);  // 8
-  const int L = int(p.seq_len);
-  const float* u = sequence_start<Cfg>(p, seq, c);
-#pragma unroll 1
-  for (int round = 0; round < kRounds; ++round) {
-    float4 v[Cfg::kQuadsInFlight];
-#pragma unroll
-    for (int n = 0; n < Cfg::kQuadsInFlight; ++n) {
-      const int t0 = Cfg::quad_of(pt, Cfg::kQuadsInFlight * round + n) * Cfg::kQuadSamples;
-      if (seq >= 0 && vec_ok && t0 + 3 < L) {
-        v[n] = ld_stream(u + t0);
-      } else {
-        v[n].x = (seq >= 0 && t0 + 0 < L) ? __ldg(u + t0 + 0) : 0.0f;
-        v[n].y = (seq >= 0 && t0 + 1 < L) ? __ldg(u + t0 + 1) : 0.0f;
-        v[n].z = (seq >= 0 && t0 + 2 < L) ? __ldg(u + t0 + 2) : 0.0f;
-        v[n].w = (seq >= 0 && t0 + 3 < L) ? __ldg(u + t0 + 3) : 0.0f;
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < Cfg::kQuadsInFlight; ++n) {
-      const int quad = Cfg::quad_of(pt, Cfg::kQuadsInFlight * round + n);
-      st_shared_v2(plane + 2 * Cfg::ring_offset(Cfg::quad_column(quad), Cfg::quad_row(quad)),
-                   make_uint2(pack2<T>(v[n].x, v[n].y), pack2<T>(v[n].z, v[n].w)));
-    }
-  }
-}
-
 // One sequence (or zeros, seq < 0) into a ring plane (s, r): sample t = 128 r + s, rounded to
-// the operand type. The build's switches pick the load pattern (tc/engine_switches.cuh).
+// the operand type: one 16-byte load of 8 samples (2-byte u) or two (fp32 u).
 template <class Cfg>
 __device__ __forceinline__ void load_plane(const ConvForwardParams& p, int seq, int c, bool vec_ok,
                                            uint32_t plane, int pt) {
   if constexpr (Cfg::kHalfIo) {
     load_plane_half<Cfg>(p, seq, c, vec_ok, plane, pt);
-  } else if constexpr (Cfg::kCoalescedLoads) {
-    load_plane_quads<Cfg>(p, seq, c, vec_ok, plane, pt);
   } else {
     load_plane_chunks<Cfg>(p, seq, c, vec_ok, plane, pt);
   }
@@ -165,7 +130,7 @@ struct FilterUnscales {
   float output;   // the rest of 2^-e
 };
 
-// MONARCH_FFTCONV_ENGINE_FILTER_IMAGE: the workspace the engine reads its filters from, per
+// The workspace the engine reads its filters from (filter_image_kernel writes it), per
 // channel kImageBytes (16-byte aligned): the resident buffer's kFilterWords words, then its
 // unscales (handoff, output, two zeros), as Smem holds them.
 template <class Cfg>
@@ -190,7 +155,7 @@ __device__ __forceinline__ void prefetch_span(const void* first, int bytes, int 
 }
 
 // An item's inputs into L2, a job ahead of their loads: the samples t < min(L, N/2) that
-// load_plane reads of each sequence, and the channel's spectrum unless it is `resident`.
+// load_plane reads of each sequence, and the channel's filter image unless it is `resident`.
 template <class Cfg>
 __device__ __forceinline__ void prefetch_item(const ConvForwardParams& p, const Item& item, int resident, int pt) {
   const typename Cfg::IoT* u = static_cast<const typename Cfg::IoT*>(p.u) + item.channel * p.u_channel_stride;
@@ -198,11 +163,7 @@ __device__ __forceinline__ void prefetch_item(const ConvForwardParams& p, const 
   prefetch_span<Cfg>(u + item.seq_re * p.u_batch_stride, bytes, pt);
   if (item.seq_im >= 0) prefetch_span<Cfg>(u + item.seq_im * p.u_batch_stride, bytes, pt);
   if (item.channel != resident) {
-    if constexpr (Cfg::kFilterImage) {
-      prefetch_span<Cfg>(FilterImages<Cfg>::words(p.workspace, item.channel), int(Cfg::kImageBytes), pt);
-    } else {
-      prefetch_span<Cfg>(channel_spectrum<Cfg>(p, item.channel), Cfg::kFilterRows * Cfg::kN2 * int(sizeof(float2)), pt);
-    }
+    prefetch_span<Cfg>(FilterImages<Cfg>::words(p.workspace, item.channel), int(Cfg::kImageBytes), pt);
   }
 }
 
@@ -232,10 +193,10 @@ __device__ __forceinline__ void for_each_filter_word(const float2* spec, int pt,
 // peak gives e in [-127 - p, 149 - p]: 2^e itself overflows from e = 128 (a peak below 2^-(127+p);
 // 0·inf made such a channel NaN), so it is applied as two normal factors, 2^(e/2) then the rest,
 // exact wherever the result is normal; the hand-off's share is kept at least -127, so both
-// unscales are powers of two in [2^-136, 2^127]. The pieces below are shared by the producer's
-// two passes (filter_peak reads only global memory and the producer's own sm.peak, so it runs
-// while the consumers still use the previous channel's filter; filter_store after they release
-// it) and by filter_image_kernel (MONARCH_FFTCONV_ENGINE_FILTER_IMAGE), so both make the same bits.
+// unscales are powers of two in [2^-136, 2^127]. filter_image_kernel composes the pieces below,
+// a CTA a channel, before the engine runs. (Until session 36 the producer made the same words in
+// two passes over the spectrum at each channel change, 16% of its time; the consumers waited for
+// it 10.8% of theirs. The image and one bulk copy measured 6.6% faster at 16x256x8192.)
 struct FilterScale {
   float skip;  // D/N
   int e;
@@ -284,31 +245,8 @@ __device__ __forceinline__ FilterUnscales filter_unscales(int e) {
   return FilterUnscales{ldexpf(1.0f, -to_handoff), ldexpf(1.0f, to_handoff - e)};
 }
 
-template <class Cfg>
-__device__ __forceinline__ FilterScale filter_peak(const ConvForwardParams& p, int c, typename Cfg::Smem& sm, int pt) {
-  const float skip = filter_skip<Cfg>(p, c);
-  float peak = filter_column_peak<Cfg>(p, c, skip, pt);
-  // Every producer thread has read the previous channel's peaks: with this pass ahead of
-  // filter_free, nothing else orders those reads before these writes.
-  named_sync(Cfg::kBarProducer, Cfg::kWarpgroup);
-  if (pt % 32 == 0) st_shared(smem_address(&sm.peak[pt / 32]), __float_as_uint(peak));  // as filter_store's
-  named_sync(Cfg::kBarProducer, Cfg::kWarpgroup);
-  peak = fmaxf(fmaxf(sm.peak[0], sm.peak[1]), fmaxf(sm.peak[2], sm.peak[3]));
-  return FilterScale{skip, filter_exponent<Cfg>(peak)};
-}
-template <class Cfg>
-__device__ __forceinline__ void filter_store(const ConvForwardParams& p, int c, FilterScale scale,
-                                             typename Cfg::Smem& sm, int pt) {
-  const uint32_t filter = smem_address(sm.filter);  // 32-bit addresses: the producer has 40 registers
-  for_each_scaled_word<Cfg>(p, c, scale, pt, [&](int word, uint32_t value) { st_shared(filter + 4 * word, value); });
-  if (pt == 0) {  // the previous channel's last job reads them until filter_free
-    const FilterUnscales unscale = filter_unscales<Cfg>(scale.e);
-    sm.handoff_unscale = unscale.handoff;
-    sm.output_unscale = unscale.output;
-  }
-}
-
-// One CTA of kWarpgroup threads a channel: filter_peak and filter_store's work, into the image.
+// One CTA of kWarpgroup threads a channel: its peak, exponent, scaled words and unscales, into
+// the channel's image (FilterImages).
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kWarpgroup) filter_image_kernel(const ConvForwardParams p) {
   __shared__ float peaks[Cfg::kWarpgroup / 32];
@@ -377,14 +315,7 @@ __device__ void producer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
       // barrier's parity 1 counts as complete). That release is this item's kItemReleaseFirst or
       // an earlier item's kItemReleaseAfter, made by consumers that need nothing more from the
       // producer than the items already published: no cycle (FilterPlan).
-      if constexpr (Cfg::kFilterImage) {
-        if (pt == 0) filter_copy<Cfg>(p, item.channel, sm, (filter_loads & 1) ^ 1);
-      } else {
-        const FilterScale scale = filter_peak<Cfg>(p, item.channel, sm, pt);
-        mbar_wait(&sm.filter_free, (filter_loads & 1) ^ 1);
-        filter_store<Cfg>(p, item.channel, scale, sm, pt);
-        mbar_arrive(&sm.filter_full);
-      }
+      if (pt == 0) filter_copy<Cfg>(p, item.channel, sm, (filter_loads & 1) ^ 1);
       ++filter_loads;
     }
     return stage;

@@ -15,7 +15,6 @@
 #include "fftconv.h"
 #include "common/limits.cuh"
 #include "tc/io_traits.cuh"
-#include "tc/engine_switches.cuh"
 
 // Where each channel's scaled filter spectrum peaks: [2^-p, 2^(1-p)) for p = this (docs/design.md,
 // "fp16's range"). 7 (the default since session 30) gives the engine's fp16 the mma.sync kernel's
@@ -221,17 +220,6 @@ struct EngineTraits {
                 "setmaxnreg takes multiples of 8 in [24, 256]");
   static constexpr int kStages = 2;  // the ring
   static constexpr int kU8PerThread = 8;  // consecutive samples a producer thread loads and stores (16 B)
-  // The coalesced loads' unit (MONARCH_FFTCONV_ENGINE_COALESCED_LOADS): a quad of 4 consecutive
-  // samples, one 16-byte load and one 8-byte store; thread pt's load n is quad pt + kWarpgroup·n,
-  // two in flight (the producer's 40 registers hold 8 samples, as the default's).
-  static constexpr bool kCoalescedLoads = MONARCH_FFTCONV_ENGINE_COALESCED_LOADS != 0;
-  static constexpr bool kCornerByIndex = MONARCH_FFTCONV_ENGINE_CORNER_BY_INDEX != 0;  // (the epilogues')
-  static constexpr int kQuadSamples = 4;
-  static constexpr int kPlaneQuads = kInputRows * kN2 / kQuadSamples;  // 2048
-  static constexpr int kQuadsInFlight = 2;
-  __host__ __device__ static constexpr int quad_of(int pt, int n) { return pt + kWarpgroup * n; }
-  __host__ __device__ static constexpr int quad_row(int quad) { return quad * kQuadSamples / kN2; }       // r
-  __host__ __device__ static constexpr int quad_column(int quad) { return quad * kQuadSamples % kN2; }    // s0
   // The filter is resident as (K + D/N)·2^e, largest component in [2^-p, 2^(1-p)), p =
   // kFilterPeakExponent. Of the 2^-e that undoes it, the 16-bit hand-off takes at most
   // 2^-kHandoffExponent and y the rest (fp32, exact): a tiny channel's hand-off then holds the
@@ -244,12 +232,9 @@ struct EngineTraits {
   // large as u's, whose DC bin Σu overflows fp16 from a mean of 4-8 at L = 8192 (the macro above).
   static constexpr int kFilterPeakExponent = MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT;
   static_assert(kFilterPeakExponent >= 0 && kFilterPeakExponent <= 10, "a peak between 2^-10 and 2");
-  // MONARCH_FFTCONV_ENGINE_FILTER_IMAGE: a channel's image is the resident buffer's bytes, and its
-  // unscales (handoff_unscale, output_unscale) two floats of a second array; one bulk copy moves
-  // the image (16-byte multiples, 16-byte aligned at each channel).
-  // A channel's image is the resident buffer's words and then its 16 bytes of unscales, as they
+  // The resident filter comes from a workspace of channel images (filter_image_kernel): a
+  // channel's image is the resident buffer's words and then its 16 bytes of unscales, as they
   // lie in Smem (filter, then the unscales): one bulk copy of kImageBytes brings both.
-  static constexpr bool kFilterImage = MONARCH_FFTCONV_ENGINE_FILTER_IMAGE != 0;
   static constexpr int kFilterWords = kFilterRows * kN2;
   static constexpr uint32_t kFilterBytes = kFilterWords * sizeof(uint32_t);  // 33,280
   static constexpr uint32_t kUnscaleBytes = 16;                              // two floats, padded
@@ -320,7 +305,7 @@ struct EngineTraits {
     T ring[kStages][2][kRingElems];      // stage, (Zr, Zi)
     uint32_t filter[kFilterWords];       // (re, im) words
     // Right after the filter (an image's bulk copy writes both): 2^-min(e, kHandoffExponent), at
-    // most 2^127 (filter_store), and the rest of 2^-e, for y.
+    // most 2^127 (filter_unscales), and the rest of 2^-e, for y.
     float handoff_unscale;
     float output_unscale;
     float unscale_pad[2];
@@ -328,7 +313,6 @@ struct EngineTraits {
     uint64_t filter_full, filter_free;
     Item item[kStages];
     uint32_t nonfinite[kStages];         // the checked item's flag
-    float peak[kWarpgroup / 32];         // the producer's reduction of the filter's largest component
   };
   static constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // + the base's alignment slack
 
@@ -343,8 +327,6 @@ struct EngineTraits {
   static_assert(kSmemBytes <= max_smem_per_cta(1), "one CTA per SM, within 227 KB");
   static_assert(kN1 == 128 && kN2 == 128, "split 128 x 128: one pair a job");
   static_assert(kTileRows * kConsumers == kN1, "a tile per consumer warpgroup covers a pair's rows");
-  static_assert(kPlaneQuads % (kWarpgroup * kQuadsInFlight) == 0, "every producer thread loads whole rounds of quads");
-  static_assert(kN2 % kQuadSamples == 0 && kU8PerThread % kQuadSamples == 0, "a quad lies in one row and one 16-byte chunk");
 };
 
 }  // namespace engine
