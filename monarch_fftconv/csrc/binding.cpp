@@ -309,7 +309,7 @@ at::Tensor conv_forward_gated_z(const at::Tensor& u_in, const at::Tensor& spectr
   } else {
     p.tc_kernel = tc_kernel_from_env();
     engine_switches_from_env(p);
-    at::Tensor workspace;  // the engine's filter images, in builds that have them; stream-ordered
+    at::Tensor workspace;  // the engine's filter images, where the engine runs the call; stream-ordered
     if (const size_t bytes = mf::conv_forward_tensor_core_workspace_bytes(p); bytes > 0) {
       workspace = at::empty({static_cast<int64_t>(bytes)}, u.options().dtype(at::kByte));
       p.workspace = workspace.data_ptr();
