@@ -25,6 +25,7 @@ cd "$(dirname "$0")/.."
 unset MONARCH_FFTCONV_NVCC_DEFINES  # the default build is the sources' defaults
 IFS=';' read -r -a variant_defines <<< "$DEFINES"
 for defines in "${variant_defines[@]}"; do
+  [ -n "${defines// /}" ] || { echo "DEFINES: an empty variant (';;' or a trailing ';')"; exit 2; }
   MONARCH_FFTCONV_NVCC_DEFINES=$defines python3 -c \
     'import sys; sys.path.insert(0, "."); from monarch_fftconv import _extension; print("variant:", *_extension.build_defines())' ||
     exit 2
@@ -43,7 +44,7 @@ build_env() {
   for i in "${!names[@]}"; do
     if [ "${names[$i]}" = "$1" ]; then
       echo "MONARCH_FFTCONV_NVCC_DEFINES=${variant_defines[$i]}"
-      echo "MONARCH_FFTCONV_BUILD_DIR=${VARIANT_BUILD_DIR:-${MONARCH_FFTCONV_BUILD_DIR}_$1}"
+      echo "MONARCH_FFTCONV_BUILD_DIR=${VARIANT_BUILD_DIR:-$MONARCH_FFTCONV_BUILD_DIR}_$1"
     fi
   done
 }
@@ -59,7 +60,7 @@ jobs_each=$(( ${MAX_JOBS:-16} / (count + 1) > 0 ? ${MAX_JOBS:-16} / (count + 1) 
 pids=()
 for build in default "${names[@]}"; do
   log="$OUT/build.log"; [ "$build" = default ] || log="$OUT/build_$build.log"
-  run_in "$build" env MAX_JOBS=$jobs_each bash -c "$(declare -f build_extension); build_extension '$log'" &
+  run_in "$build" env MAX_JOBS=$jobs_each bash -c "$(declare -f build_extension)"'; build_extension "$1"' _ "$log" &
   pids+=($!)
 done
 failed=0

@@ -2,8 +2,8 @@
 # The tensor-core kernels of the 128x128 split side by side, in one device call:
 #   bash benchmarks/compare_tc_kernels.sh          (writes under $OUT)
 # builds, runs the engine's GPU tests, then bench_cufft.py once per kernel request
-# (MONARCH_FFTCONV_TC_KERNEL: mma = the mma.sync kernel, engine = the tensor-core engine; the
-# engine takes fp32 I/O, so the rows are fp32 I/O) beside the fp32 kernel.
+# (MONARCH_FFTCONV_TC_KERNEL: mma = the mma.sync kernel, engine = the tensor-core engine; fp32
+# I/O rows) beside the fp32 kernel.
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh" > "$OUT/setup.log" 2>&1 || { tail -40 "$OUT/setup.log"; exit 1; }
 tail -1 "$OUT/setup.log"

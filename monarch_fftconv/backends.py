@@ -600,8 +600,8 @@ def _decide(
         return tensor_core_backend(
             plan, precision, dtype, ENGINE_MIN_SEQUENCES,
             reason=f"B·C >= {ENGINE_MIN_SEQUENCES} sequences at N={plan.fft_size}: the tensor-core engine measured "
-                   f"faster than the fp32 kernel there (H100, float32 I/O: 1.10x at 16x256x8192, 1.24x at 64x768x8192; "
-                   f"bfloat16 I/O: 1.24x and 1.41x)")
+                   f"faster than the fp32 kernel there (H100, session 36, float32 I/O: 1.13x at 16x256x8192, 1.29x at "
+                   f"64x768x8192; bfloat16 I/O: 1.24x and 1.41x; float16 and mixed I/O routed alike, unmeasured)")
     if (why := fp32_kernel_is_faster(precision, fills, plan.fft_size)) is not None:
         return fp32_kernel(plan, why, runs_as="fp32")
     return tensor_core_backend(plan, precision, dtype, ENGINE_MIN_SEQUENCES if engine_size else 1)

@@ -1222,3 +1222,5 @@ def test_ab_builds_checks_the_switch_builds_both_and_alternates(tmp_path):
     assert "variant1's tests failed" in several.stdout
     assert order.read_text().splitlines() == [default, builds["variant2"], builds["variant3"]]
     assert several.stdout.count("timing-line") == 3 and "== variant3, round 1 (status 0)" in several.stdout
+    empty = ab(f"{first};;{second}")  # an empty variant would rebuild the default under another name
+    assert empty.returncode == 2 and "an empty variant" in empty.stdout

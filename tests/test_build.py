@@ -535,8 +535,8 @@ def test_half_precision_calls_that_fill_the_gpu_take_the_fp32_kernel(hopper_kern
 def test_the_engine_route_takes_large_calls_at_n_16384(hopper_kernels, monkeypatch, precision):
     """With ENGINE_ROUTE on, a bf16/fp16 call at N = 16384 with fp32, bf16 or fp16 I/O and at
     least ENGINE_MIN_SEQUENCES sequences takes the tensor cores, naming the engine and why; one
-    sequence fewer, float64 I/O, another N, or a kernel named in MONARCH_FFTCONV_TC_KERNEL other
-    than the engine keep the fp32 kernel. The switch is on by default; off, nothing is routed."""
+    sequence fewer, another N, or a kernel named in MONARCH_FFTCONV_TC_KERNEL other than the
+    engine keep the fp32 kernel (float64 I/O: torch.fft). The switch is on by default; off, nothing is routed."""
     cuda, plan, many = torch.device("cuda", 0), plan_for(8192), hopper_kernels.ENGINE_MIN_SEQUENCES
     monkeypatch.delenv(hopper_kernels.TC_KERNEL_ENV, raising=False)
     assert hopper_kernels.ENGINE_ROUTE is True
@@ -551,7 +551,7 @@ def test_the_engine_route_takes_large_calls_at_n_16384(hopper_kernels, monkeypat
     for io_dtype in (torch.bfloat16, torch.float16):
         two_byte = hopper_kernels.select_backend(cuda, io_dtype, precision, plan, many)
         assert two_byte.name == "cuda-tensor-core" and "the tensor-core engine" in two_byte.kernel, io_dtype
-    assert hopper_kernels.select_backend(cuda, torch.float64, precision, plan, many).name != "cuda-tensor-core"
+    assert hopper_kernels.select_backend(cuda, torch.float64, precision, plan, many).name == "torch.fft"
     assert hopper_kernels.select_backend(cuda, torch.float32, precision, plan_for(4096), many).name == "cuda-fp32"
     assert hopper_kernels.select_backend(cuda, torch.float32, "fp32", plan, many).name == "cuda-fp32"
     for named, route in (("mma", "cuda-fp32"), ("engine", "cuda-tensor-core")):

@@ -65,7 +65,7 @@ FP32_EXPONENTS = range(-127, 150)
 
 
 # Where the scaled filter's peak lies: [2^-p, 2^(1-p)): engine_traits.cuh's kFilterPeakExponent,
-# the default of MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT (filter_peak's e = 1 - x - p), 7 since
+# the default of MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT (filter_exponent's e = 1 - x - p), 7 since
 # session 30 (docs/design.md, "fp16's range"). With p = 0, the old default, the filtered spectrum
 # is rounded to fp16 at the input spectrum's own size and overflows on inputs of mean 4-8
 # (L = 8192); with 7 fp16 reaches the mma.sync kernel's ceiling. The tests below measure both.
@@ -590,7 +590,7 @@ def test_a_filter_peak_near_2_to_the_minus_7_lifts_the_fp16_ceiling_and_keeps_th
 def test_the_models_scale_constants_are_the_kernels():
     """HANDOFF_EXPONENT and FILTER_PEAK_EXPONENT are engine_traits.cuh's (the latter's default,
     the build every GPU test runs unless MONARCH_FFTCONV_NVCC_DEFINES names another), and
-    filter_peak/filter_store apply them as the model does."""
+    filter_exponent/filter_unscales apply them as the model does."""
     import re
 
     from monarch_fftconv import _extension

@@ -7,6 +7,15 @@
 namespace monarch_fftconv {
 namespace engine {
 
+// dispatch.cu sizes every call's filter-image workspace with the fp32-I/O traits: an image holds
+// the filter in the operand type, whatever u's.
+template <Precision P>
+constexpr bool kImageBytesOfEveryIo =
+    EngineTraits<P, IOType::kBFloat16>::kImageBytes == EngineTraits<P, IOType::kFloat32>::kImageBytes &&
+    EngineTraits<P, IOType::kFloat16>::kImageBytes == EngineTraits<P, IOType::kFloat32>::kImageBytes;
+static_assert(kImageBytesOfEveryIo<Precision::kBF16> && kImageBytesOfEveryIo<Precision::kFP16>,
+              "an image's size does not depend on the I/O type (engine::pick_workspace_bytes)");
+
 template cudaError_t launch<Precision::kBF16, IOType::kFloat32>(const ConvForwardParams&, cudaStream_t);
 template cudaError_t launch<Precision::kFP16, IOType::kFloat32>(const ConvForwardParams&, cudaStream_t);
 template size_t workspace_bytes<Precision::kBF16, IOType::kFloat32>(const ConvForwardParams&);
