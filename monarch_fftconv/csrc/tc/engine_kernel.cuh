@@ -3,9 +3,10 @@
 // (N = 16384), bf16/fp16 operands, fp32 accumulation, fp32 or 2-byte (bf16/fp16) I/O.
 //
 // A persistent CTA of three warpgroups. The producer loads packed pairs z = u_a + i·u_b into a
-// two-stage ring and the channel's filter image (filter_image_kernel, launched first) into a resident buffer; two consumer
-// warpgroups run per job: stage 1 (SS), twiddle, stage 2 (RS, A = stage 1's accumulator),
-// filter, inverse 2 (RS), the one shared-memory hand-off, inverse 1 (SS), y_a = Re, y_b = Im.
+// two-stage ring and the channel's filter image (filter_image_kernel, launched first) into a
+// resident buffer; two consumer warpgroups run per job: stage 1 (SS), twiddle, stage 2 (RS,
+// A = stage 1's accumulator), filter, inverse 2 (RS), the one shared-memory hand-off, inverse 1
+// (SS), y_a = Re, y_b = Im.
 // Traits: tc/engine_traits.cuh. Parts: tc/engine_primitives.cuh (barriers, wgmma issue, helpers),
 // tc/engine_producer.cuh, tc/engine_consumer.cuh; here the tables, the kernel and its launcher.
 //

@@ -28,9 +28,10 @@ __device__ __forceinline__ const typename Cfg::IoT* sequence_start(const ConvFor
 }
 
 // 2-byte u: a chunk of 8 samples is one 16-byte load, a warp's loads contiguous, two chunks
-// (pt and pt + 128) in flight a thread as the fp32 path's two loads. Where u's type is the operand type the bytes go into the ring as they are (the fp32
-// path rounds u to the operand type: a 2-byte u of that type is already rounded); otherwise
-// (bf16 u, fp16 operands and the reverse) each sample is widened and rounded.
+// (pt and pt + 128) in flight a thread as the fp32 path's two loads. Where u's type is the
+// operand type the bytes go into the ring as they are (the fp32 path rounds u to the operand
+// type: a 2-byte u of that type is already rounded); otherwise (bf16 u, fp16 operands and the
+// reverse) each sample is widened and rounded.
 template <class Cfg>
 __device__ __forceinline__ void load_plane_half(const ConvForwardParams& p, int seq, int c, bool vec_ok,
                                                 uint32_t plane, int pt) {
@@ -286,7 +287,7 @@ __device__ void producer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
   const int pt = threadIdx.x % Cfg::kWarpgroup;
   const int batch = int(p.batch);    // 32-bit: the dispatch holds batch·channels below 2^31
   // Every 16-byte vector a load_plane reads is aligned: u's base, and each row's start (its
-  // strides in whole 16-byte vectors; t0 steps by 8 samples, or 4 in the quads).
+  // strides in whole 16-byte vectors; t0 steps by 8 samples).
   const bool vec_ok = (reinterpret_cast<uintptr_t>(p.u) % 16) == 0 && p.u_batch_stride % Cfg::kSamplesPer16B == 0 &&
                       p.u_channel_stride % Cfg::kSamplesPer16B == 0;
   uint32_t emitted = 0;          // items out: item n in stage n % 2
