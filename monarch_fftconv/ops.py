@@ -110,8 +110,10 @@ def _(k: Tensor, seq_len: int, precision: str) -> Tensor:
 # API rather than custom_op: custom_op's Python autograd and ADInplaceOrView kernels run at each
 # call outside inference_mode (~50 us a call on the CPU here, session 24, against ~20 for the op
 # itself; the refresh's 31 us of host time against the forward op's 13 on an H100, session 25).
-# The C++ autograd fallback passes them through (their mutated buffers never require grad);
-# binding.cpp registers their CUDA kernels.
+# The C++ autograd fallback passes conv_step_at through (its mutated buffers never require grad);
+# refresh_filter_spectrum has its own C++ kernel at AutogradCUDA (binding.cpp: the fallback cost
+# it twice conv_forward's host time, session 36), which refuses gradients and bumps the written
+# buffers' versions. binding.cpp registers both ops' CUDA kernels.
 _library = torch.library.Library("monarch_fftconv", "FRAGMENT")
 _library.define("refresh_filter_spectrum(Tensor k, Tensor(a!) source, Tensor(b!) spectrum, SymInt seq_len, "
                 "str precision) -> ()")

@@ -685,6 +685,29 @@ def test_inference_cache_keeps_an_entry_per_stream(gen):
     assert torch.equal(on_default, expected) and torch.equal(on_side, expected)
 
 
+def test_refresh_takes_the_cpp_autograd_kernel(gen):
+    """refresh_filter_spectrum (inference_cache's call) has a C++ kernel at AutogradCUDA: it
+    refuses written buffers that need a gradient with grad mode on, takes a filter that needs
+    one and records nothing (as the CPU reference), bumps the versions of the two buffers it
+    writes, as the ADInplaceOrView step it skips would, and brings the spectrum up to date."""
+    C, L = 5, 777
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("monarch_fftconv::refresh_filter_spectrum", "AutogradCUDA")
+    k = randn(gen, C, L, device=DEVICE)
+    source = k.clone()
+    spectrum = ops.filter_spectrum(source, L, "fp32")
+    with pytest.raises(RuntimeError, match="refresh_filter_spectrum is not differentiable"):
+        ops.refresh_filter_spectrum_op(k, source.clone().requires_grad_(), spectrum, L, "fp32")
+    changed = k.clone()
+    changed[2] += randn(gen, L, device=DEVICE)
+    versions = source._version, spectrum._version
+    ops.refresh_filter_spectrum_op(changed.requires_grad_(), source, spectrum, L, "fp32")
+    changed = changed.detach()
+    assert not (source.requires_grad or spectrum.requires_grad)
+    assert source._version > versions[0] and spectrum._version > versions[1]
+    assert torch.equal(source, changed)
+    assert torch.equal(spectrum, ops.filter_spectrum(changed, L, "fp32"))
+
+
 def test_module_sees_filter_writes_and_caches_on_request_on_gpu(gen):
     """At the fused kernels' largest Monarch size: a write through `.data` (no version bump) is
     seen by the next call; inside inference_cache() the cached spectrum gives the same result."""

@@ -1230,6 +1230,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_fftconv_autograd(
   return op.call(u, k, skip, pregate, postgate, precision);
 }
 
+// refresh_filter_spectrum (inference_cache's call on CUDA, once a forward): no derivative, and
+// the mutable op's autograd fallback cost twice conv_forward's host time (21 µs, session 36's
+// profile). This kernel refuses written buffers that need a gradient (k may: the refresh records
+// nothing, as the CPU's reference does), bumps the two buffers' versions as the ADInplaceOrView
+// step it skips would, and redispatches below both. seq_len is
+// never symbolic here: compiled graphs do not take the cache. Under inference_mode the
+// autograd keys are off and the CUDA kernel is called directly.
+void refresh_filter_spectrum_autograd(const at::Tensor& k, const at::Tensor& source, const at::Tensor& spectrum,
+                                      int64_t seq_len, c10::string_view precision) {
+  static const auto op = op_handle<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::SymInt,
+                                        c10::string_view)>("monarch_fftconv::refresh_filter_spectrum");
+  refuse_gradients("refresh_filter_spectrum", source, spectrum);
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    op.call(k, source, spectrum, c10::SymInt(seq_len), precision);
+  }
+  torch::autograd::impl::bump_version(source);
+  torch::autograd::impl::bump_version(spectrum);
+}
+
 std::tuple<at::Tensor, at::Tensor> fftconv_autograd(const at::Tensor& u, const at::Tensor& k,
                                                     const std::optional<at::Tensor>& skip,
                                                     c10::string_view precision) {
@@ -1287,6 +1307,7 @@ TORCH_LIBRARY_IMPL(monarch_fftconv, AutogradCUDA, m) {
   m.impl("conv_forward", &conv_forward_autograd);
   m.impl("gated_conv_forward", &gated_conv_forward_autograd);
   m.impl("gated_fftconv", &gated_fftconv_autograd);
+  m.impl("refresh_filter_spectrum", &refresh_filter_spectrum_autograd);
 }
 
 // The library as a Python module (generation.py imports it for this class; the ops above need no
