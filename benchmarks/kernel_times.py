@@ -6,6 +6,7 @@ multi-launch path (four-step, backward) dominates. Medians over --reps calls, af
     python benchmarks/kernel_times.py --shape 8x256x65536 --backward
     python benchmarks/kernel_times.py --shape 3x5x1000 --flush-l2   # as bench_cufft.py times tiny shapes
     python benchmarks/kernel_times.py --shape 16x256x8192 --backward --io-dtype bfloat16   # bf16 u, k, dy
+    python benchmarks/kernel_times.py --shape 16x256x8192 --backward --groups 16   # 16 filters, each for 16 channels
     python benchmarks/kernel_times.py --shape 16x256x4096 --fwd-uniform-pairs-ab   # the forward's pair sweep, =0 vs =1
     python benchmarks/kernel_times.py --shape 16x264x8192 --precision bf16 \
         --env-ab MONARCH_FFTCONV_ENGINE_EARLY_FILTER_RELEASE=0,1   # any switch the binding reads per call
@@ -55,6 +56,8 @@ def main() -> None:
                    help="dtype of u, k and dy (the kernels' I/O)")
     p.add_argument("--fwd-uniform-pairs-ab", action="store_true",
                    help=f"alternate {FWD_UNIFORM_PAIRS_ENV}=0 and =1 call by call; compare the forward kernels")
+    p.add_argument("--groups", type=int, default=None, metavar="G",
+                   help="a grouped filter bank of G rows (G dividing C): where a grouped call's time goes")
     p.add_argument("--env-ab", action="append", default=[], metavar="NAME=A,B",
                    help="alternate the call over these settings of NAME (repeatable: all combinations)")
     args = p.parse_args()
@@ -96,7 +99,8 @@ def main() -> None:
     set_uniform_pairs(settings[0] if not args.fwd_uniform_pairs_ab else None)  # as it was
     for name, t in device_events(prof, args.flush_l2):
         times[name].append(t)
-    print(f"{args.shape} {args.io_dtype} I/O, {args.precision} {'fwd+bwd' if args.backward else 'fwd'}: "
+    grouped = f" G={args.groups}" if args.groups else ""
+    print(f"{args.shape}{grouped} {args.io_dtype} I/O, {args.precision} {'fwd+bwd' if args.backward else 'fwd'}: "
           f"{mf.explain(u, k, precision=args.precision)['kernel']}{', L2 flushed before each call' if args.flush_l2 else ''}")
     if args.fwd_uniform_pairs_ab:
         print(f"  (each rep: a call with {FWD_UNIFORM_PAIRS_ENV}=0, then one with =1; per call: half of each)")
@@ -116,9 +120,12 @@ def workload(args) -> tuple[Callable[[], torch.Tensor], Callable[[], None], torc
     --backward a training step; it returns y), the L2 flush to run before it (a no-op without
     --flush-l2), and u and k."""
     b, c, length = (int(x) for x in args.shape.split("x"))
+    filters = c if args.groups is None else args.groups
+    if filters < 1 or c % filters:
+        raise SystemExit(f"--groups {args.groups}: must be a divisor of C = {c}")
     io_dtype = getattr(torch, args.io_dtype)
     u = torch.randn(b, c, length, device="cuda", dtype=io_dtype, requires_grad=args.backward)
-    k = (torch.randn(c, length, device="cuda") / length**0.5).to(io_dtype).requires_grad_(args.backward)
+    k = (torch.randn(filters, length, device="cuda") / length**0.5).to(io_dtype).requires_grad_(args.backward)
     g = torch.randn_like(u)
     buffer = None
     if args.flush_l2:

@@ -745,7 +745,10 @@ def test_gpu_timing_scripts_parse_their_options_on_the_cpu(script, options):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert all(option in proc.stdout for option in options), proc.stdout
     if script == "kernel_times.py":
-        assert "--fwd-uniform-pairs-ab" in proc.stdout
+        assert "--fwd-uniform-pairs-ab" in proc.stdout and "--groups" in proc.stdout
+        proc = subprocess.run([sys.executable, os.path.join(_BENCHMARKS, script), "--shape", "2x6x64", "--groups", "4"],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0 and "must be a divisor of C = 6" in proc.stderr, proc.stderr[-2000:]
 
 
 def test_kernel_times_env_ab_cuts_the_profile_into_calls_by_launch_count():
