@@ -366,7 +366,8 @@ def kernels_launched(fn) -> list[str]:
 @pytest.mark.watchdog(GPU_WATCHDOG_S)  # a new kernel (the filter sums alone): a hang fails, not stalls
 @pytest.mark.parametrize("batch, channels, groups, length, filter_len, io_dtype", [
     (3, 4, 4, 12345, 3001, torch.float32),  # N = 32768, odd sizes, Lk < L
-    (2, 6, 3, 16384, 16384, torch.float32),  # grouped, the whole length
+    (2, 6, 3, 16384, 16384, torch.float32),  # grouped (2 channels a row: read by shift), the whole length
+    (2, 9, 3, 12000, 5000, torch.float32),  # grouped, 3 channels a row: repeated rows
     (5, 3, 3, 9000, 1, torch.bfloat16),  # a one-tap filter, 2-byte I/O
     (2, 2, 2, 4097, 999, torch.float16),  # N = 16384: no split there, the fused kernel
     (3, 160, 160, 12345, 3001, torch.float32),  # C > SMs: a work item sums several sequences
@@ -590,12 +591,15 @@ def test_two_sided_backward_on_the_kernels(batch, channels, length, filter_len, 
 @pytest.mark.parametrize("route", ["auto", "global"])
 @pytest.mark.parametrize("batch, channels, groups, length, precision", [(3, 12, 3, 8192, "fp32"), (5, 8, 2, 1000, "fp32"),
                                                                         (2, 6, 1, 12345, "fp32"), (2, 6, 3, 40000, "fp32"),
-                                                                        (3, 8, 4, 777, "bf16")])
+                                                                        (3, 8, 4, 777, "bf16"), (2, 9, 3, 3001, "fp32"),
+                                                                        (4, 64, 2, 8191, "fp32")])
 def test_grouped_spectrum_on_the_kernels(route, batch, channels, groups, length, precision, monkeypatch, gen):
-    """A G-row spectrum on the CUDA ops (the binding repeats the rows for the kernels and sums
-    each group's filter gradient): the radix kernels on both accumulator routes (N up to
-    32768), four-step and tensor-core. y, du, dk (G rows, plain and two-sided) and dD against
-    float64; bitwise the same on a second call."""
+    """A G-row spectrum on the CUDA ops: the fp32 radix kernels read its rows by shift where C/G
+    is a power of two (4, 4, 32 channels a row here), the binding repeats them for 3 channels a
+    row and for the four-step and tensor-core kernels; each group's filter gradient is summed.
+    Both accumulator routes (N up to 32768). y, du, dk (G rows, plain and two-sided) and dD
+    against float64; bitwise the same on a second call; the shifted read gives the repeated
+    rows' bits."""
     monkeypatch.setenv(GRAD_ACCUMULATOR_ENV, route)
     filter_len = max(1, length // 3)
     u, grad = randn(gen, batch, channels, length, device=DEVICE), randn(gen, batch, channels, length, device=DEVICE)
@@ -619,6 +623,12 @@ def test_grouped_spectrum_on_the_kernels(route, batch, channels, groups, length,
     assert all(torch.equal(a, b) for a, b in zip(first, ops.fftconv_backward_op(grad, u, spectrum, D, filter_len, precision)))
     _, dk2, _ = ops.fftconv_backward_two_sided_op(grad, u, spectrum, D, filter_len, precision)
     assert rel_l2(dk2[:, 0], want_dk) <= 1.5 * BUDGETS["fp32"] and rel_l2(dk2[:, 1], want_rev) <= 1.5 * BUDGETS["fp32"]
+    # The same call on the rows repeated by hand (a row per channel, shift 0): the same bits.
+    repeated = spectrum.repeat_interleave(channels // groups, dim=0)
+    assert torch.equal(y, ops.conv_forward_op(u, repeated, D, precision))
+    du_r, dk_r, dskip_r = ops.fftconv_backward_op(grad, u, repeated, D, filter_len, precision)
+    assert torch.equal(du, du_r) and torch.equal(dskip, dskip_r)
+    assert torch.equal(dk, dk_r.unflatten(0, (groups, channels // groups)).sum(1))
 
 
 def test_double_backward_is_refused_with_a_clear_error(gen):

@@ -129,10 +129,23 @@ int64_t channels_per_filter(const at::Tensor& u, const at::Tensor& spectrum) {
 }
 
 // A grouped spectrum's rows repeated over their groups (a row per channel), as the kernels take
-// it; a per-channel spectrum as it is. (Reading row c / (C/G) in the kernels changed their
-// register allocation and spills: docs/design.md, "Groups in the ops".)
+// it; a per-channel spectrum as it is.
 at::Tensor per_channel_rows(const at::Tensor& spectrum, int64_t group_size) {
   return group_size > 1 ? spectrum.repeat_interleave(group_size, 0) : spectrum;
+}
+
+// The spectrum as a call's kernel reads it, and the row shift it reads it with
+// (ConvForwardParams::filter_row_shift): the plain (ungated) fp32 radix kernels (radix_fp32) take
+// a grouped bank as it is where its group size is a power of two, channel c reading row c >> shift
+// (a shift, not the division by C/G that grew their spills, docs/design.md "Groups in the ops");
+// every other kernel, and other group sizes, take it repeated to a row per channel.
+std::pair<at::Tensor, int> kernel_rows(const at::Tensor& spectrum, int64_t group_size, bool radix_fp32) {
+  if (group_size > 1 && radix_fp32 && is_pow2(group_size)) {
+    int shift = 0;
+    while ((int64_t(1) << shift) < group_size) ++shift;
+    return {spectrum, shift};
+  }
+  return {per_channel_rows(spectrum, group_size), 0};
 }
 
 // u as the kernels take it: (B, C, L), contiguous in time (copied once if it is not).
@@ -267,7 +280,6 @@ at::Tensor conv_forward_gated_z(const at::Tensor& u_in, const at::Tensor& spectr
   // z (the training step's) is stored by the fp32-io kernel only (kGatedStoresZ)
   const bool radix = split.fft_size < mf::kFourStepMinSize && kernel_precision == mf::Precision::kFP32 &&
                      (z_out == nullptr || u.scalar_type() == at::kFloat);
-  spectrum = per_channel_rows(spectrum, channels_per_filter(u, spectrum));
   if ((pregate || postgate || z_out) && !radix) {  // the gates around the conv, as ATen ops
     const at::Tensor x = pregate ? u.mul(*pregate) : u;
     at::Tensor conv = conv_forward_gated_z(x, spectrum, skip, std::nullopt, std::nullopt, precision, nullptr);
@@ -288,7 +300,12 @@ at::Tensor conv_forward_gated_z(const at::Tensor& u_in, const at::Tensor& spectr
   }
   if (y.numel() == 0) return y;
 
+  // The plain fp32 radix instances (not the GATED ones: filter_row) read grouped rows by shift.
+  const bool fp32_radix = !fourstep && kernel_precision == mf::Precision::kFP32 && !(pregate || postgate || z_out);
+  int row_shift = 0;
+  std::tie(spectrum, row_shift) = kernel_rows(spectrum, channels_per_filter(u, spectrum), fp32_radix);
   mf::ConvForwardParams p = forward_params(u, spectrum, skip, y, split);
+  p.filter_row_shift = row_shift;
   p.precision = kernel_precision;
   p.pregate = pregate ? pregate->data_ptr() : nullptr;
   p.postgate = postgate ? postgate->data_ptr() : nullptr;
@@ -963,10 +980,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
     return {du, dk, dskip};
   }
 
-  // The kernels take a row per channel: a grouped spectrum is repeated, and the kernels write
-  // the channels' filter gradients into a per-channel buffer, summed into dk's G rows at the
-  // end in channel order (deterministic); ungrouped, they write dk itself.
-  const at::Tensor per_channel = per_channel_rows(spectrum, group_size);
+  // A grouped spectrum: the radix grad kernel reads its G rows by shift where C/G is a power of
+  // two, every other kernel a repeat (kernel_rows); the kernels write the channels' filter
+  // gradients into a per-channel buffer, summed into dk's G rows at the end in channel order
+  // (deterministic); ungrouped, they write dk itself.
+  const bool gated = pregate || postgate;  // the GATED grad and forward instances take a row per channel
+  const auto [kernel_spectrum, row_shift] =
+      kernel_rows(spectrum, group_size, split.fft_size < mf::kFourStepMinSize && !gated);
   at::Tensor dk_channels = group_size == 1 ? dk
                            : two_sided     ? at::empty({channels, 2, filter_len}, fp32)
                                            : at::empty({channels, filter_len}, fp32);
@@ -975,15 +995,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
   };
   if (split.fft_size >= mf::kFourStepMinSize) {
     if (!two_sided) {
-      fourstep_backward(grad, u, per_channel, skip, split.fft_size, du, dk_channels, dskip, u_spectrum);
+      fourstep_backward(grad, u, kernel_spectrum, skip, split.fft_size, du, dk_channels, dskip, u_spectrum);
     } else {
       // The four-step kernels store the causal lags only, into a contiguous (C, Lk): the
       // negative ones are the causal lags of the time-reversed dy and u, a second backward
       // whose du is discarded.
       at::Tensor dk_causal = at::empty({channels, filter_len}, fp32), dk_anti = at::empty({channels, filter_len}, fp32);
       at::Tensor du_unused = at::empty(u.sizes(), u.options()), no_skip = at::empty({0}, fp32);
-      fourstep_backward(grad, u, per_channel, skip, split.fft_size, du, dk_causal, dskip);
-      fourstep_backward(grad.flip(-1).contiguous(), u.flip(-1).contiguous(), per_channel, std::nullopt,
+      fourstep_backward(grad, u, kernel_spectrum, skip, split.fft_size, du, dk_causal, dskip);
+      fourstep_backward(grad.flip(-1).contiguous(), u.flip(-1).contiguous(), kernel_spectrum, std::nullopt,
                         split.fft_size, du_unused, dk_anti, no_skip);
       dk_channels.select(1, 0).copy_(dk_causal);
       dk_channels.select(1, 1).copy_(dk_anti);
@@ -993,7 +1013,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
   }
 
   mf::ConvBackwardParams p{};
-  fill_backward(p, grad, u, per_channel, skip, du, dk_channels);
+  fill_backward(p, grad, u, kernel_spectrum, skip, du, dk_channels);
+  p.filter_row_shift = row_shift;
   p.grad_skip = skip ? dskip.data_ptr<float>() : nullptr;
   p.fft_size = static_cast<int>(split.fft_size);
   p.n1 = static_cast<int>(split.n1);
@@ -1020,8 +1041,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
   check_launch(mf::conv_backward_fp32(p, current_stream(u)));
   if (p.filter_grad_only) {  // du into its own buffer: the fused kernel's peak memory + the conjugated copy
     workspace.reset();  // stream-ordered: its block may serve the copy below
-    const at::Tensor conjugated = at::view_as_real(at::view_as_complex(per_channel).conj_physical());  // one pass
+    const at::Tensor conjugated = at::view_as_real(at::view_as_complex(kernel_spectrum).conj_physical());  // one pass
     mf::ConvForwardParams f = forward_params(grad, conjugated, skip, du, split);
+    f.filter_row_shift = row_shift;
     f.precision = mf::Precision::kFP32;
     f.uniform_pairs = forward_uniform_pairs_from_env();
     // Gated: the forward's load gate is the postgate, dx = corr(postgate ⊙ dy, k'). With a

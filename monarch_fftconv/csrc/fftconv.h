@@ -40,7 +40,7 @@ struct ConvForwardParams {
   const void* u;                  // element (b, c, t) at u[b·u_batch_stride + c·u_channel_stride + t]
   int64_t u_batch_stride;         // in elements
   int64_t u_channel_stride;       // in elements; the time stride is 1
-  const float* filter_spectrum;   // (channels, n1/2+1, n2, 2), see above
+  const float* filter_spectrum;   // (channels >> filter_row_shift, n1/2+1, n2, 2), see above
   const float* skip;              // (channels,) or nullptr: y += skip[c]·u
   void* y;                        // (batch, channels, seq_len), contiguous, io_type
   int64_t batch;
@@ -79,6 +79,11 @@ struct ConvForwardParams {
   // conv_forward_tensor_core_workspace_bytes() bytes, 16-byte aligned, where that is not 0 (the
   // engine's filter images); otherwise unread.
   void* workspace;
+  // Channel c reads spectrum row c >> filter_row_shift: 0, a row per channel; s > 0, a grouped
+  // bank of G = channels >> s rows, 2^s channels a row. The ungated fp32 radix kernels only
+  // (forward and grad; the gated instances refuse s > 0); every other kernel takes a row per
+  // channel (0). Last: the engine takes these params as its kernel argument, laid out as before.
+  int filter_row_shift;
 };
 
 // The gradients of one conv_forward call from dy = dL/dy, in fp32 arithmetic whatever the
@@ -124,6 +129,7 @@ struct ConvBackwardParams {
   const void* pregate;
   const void* postgate;
   void* grad_pregate;             // (batch, channels, seq_len) contiguous, io_type; required with pregate
+  int filter_row_shift;           // as in ConvForwardParams (ungated only); grad_filter keeps a row per channel
 };
 
 // The filter spectrum that ConvForwardParams takes, from the filter k (fp32 arithmetic):

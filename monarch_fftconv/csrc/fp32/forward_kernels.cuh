@@ -113,8 +113,8 @@ __device__ __forceinline__ void forward_sequences(const ForwardArgs<GATED>& a) {
       cf A[16], Bv[16];
       mid_forward<M>(re, im, tx, tables.mid, A, Bv);
       __syncthreads();  // all of Z is in registers: smem becomes the filter stage
-      if constexpr (UNIFORM_PAIRS) stage_forward_filter_uniform<LOGM>(stage, tx, a, seq);
-      else stage_forward_filter<LOGM>(stage, tx, a, seq);
+      if constexpr (UNIFORM_PAIRS) stage_forward_filter_uniform<LOGM>(stage, tx, a, seq, forward_row_shift<GATED>(a));
+      else stage_forward_filter<LOGM>(stage, tx, a, seq, forward_row_shift<GATED>(a));
       if constexpr (Choices::kPrefetchPoint == PrefetchPoint::kAfterFilterStage) prefetch_next(s);
 
       cf A2[16], B2[16];
@@ -135,7 +135,7 @@ __device__ __forceinline__ void forward_sequences(const ForwardArgs<GATED>& a) {
 // The ungated kernel (GATED false: the gated one is fftconv_fp32_gated_kernel, a kernel of its
 // own taking GatedKArgs, so that this one keeps its name, registers and code).
 template <int LOGM, typename IO, bool GATED>
-__global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) fftconv_fp32_kernel(const KArgs a) {
+__global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) fftconv_fp32_kernel(const PlainKArgs a) {
   static_assert(!GATED, "the gated forward is fftconv_fp32_gated_kernel");
   forward_sequences<LOGM, IO, false, false>(a);
 }
@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS)
 // covered split has n1 | M/16 (uniform_pairs_built).
 template <int LOGM, typename IO>
 __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS)
-    fftconv_fp32_uniform_pairs_kernel(const KArgs a) {
+    fftconv_fp32_uniform_pairs_kernel(const PlainKArgs a) {
   forward_sequences<LOGM, IO, false, true>(a);
 }
 
@@ -217,6 +217,9 @@ cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream) {
   ForwardArgs<GATED> a{};
   static_cast<KArgs&>(a) = conv_kargs<LOGM>(p);
   if constexpr (GATED) a.z = p.pre_postgate_out;
+  else a.row_shift = p.filter_row_shift;
+  if (p.filter_row_shift < 0 || p.filter_row_shift > 30 || (GATED && p.filter_row_shift != 0))
+    return cudaErrorInvalidValue;  // gated: a row per channel
   if (!kGatedStoresZ<IO> && p.pre_postgate_out != nullptr) return cudaErrorInvalidValue;  // no z store built
   // The skip is always folded into the spectrum. The direct form stays compiled, though never
   // used, because the register allocation depends on it: without it fp32 io at N <= 2048

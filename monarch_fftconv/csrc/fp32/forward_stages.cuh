@@ -30,6 +30,12 @@ struct GatedKArgs : KArgs {
   void* z;  // (B, C, L) contiguous, IO, or nullptr: not stored
 };
 
+// The ungated kernel's arguments: KArgs and the grouped bank's row shift (filter_row), a type of
+// its own so that KArgs, and with it GatedKArgs, keep their layout (filter_row says why).
+struct PlainKArgs : KArgs {
+  int row_shift;  // ConvForwardParams::filter_row_shift
+};
+
 // The io types whose gated forward stores z: fp32, the training step's (backends.
 // FUSED_GATE_IO_DTYPES). The 2-byte instances compile without the store: it grew their spills
 // (N = 16384: 88/92 -> 288/284 B); the binding gives them no z.
@@ -71,9 +77,16 @@ struct ForwardIoChoices {
       MONARCH_FFTCONV_FWD_DIRECT_SKIP >= 0 ? MONARCH_FFTCONV_FWD_DIRECT_SKIP == 1 : !(kChosen && LOGM <= 12);
 };
 
-// What the forward kernel takes: KArgs, or GatedKArgs for the GATED instance.
+// What the forward kernel takes: PlainKArgs, or GatedKArgs for the GATED instance.
 template <bool GATED>
-using ForwardArgs = std::conditional_t<GATED, GatedKArgs, KArgs>;
+using ForwardArgs = std::conditional_t<GATED, GatedKArgs, PlainKArgs>;
+
+// The row shift a forward instance reads its spectrum with: the gated ones take a row per channel.
+template <bool GATED>
+__device__ __forceinline__ int forward_row_shift(const ForwardArgs<GATED>& a) {
+  if constexpr (GATED) return 0;
+  else return a.row_shift;
+}
 
 // The CTA's twiddle tables, one per pass (built once per CTA: the grid is persistent).
 struct ForwardTables {
@@ -204,13 +217,14 @@ __device__ __forceinline__ void forward_p1(const float* sm, float* re, float* im
 // padded to n2+1 float2), with the skip folded in; ends with a barrier. The caller has
 // synchronized: all of Z is in registers, smem is free.
 template <int LOGM>
-__device__ __forceinline__ void stage_forward_filter(float2* stage, int tx, const KArgs& a, const ForwardSeq& seq) {
+__device__ __forceinline__ void stage_forward_filter(float2* stage, int tx, const KArgs& a, const ForwardSeq& seq,
+                                                     int row_shift) {
   constexpr int T = Plan<LOGM>::T;
   const bool valid = seq.valid;
   const int64_t c = seq.c;
   if (valid) {
-    const float2* Kc = a.K + c * (int64_t)((a.n1 / 2 + 1) * a.n2);
-    const int total = (a.n1 / 2 + 1) * a.n2;
+    const float2* Kc = filter_row(a, c, row_shift);
+    const int total = stage_entries(a);
     const int rowp = a.n2 + 1;
     for (int e = tx; e < total; e += T)
       cp_async8(stage + (e >> a.ln2) * rowp + (e & (a.n2 - 1)), Kc + e);
@@ -233,10 +247,10 @@ __device__ __forceinline__ void stage_forward_filter(float2* stage, int tx, cons
 // arithmetic; the same entries to the same slots, the same skip fold, the same barrier.
 template <int LOGM>
 __device__ __forceinline__ void stage_forward_filter_uniform(float2* stage, int tx, const KArgs& a,
-                                                             const ForwardSeq& seq) {
+                                                             const ForwardSeq& seq, int row_shift) {
   constexpr int T = Plan<LOGM>::T;
-  if (T % a.n2 == 0) stage_filter_begin_fixed_column<T>(stage, a, seq.c, seq.valid, tx);
-  else stage_filter_begin<T>(stage, a, seq.c, seq.valid, tx);
+  if (T % a.n2 == 0) stage_filter_begin_fixed_column<T>(stage, a, seq.c, row_shift, seq.valid, tx);
+  else stage_filter_begin<T>(stage, a, seq.c, row_shift, seq.valid, tx);
   stage_filter_end<T>(stage, a, seq.c, a.skip_fold && seq.valid, tx);
 }
 

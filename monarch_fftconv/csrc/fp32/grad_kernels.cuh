@@ -70,6 +70,7 @@ struct GradArgs {
   int64_t chunk;     // batch entries per work item (the last may have fewer)
   int64_t Lk;
   int chunks;
+  int row_shift;     // the ungated kernels' grouped rows (filter_row; in the padding before dpre)
   // The GATED grad kernel's (k.pregate, k.postgate: the gates, or nullptr): dpregate = u ⊙ dx,
   // (B, C, L) contiguous, given with k.pregate. Last, so the ungated kernels' fields keep their offsets.
   void* dpre;
@@ -265,8 +266,9 @@ __device__ __forceinline__ void grad_iterations(const GradArgs& g) {
     // The filter stage's copy runs while the accumulator sweep below waits on memory.
     if constexpr (WITH_DU) {
       __syncthreads();  // all of Z is in registers: smem becomes the filter stage
-      if (UNIFORM_PAIRS && T % a.n2 == 0) stage_filter_begin_fixed_column<T>(stage, a, c, valid, tx);
-      else stage_filter_begin<T>(stage, a, c, valid, tx);
+      const int row_shift = GATED ? 0 : g.row_shift;  // the gated kernel: a row per channel
+      if (UNIFORM_PAIRS && T % a.n2 == 0) stage_filter_begin_fixed_column<T>(stage, a, c, row_shift, valid, tx);
+      else stage_filter_begin<T>(stage, a, c, row_shift, valid, tx);
     }
 
     // acc += conj(X_u)·X_dy per pair, in a sweep of its own: the filter sweep below then
@@ -487,6 +489,9 @@ cudaError_t launch_grad(const ConvBackwardParams& p, cudaStream_t stream, size_t
   }
   GradArgs g{};
   g.k = conv_kargs<LOGM>(p);  // its y unused; its gates the gated kernel's
+  if (p.filter_row_shift < 0 || p.filter_row_shift > 30 || (GATED && p.filter_row_shift != 0))
+    return cudaErrorInvalidValue;  // gated: a row per channel
+  g.row_shift = p.filter_row_shift;
   if constexpr (GATED) {
     g.k.pregate = p.pregate;
     g.k.postgate = p.postgate;

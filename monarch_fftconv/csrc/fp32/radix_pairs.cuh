@@ -323,6 +323,14 @@ __device__ __forceinline__ void for_each_pair_uniform_moved(int tx, const cf (&A
 // n2 + 1 float2 (as the filter walk reads them). Each thread copies, and later adjusts, the
 // entries e = tx, tx + T, ...
 __host__ __device__ __forceinline__ int stage_entries(const KArgs& a) { return (a.n1 / 2 + 1) * a.n2; }
+// Channel c's spectrum row: row c >> row_shift, a grouped bank's row for its 2^row_shift channels
+// (ConvForwardParams::filter_row_shift; 0: a row per channel). The shift is not in KArgs: a field
+// more there, wherever placed, grew the gated forward kernels' spills from tens of bytes to
+// hundreds at their register cap (ptxas, session 37). The ungated forward kernels take it in
+// PlainKArgs, the grad kernels in GradArgs' padding; the gated ones pass 0, which folds away.
+__device__ __forceinline__ const float2* filter_row(const KArgs& a, int64_t c, int row_shift) {
+  return a.K + (c >> row_shift) * int64_t(stage_entries(a));
+}
 __host__ __device__ __forceinline__ int stage_index(const KArgs& a, int e) {
   return (e >> a.ln2) * (a.n2 + 1) + (e & (a.n2 - 1));
 }
@@ -337,20 +345,21 @@ __host__ __device__ __forceinline__ int stage_fixed_column_step(const KArgs& a) 
 // synchronized: smem is free); end waits for it, folds the skip term in when `fold` (K'[f] =
 // K[f] + D/N) and synchronizes.
 template <int T>
-__device__ __forceinline__ void stage_filter_begin(float2* stage, const KArgs& a, int64_t c, bool valid, int tx) {
+__device__ __forceinline__ void stage_filter_begin(float2* stage, const KArgs& a, int64_t c, int row_shift, bool valid,
+                                                   int tx) {
   if (!valid) return;
   const int total = stage_entries(a);
-  const float2* Kc = a.K + c * (int64_t)total;
+  const float2* Kc = filter_row(a, c, row_shift);
   for (int e = tx; e < total; e += T) cp_async8(stage + stage_index(a, e), Kc + e);
 }
 // begin where n2 | T (the uniform grad kernel's copy, where that holds): the same copies, by
 // stepped pointers instead of each entry's index arithmetic.
 template <int T>
-__device__ __forceinline__ void stage_filter_begin_fixed_column(float2* stage, const KArgs& a, int64_t c, bool valid,
-                                                                int tx) {
+__device__ __forceinline__ void stage_filter_begin_fixed_column(float2* stage, const KArgs& a, int64_t c,
+                                                                int row_shift, bool valid, int tx) {
   if (!valid) return;
   const int total = stage_entries(a), dst_step = stage_fixed_column_step<T>(a);
-  const float2* src = a.K + c * (int64_t)total + tx;
+  const float2* src = filter_row(a, c, row_shift) + tx;
   float2* dst = stage + stage_index(a, tx);
   for (int e = tx; e < total; e += T, src += T, dst += dst_step) cp_async8(dst, src);
 }

@@ -76,7 +76,7 @@ constexpr bool kPrefetchU = sizeof(IO) == 2;
 struct KArgs {
   const void* u;
   int64_t ubs, ucs;
-  const float2* K;  // (C, n1/2+1, n2)
+  const float2* K;  // (C, n1/2+1, n2), or a grouped bank's fewer rows (filter_row)
   const float* skip;
   void* y;
   int64_t B, C, L;

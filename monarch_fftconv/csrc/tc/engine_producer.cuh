@@ -119,6 +119,75 @@ __device__ __forceinline__ void load_plane(const ConvForwardParams& p, int seq, 
   }
 }
 
+// Both planes of an item (Cfg::kPairedLoads, MONARCH_FFTCONV_ENGINE_PAIRED_LOADS: unmeasured):
+// one loop over the chunks, each iteration loading the same chunks of seq_re and seq_im, every
+// 16-byte load issued before any is used (four a thread: one chunk of each sequence in fp32, two
+// in 2-byte I/O), each chunk's ring slot computed once for both planes. The ring's bytes are
+// load_plane's, plane by plane (a sequence < 0 gives zeros).
+template <class Cfg>
+__device__ __forceinline__ void load_planes(const ConvForwardParams& p, const Item& item, bool vec_ok,
+                                            uint32_t plane_re, uint32_t plane_im, int pt) {
+  using T = typename Cfg::T;
+  using IoT = typename Cfg::IoT;
+  using Io = typename Cfg::Io;
+  constexpr int kChunksPerRow = Cfg::kN2 / Cfg::kU8PerThread;        // 16
+  constexpr int kChunks = Cfg::kInputRows * kChunksPerRow;            // 1024
+  constexpr int kVectors = Cfg::kU8PerThread / Cfg::kSamplesPer16B;  // 16-byte loads a chunk: 2 (fp32) or 1
+  constexpr int kInFlight = 2 / kVectors;                            // chunks of each sequence an iteration
+  constexpr bool kAsIs = Cfg::kHalfIo && (std::is_same_v<T, cute::bfloat16_t> == std::is_same_v<IoT, __nv_bfloat16>);
+  static_assert(kVectors * Io::kVec == Cfg::kU8PerThread, "a chunk is whole 16-byte vectors");
+  static_assert(kChunks % (kInFlight * Cfg::kWarpgroup) == 0, "whole rounds");
+  const int L = int(p.seq_len);
+  const int seq[2] = {item.seq_re, item.seq_im};
+  const IoT* u[2] = {sequence_start<Cfg>(p, item.seq_re, item.channel), sequence_start<Cfg>(p, item.seq_im, item.channel)};
+  const uint32_t plane[2] = {plane_re, plane_im};
+#pragma unroll 1
+  for (int first = pt; first < kChunks; first += kInFlight * Cfg::kWarpgroup) {
+    uint4 raw[kInFlight][2][kVectors];
+    bool whole[kInFlight][2];
+#pragma unroll
+    for (int n = 0; n < kInFlight; ++n) {  // every load issued before any is used
+      const int t0 = (first + n * Cfg::kWarpgroup) * Cfg::kU8PerThread;  // chunk · 8 = 128 r + s0
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        whole[n][q] = seq[q] >= 0 && vec_ok && t0 + Cfg::kU8PerThread - 1 < L;
+#pragma unroll
+        for (int v = 0; v < kVectors; ++v)
+          raw[n][q][v] = whole[n][q] ? ld_stream_u4(u[q] + t0 + v * Cfg::kSamplesPer16B) : make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < kInFlight; ++n) {
+      const int chunk = first + n * Cfg::kWarpgroup;
+      const int r = chunk / kChunksPerRow, s0 = (chunk % kChunksPerRow) * Cfg::kU8PerThread;
+      const int t0 = r * Cfg::kN2 + s0;
+      const uint32_t slot = 2 * Cfg::ring_offset(s0, r);
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        if (kAsIs && whole[n][q]) {  // the operand type already: the bytes as they are
+          st_shared_v4(plane[q] + slot, raw[n][q][0]);
+          continue;
+        }
+        float x[Cfg::kU8PerThread];
+        if (whole[n][q]) {
+#pragma unroll
+          for (int v = 0; v < kVectors; ++v) {
+            float part[Io::kVec];
+            Io::unpack(raw[n][q][v], part);
+#pragma unroll
+            for (int i = 0; i < Io::kVec; ++i) x[v * Io::kVec + i] = part[i];
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < Cfg::kU8PerThread; ++i) x[i] = (seq[q] >= 0 && t0 + i < L) ? Io::load(u[q], t0 + i) : 0.0f;
+        }
+        st_shared_v4(plane[q] + slot,
+                     make_uint4(pack2<T>(x[0], x[1]), pack2<T>(x[2], x[3]), pack2<T>(x[4], x[5]), pack2<T>(x[6], x[7])));
+      }
+    }
+  }
+}
+
 // The channel's spectrum, (n1/2 + 1) x n2 words (re, im).
 template <class Cfg>
 __device__ __forceinline__ const float2* channel_spectrum(const ConvForwardParams& p, int c) {
@@ -302,8 +371,12 @@ __device__ void producer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
     const int stage = emitted % Cfg::kStages;
     mbar_wait(&sm.empty[stage], ((emitted / Cfg::kStages) & 1) ^ 1);
     if (item.channel >= 0) {
-      load_plane<Cfg>(p, item.seq_re, item.channel, vec_ok, smem_address(sm.ring[stage][0]), pt);
-      load_plane<Cfg>(p, item.seq_im, item.channel, vec_ok, smem_address(sm.ring[stage][1]), pt);
+      if constexpr (Cfg::kPairedLoads) {
+        load_planes<Cfg>(p, item, vec_ok, smem_address(sm.ring[stage][0]), smem_address(sm.ring[stage][1]), pt);
+      } else {
+        load_plane<Cfg>(p, item.seq_re, item.channel, vec_ok, smem_address(sm.ring[stage][0]), pt);
+        load_plane<Cfg>(p, item.seq_im, item.channel, vec_ok, smem_address(sm.ring[stage][1]), pt);
+      }
     }
     // The flags after the loads (fewer registers live through them: the producer has 40).
     if (item.channel >= 0) item.flags |= plan.flags(item.channel, release_after);
