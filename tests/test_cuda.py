@@ -592,11 +592,13 @@ def test_two_sided_backward_on_the_kernels(batch, channels, length, filter_len, 
 @pytest.mark.parametrize("batch, channels, groups, length, precision", [(3, 12, 3, 8192, "fp32"), (5, 8, 2, 1000, "fp32"),
                                                                         (2, 6, 1, 12345, "fp32"), (2, 6, 3, 40000, "fp32"),
                                                                         (3, 8, 4, 777, "bf16"), (2, 9, 3, 3001, "fp32"),
-                                                                        (4, 64, 2, 8191, "fp32")])
+                                                                        (4, 64, 2, 8191, "fp32"), (3, 8, 2, 200, "fp32")])
 def test_grouped_spectrum_on_the_kernels(route, batch, channels, groups, length, precision, monkeypatch, gen):
-    """A G-row spectrum on the CUDA ops: the fp32 radix kernels read its rows by shift where C/G
-    is a power of two (4, 4, 32 channels a row here), the binding repeats them for 3 channels a
-    row and for the four-step and tensor-core kernels; each group's filter gradient is summed.
+    """A G-row spectrum on the CUDA ops: the ungated fp32 radix kernels read its rows by shift
+    where C/G is a power of two (4, 4, 32 and 4 channels a row here, the last at N = 512 where the
+    forward's own-path instance runs; the bf16 case's fp32 backward reads by shift 1), the binding
+    repeats them for 3 channels a row and for the four-step and tensor-core kernels; each
+    group's filter gradient is summed.
     Both accumulator routes (N up to 32768). y, du, dk (G rows, plain and two-sided) and dD
     against float64; bitwise the same on a second call; the shifted read gives the repeated
     rows' bits."""
@@ -628,6 +630,34 @@ def test_grouped_spectrum_on_the_kernels(route, batch, channels, groups, length,
     assert torch.equal(y, ops.conv_forward_op(u, repeated, D, precision))
     du_r, dk_r, dskip_r = ops.fftconv_backward_op(grad, u, repeated, D, filter_len, precision)
     assert torch.equal(du, du_r) and torch.equal(dskip, dskip_r)
+    assert torch.equal(dk, dk_r.unflatten(0, (groups, channels // groups)).sum(1))
+
+
+@pytest.mark.parametrize("io_dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("uniform_pairs", ["0", "1"])
+@pytest.mark.parametrize("batch, channels, groups, length", [(3, 8, 2, 1000), (2, 16, 1, 9000), (2, 4, 2, 300)])
+def test_grouped_rows_by_shift_give_the_repeated_rows_bits(batch, channels, groups, length, io_dtype, uniform_pairs,
+                                                           monkeypatch, gen):
+    """The fp32 radix kernels on a G-row spectrum with C/G a power of two (read by shift) give
+    the bits of the same call on the rows repeated to one per channel: y, du, dk (summed per
+    group) and dD, for 2-byte u (the bf16/fp16 instances) and fp32 u, on the uniform pair sweep
+    and thread 0's own path (MONARCH_FFTCONV_FWD_UNIFORM_PAIRS / _GRAD_UNIFORM_PAIRS)."""
+    monkeypatch.setenv("MONARCH_FFTCONV_FWD_UNIFORM_PAIRS", uniform_pairs)
+    monkeypatch.setenv("MONARCH_FFTCONV_GRAD_UNIFORM_PAIRS", uniform_pairs)
+    filter_len = max(1, length // 2 + 1)
+    u = randn(gen, batch, channels, length, device=DEVICE).to(io_dtype)
+    grad = randn(gen, batch, channels, length, device=DEVICE).to(io_dtype)
+    k, D = randn(gen, groups, filter_len, device=DEVICE), randn(gen, channels, device=DEVICE)
+    spectrum = ops.filter_spectrum(k, length, "fp32")
+    repeated = spectrum.repeat_interleave(channels // groups, dim=0)
+    y = ops.conv_forward_op(u, spectrum, D, "fp32")
+    assert torch.equal(y, ops.conv_forward_op(u, repeated, D, "fp32"))
+    assert rel_l2(y, reference(u.float(), k.repeat_interleave(channels // groups, dim=0), D)) <= 2 * BUDGETS["fp32"] + (
+        0 if io_dtype == torch.float32 else 1e-2)
+    du, dk, dskip = ops.fftconv_backward_op(grad, u, spectrum, D, filter_len, "fp32")
+    du_r, dk_r, dskip_r = ops.fftconv_backward_op(grad, u, repeated, D, filter_len, "fp32")
+    assert torch.equal(du, du_r) and torch.equal(dskip, dskip_r)
+    assert dk.shape == (groups, filter_len)
     assert torch.equal(dk, dk_r.unflatten(0, (groups, channels // groups)).sum(1))
 
 
