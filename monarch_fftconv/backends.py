@@ -132,8 +132,8 @@ class _MonarchOps(Backend):
     """Runs the monarch_fftconv ops; the dispatcher picks their CPU or CUDA implementation.
 
     Grouped filters: the ops take a spectrum of G rows (G dividing C) and return a filter
-    gradient of G rows, each its channels' sum (inside, the fp32 radix kernels read the rows by
-    a shift where C/G is a power of two, other kernels take them repeated, and the channels'
+    gradient of G rows, each its channels' sum (inside, the ungated fp32 radix kernels read the
+    rows by a shift where C/G is a power of two, other kernels take them repeated, and the channels'
     gradients are summed after). Until that is measured (GROUPS_IN_KERNELS, off), the G filters are
     repeated over their groups before the op (`_filter_rows`), which then transforms C filters,
     each group's C/G times; a spectrum given to `conv` (inference_cache) is computed for the G
@@ -330,13 +330,14 @@ class Pending(Backend):
 FP32_KERNEL_POINTS_PER_SM = 32768
 # The share of one fp32-kernel wave from which a precision's call takes the fp32 kernel.
 TENSOR_CORE_WAVE_SHARE = {"bf16": 1.0, "fp16": 1.0, "tf32": 0.5}
-# Grouped filters given to the ops as their G rows (the ops repeat them for the kernels and sum
-# each group's filter gradient inside), instead of repeated to a row per channel before the op.
+# Grouped filters given to the ops as their G rows (the ops give them to the kernels, by shift or
+# repeated, and sum each group's filter gradient inside), instead of repeated to a row per
+# channel before the op.
 # Off: measured slower in session 19 (H100, 16x256x8192, 16 channels a filter, fwd+bwd: 0.984
 # against 0.967 ms with the rows repeated before the op; docs/design.md, "Groups in the ops"),
 # and in session 36 (0.8246 against 0.8091), when the binding repeated the spectrum's rows for
-# every kernel. Since session 37 the fp32 radix kernels read them by shift (C/G a power of two):
-# unmeasured, so still off.
+# every kernel. Since session 37 the ungated fp32 radix kernels read them by shift (C/G a power
+# of two): unmeasured, so still off.
 GROUPS_IN_KERNELS = False
 
 # The gates fused into the fp32 kernel (gated_conv_forward) for calls that record no gradient,

@@ -137,8 +137,8 @@ at::Tensor per_channel_rows(const at::Tensor& spectrum, int64_t group_size) {
 // The spectrum as a call's kernel reads it, and the row shift it reads it with
 // (ConvForwardParams::filter_row_shift): the plain (ungated) fp32 radix kernels (radix_fp32) take
 // a grouped bank as it is where its group size is a power of two, channel c reading row c >> shift
-// (a shift, not the division by C/G that grew their spills, docs/design.md "Groups in the ops");
-// every other kernel, and other group sizes, take it repeated to a row per channel.
+// (fp32/radix_pairs.cuh, filter_row; docs/design.md, "Groups in the ops"); every other kernel, and
+// other group sizes, take it repeated to a row per channel.
 std::pair<at::Tensor, int> kernel_rows(const at::Tensor& spectrum, int64_t group_size, bool radix_fp32) {
   if (group_size > 1 && radix_fp32 && is_pow2(group_size)) {
     int shift = 0;
@@ -1255,10 +1255,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_fftconv_autograd(
 // refresh_filter_spectrum (inference_cache's call on CUDA, once a forward): no derivative, and
 // the mutable op's autograd fallback cost twice conv_forward's host time (21 µs, session 36's
 // profile). This kernel refuses written buffers that need a gradient (k may: the refresh records
-// nothing, as the CPU's reference does), bumps the two buffers' versions as the ADInplaceOrView
-// step it skips would, and redispatches below both. seq_len is
-// never symbolic here: compiled graphs do not take the cache. Under inference_mode the
-// autograd keys are off and the CUDA kernel is called directly.
+// nothing, as the CPU's reference does), redispatches below autograd and ADInplaceOrView, and
+// bumps the two buffers' versions as the skipped ADInplaceOrView step would. seq_len is never
+// symbolic here: compiled graphs do not take the cache. Under inference_mode the autograd keys
+// are off and the CUDA kernel is called directly.
 void refresh_filter_spectrum_autograd(const at::Tensor& k, const at::Tensor& source, const at::Tensor& spectrum,
                                       int64_t seq_len, c10::string_view precision) {
   static const auto op = op_handle<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::SymInt,
