@@ -141,8 +141,8 @@ at::Tensor per_channel_rows(const at::Tensor& spectrum, int64_t group_size) {
 // other group sizes, take it repeated to a row per channel.
 std::pair<at::Tensor, int> kernel_rows(const at::Tensor& spectrum, int64_t group_size, bool radix_fp32) {
   if (group_size > 1 && radix_fp32 && is_pow2(group_size)) {
-    int shift = 0;
-    while ((int64_t(1) << shift) < group_size) ++shift;
+    int shift = 0;  // log2(group_size)
+    for (int64_t channels = 1; channels < group_size; channels *= 2) ++shift;
     return {spectrum, shift};
   }
   return {per_channel_rows(spectrum, group_size), 0};
