@@ -588,6 +588,7 @@ def test_two_sided_backward_on_the_kernels(batch, channels, length, filter_len, 
     assert torch.equal(du, du_causal) and torch.equal(dskip, dskip_causal)
 
 
+@pytest.mark.watchdog(GPU_WATCHDOG_S)  # rows by shift, written in session 37 without a GPU: a hang fails, not stalls
 @pytest.mark.parametrize("route", ["auto", "global"])
 @pytest.mark.parametrize("batch, channels, groups, length, precision", [(3, 12, 3, 8192, "fp32"), (5, 8, 2, 1000, "fp32"),
                                                                         (2, 6, 1, 12345, "fp32"), (2, 6, 3, 40000, "fp32"),
@@ -633,6 +634,7 @@ def test_grouped_spectrum_on_the_kernels(route, batch, channels, groups, length,
     assert torch.equal(dk, dk_r.unflatten(0, (groups, channels // groups)).sum(1))
 
 
+@pytest.mark.watchdog(GPU_WATCHDOG_S)  # rows by shift, written in session 37 without a GPU: a hang fails, not stalls
 @pytest.mark.parametrize("io_dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("uniform_pairs", ["0", "1"])
 @pytest.mark.parametrize("batch, channels, groups, length", [(3, 8, 2, 1000), (2, 16, 1, 9000), (2, 4, 2, 300)])

@@ -1,10 +1,11 @@
 """The Hopper tensor-core engine's forward (docs/design.md, "The next tensor-core engine"), run on
-request (MONARCH_FFTCONV_TC_KERNEL=engine) at N = 16384, bf16 and fp16 operands, fp32 I/O (and 2-byte I/O, below):
-the float64 budget with an odd batch (the last pair's partner is zeros) and L not a multiple
-of 128, the skip term folded into the spectrum, the NaN rule (a poisoned sequence does not
-reach its pair partner; the other pairs are bitwise unchanged), determinism, and that the
-request reaches the engine; and the route (backends.ENGINE_ROUTE) that sends large calls to it. Skipped without a GPU. Each test runs in a child process under the
-watchdog (conftest.py): the engine's first run hung, and a hang must fail, not stall the suite."""
+request (MONARCH_FFTCONV_TC_KERNEL=engine) at N = 16384, bf16 and fp16 operands, fp32 I/O (and
+2-byte I/O, below): the float64 budget with an odd batch (the last pair's partner is zeros) and
+L not a multiple of 128, the skip term folded into the spectrum, the NaN rule (a poisoned
+sequence does not reach its pair partner; the other pairs are bitwise unchanged), determinism,
+and that the request reaches the engine; and the route (backends.ENGINE_ROUTE) that sends large
+calls to it. Skipped without a GPU. Each test runs in a child process under the watchdog
+(conftest.py): the engine's first run hung, and a hang must fail, not stall the suite."""
 
 import pytest
 import torch

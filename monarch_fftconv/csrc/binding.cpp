@@ -300,10 +300,11 @@ at::Tensor conv_forward_gated_z(const at::Tensor& u_in, const at::Tensor& spectr
   }
   if (y.numel() == 0) return y;
 
-  // The plain fp32 radix instances (not the GATED ones: filter_row) read grouped rows by shift.
-  const bool fp32_radix = !fourstep && kernel_precision == mf::Precision::kFP32 && !(pregate || postgate || z_out);
+  // The plain fp32 radix instances (radix without gates or z; not the GATED ones: filter_row)
+  // read grouped rows by shift.
   int row_shift = 0;
-  std::tie(spectrum, row_shift) = kernel_rows(spectrum, channels_per_filter(u, spectrum), fp32_radix);
+  std::tie(spectrum, row_shift) =
+      kernel_rows(spectrum, channels_per_filter(u, spectrum), radix && !(pregate || postgate || z_out));
   mf::ConvForwardParams p = forward_params(u, spectrum, skip, y, split);
   p.filter_row_shift = row_shift;
   p.precision = kernel_precision;
