@@ -124,12 +124,12 @@ if [ -n "${OPERATORS:-}" ]; then
     timeout 200 python3 benchmarks/bench_cufft.py --io-dtype bfloat16 $pass --shapes "${OP_SHAPES:-16x256x8192}" \
       --no-plots --out "/tmp/bench_bf16io${pass:+_bwd}" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_bf16io${pass:+_bwd}.log"
   done
-  # The switches' rows beside the defaults: the ATen gates (backends.FUSED_GATES off), the ops
-  # on grouped rows (GROUPS_IN_KERNELS on), the backward's scratch route.
+  # The switches' rows beside the defaults: the ATen gates (backends.FUSED_GATES off),
+  # the G filter rows repeated before the ops (GROUPS_IN_KERNELS off), the backward's scratch route.
   # FUSED_GATED_TRAINING off: the training step with the ATen gates, the route the fused step replaced.
   for spec in "gated:reference,monarch[fp32],monarch-aten-gates:" \
               "gated:monarch[fp32],monarch-unfused-gated-train:--backward" \
-              "grouped:reference,monarch[fp32],monarch-grouped-ops:--backward" \
+              "grouped:reference,monarch[fp32],monarch-grouped-repeat:--backward" \
               "plain:reference,monarch[fp32],monarch-scratch-grad:--backward"; do
     IFS=: read -r op methods pass <<< "$spec"
     echo "== benchmark: --operator $op $pass, $methods"

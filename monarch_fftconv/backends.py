@@ -108,7 +108,8 @@ class Backend:
         self, plan: MonarchPlan, batch: int, channels: int, itemsize: int, filters: int | None = None,
     ) -> list[dict] | None:
         """The launches of one forward call in order, each {"stage", "reads", "writes"} with the
-        HBM bytes it moves at least (itemsize: u's element size); None when not known."""
+        HBM bytes it moves at least (itemsize: u's element size; filters: the spectrum's rows,
+        G of a grouped bank); None when not known."""
         return None
 
 
@@ -116,6 +117,12 @@ def _filter_rows(rows: Tensor, channels: int) -> Tensor:
     """What the ops are given of a G-row filter bank (filters or spectra): the G rows themselves
     where the ops take groups (GROUPS_IN_KERNELS), else a row per channel (`_per_channel`)."""
     return rows if GROUPS_IN_KERNELS else _per_channel(rows, channels)
+
+
+def _transformed_rows(channels: int, filters: int | None) -> int:
+    """The filter rows the ops transform: the bank's own (G, or 2G bidirectional) where the ops
+    take groups (GROUPS_IN_KERNELS), else one a channel."""
+    return filters if GROUPS_IN_KERNELS and filters is not None else channels
 
 
 def _per_channel(rows: Tensor, channels: int) -> Tensor:
@@ -134,10 +141,9 @@ class _MonarchOps(Backend):
     Grouped filters: the ops take a spectrum of G rows (G dividing C) and return a filter
     gradient of G rows, each its channels' sum (inside, the ungated fp32 radix kernels read the
     rows by a shift where C/G is a power of two, other kernels take them repeated, and the channels'
-    gradients are summed after). Until that is measured (GROUPS_IN_KERNELS, off), the G filters are
-    repeated over their groups before the op (`_filter_rows`), which then transforms C filters,
-    each group's C/G times; a spectrum given to `conv` (inference_cache) is computed for the G
-    rows once and its rows repeated."""
+    gradients are summed after). With GROUPS_IN_KERNELS off (the route it replaced, kept for the
+    benchmark's A/B) the G filters are repeated over their groups before the op (`_filter_rows`),
+    which then transforms C filters, each group's C/G times."""
 
     def fftconv(self, u, k, skip, precision):
         return ops.fftconv_op(u, _filter_rows(k, u.shape[1]), skip, self.runs_as or precision)[0]
@@ -160,15 +166,32 @@ class _MonarchOps(Backend):
         ops.refresh_filter_spectrum_op(k, source, spectrum, seq_len, self.runs_as or precision)
 
     def stages(self, plan, batch, channels, itemsize, filters=None):
-        launches = self._conv_stages(plan, batch, channels, itemsize)
-        if launches is None or filters in (None, channels) or GROUPS_IN_KERNELS:
+        grouped = filters not in (None, channels)
+        if not grouped or not GROUPS_IN_KERNELS:
+            launches = self._conv_stages(plan, batch, channels, itemsize, channels)
+            if launches is None or not grouped:
+                return launches
+            repeat = {"stage": f"repeat the {filters} filters over their groups (ATen copy)",
+                      "reads": filters * plan.seq_len * 4, "writes": channels * plan.seq_len * 4}
+            return [repeat, *launches]
+        launches = self._conv_stages(plan, batch, channels, itemsize, filters)
+        if launches is None or self._reads_rows_by_shift(plan, channels // filters):
             return launches
-        repeat = {"stage": f"repeat the {filters} filters over their groups (ATen copy)",
-                  "reads": filters * plan.seq_len * 4, "writes": channels * plan.seq_len * 4}
-        return [repeat, *launches]
+        # the binding repeats the G spectrum rows for a kernel that takes one a channel
+        spectrum_rows = [s for s in launches if s["stage"].startswith("filter spectrum")]
+        spectrum_row = spectrum_rows[-1]["writes"] // filters
+        repeat = {"stage": f"repeat the {filters} spectrum rows over their groups (in the op)",
+                  "reads": filters * spectrum_row, "writes": channels * spectrum_row}
+        return [*spectrum_rows, repeat, *launches[len(spectrum_rows):]]
 
-    def _conv_stages(self, plan: MonarchPlan, batch: int, channels: int, itemsize: int) -> list[dict] | None:
+    def _conv_stages(self, plan: MonarchPlan, batch: int, channels: int, itemsize: int,
+                     spectrum_rows: int) -> list[dict] | None:
         return None
+
+    def _reads_rows_by_shift(self, plan: MonarchPlan, group_size: int) -> bool:
+        """Whether this backend's ungated kernel reads row c >> log2(group_size) of a grouped
+        spectrum itself (the binding's kernel_rows)."""
+        return False
 
 
 class Portable(_MonarchOps):
@@ -178,12 +201,12 @@ class Portable(_MonarchOps):
 
     def flops(self, plan, batch, channels, filters=None):
         per_sequence = plan.flops_per_sequence()
-        return per_sequence * batch * channels + per_sequence // 2 * channels  # the ops transform C filters
+        return per_sequence * batch * channels + per_sequence // 2 * _transformed_rows(channels, filters)
 
 
-def _fused_stages(plan: MonarchPlan, batch: int, channels: int, itemsize: int) -> list[dict]:
-    spectrum = channels * plan.half_rows * plan.row_size * 8  # complex64
-    return [{"stage": "filter spectrum (one kernel)", "reads": channels * plan.seq_len * 4, "writes": spectrum},
+def _fused_stages(plan: MonarchPlan, batch: int, channels: int, itemsize: int, spectrum_rows: int) -> list[dict]:
+    spectrum = spectrum_rows * plan.half_rows * plan.row_size * 8  # complex64
+    return [{"stage": "filter spectrum (one kernel)", "reads": spectrum_rows * plan.seq_len * 4, "writes": spectrum},
             {"stage": "fused conv, load to store", "reads": batch * channels * plan.seq_len * itemsize + spectrum,
              "writes": batch * channels * plan.seq_len * itemsize}]
 
@@ -192,10 +215,14 @@ class FusedFP32(_MonarchOps):
     fuses_gates = True  # gated_conv_forward: the gates in the kernel's load and store
 
     def flops(self, plan, batch, channels, filters=None):
-        return _radix_conv_flops(plan, batch, channels)  # the ops transform C filters
+        return _radix_conv_flops(plan, batch, channels, _transformed_rows(channels, filters))
 
-    def _conv_stages(self, plan, batch, channels, itemsize):
-        return _fused_stages(plan, batch, channels, itemsize)
+    def _conv_stages(self, plan, batch, channels, itemsize, spectrum_rows):
+        return _fused_stages(plan, batch, channels, itemsize, spectrum_rows)
+
+    def _reads_rows_by_shift(self, plan, group_size):
+        # the radix kernels (not the four-step's), a power-of-two group
+        return not fourstep.covers(plan.fft_size) and group_size & (group_size - 1) == 0
 
 
 class FusedTensorCore(_MonarchOps):
@@ -205,10 +232,10 @@ class FusedTensorCore(_MonarchOps):
     def flops(self, plan, batch, channels, filters=None):
         # MMA flops as issued (padded tiles, conjugate columns), plus the C filters' FFTs
         mma = plan.tensor_core_flops_per_sequence() * batch * channels
-        return int(mma + channels * real_fft_flops(plan.fft_size))
+        return int(mma + _transformed_rows(channels, filters) * real_fft_flops(plan.fft_size))
 
-    def _conv_stages(self, plan, batch, channels, itemsize):
-        return _fused_stages(plan, batch, channels, itemsize)
+    def _conv_stages(self, plan, batch, channels, itemsize, spectrum_rows):
+        return _fused_stages(plan, batch, channels, itemsize, spectrum_rows)
 
 
 class TorchFFT(Backend):
@@ -235,16 +262,16 @@ class FourStep(_MonarchOps):
     four-step layout at these N (fourstep.py)."""
 
     def flops(self, plan, batch, channels, filters=None):
-        return _radix_conv_flops(plan, batch, channels)  # the ops transform C filters
+        return _radix_conv_flops(plan, batch, channels, _transformed_rows(channels, filters))
 
-    def _conv_stages(self, plan, batch, channels, itemsize):
+    def _conv_stages(self, plan, batch, channels, itemsize, spectrum_rows):
         inner = fourstep.inner_for(plan.fft_size)
         rows = fourstep.spectrum_rows(plan.fft_size)
-        filt = channels * rows * inner * 8  # complex64
+        filt = spectrum_rows * rows * inner * 8  # complex64
         scratch = batch * channels * rows * inner * 8  # the one complex intermediate
         u = batch * channels * plan.seq_len * itemsize
         return [
-            {"stage": "filter spectrum: outer DFT of k", "reads": channels * plan.seq_len * 4, "writes": filt},
+            {"stage": "filter spectrum: outer DFT of k", "reads": spectrum_rows * plan.seq_len * 4, "writes": filt},
             {"stage": "filter spectrum: inner FFT, in place", "reads": filt, "writes": filt},
             {"stage": f"outer forward: {plan.fft_size // inner}-point DFT down the columns", "reads": u,
              "writes": scratch},
@@ -333,12 +360,13 @@ TENSOR_CORE_WAVE_SHARE = {"bf16": 1.0, "fp16": 1.0, "tf32": 0.5}
 # Grouped filters given to the ops as their G rows (the ops give them to the kernels, by shift or
 # repeated, and sum each group's filter gradient inside), instead of repeated to a row per
 # channel before the op.
-# Off: measured slower in session 19 (H100, 16x256x8192, 16 channels a filter, fwd+bwd: 0.984
-# against 0.967 ms with the rows repeated before the op; docs/design.md, "Groups in the ops"),
-# and in session 36 (0.8246 against 0.8091), when the binding repeated the spectrum's rows for
-# every kernel. Since session 37 the ungated fp32 radix kernels read them by shift (C/G a power
-# of two): unmeasured, so still off.
-GROUPS_IN_KERNELS = False
+# On since session 38: with the ungated fp32 radix kernels reading the rows by shift (C/G a power
+# of two, session 37) it measured faster than the rows repeated before the op (H100, G = C/16,
+# fwd+bwd: 0.7835 against 0.8029 ms at 16x256x8192, 8.100 against 8.208 at 64x768x8192; forward
+# 0.2819 against 0.3105; bf16 I/O alike), and faster than the plain call (0.7914, 8.175).
+# Sessions 19 and 36 had measured it 2% slower while the binding repeated the rows for every
+# kernel, which it still does for the kernels that do not read by shift (docs/design.md).
+GROUPS_IN_KERNELS = True
 
 # The gates fused into the fp32 kernel (gated_conv_forward) for calls that record no gradient,
 # where u (and so the gates) has one of FUSED_GATE_IO_DTYPES. On since session 18: with the

@@ -339,8 +339,8 @@ def _gated_training(
     precision: str, flat: bool,
 ) -> Tensor:
     """The fused gated training step (`_FusedGatedTraining`) on (B, C, L), a grouped filter bank
-    given as the other ops take it (`backends._filter_rows`: repeated to a row per channel unless
-    GROUPS_IN_KERNELS; the repeat's gradient, each group's sum, is autograd's)."""
+    given as the other ops take it (`backends._filter_rows`: its G rows, or with GROUPS_IN_KERNELS
+    off repeated to a row per channel, the repeat's gradient, each group's sum, autograd's)."""
     shape = u.shape
     if flat:  # (..., C, L) -> (B, C, L), the gates alike (they have u's shape)
         u, pregate, postgate = (None if t is None else t.reshape(-1, *shape[-2:]) for t in (u, pregate, postgate))
@@ -489,7 +489,7 @@ def explain(
     if postgate is not None:
         terms["postgate"] = "postgate ⊙ (...), " + gate_term("store", "an elementwise op after the convolution")
     flops = backend.flops(plan, batch, channels, filter_rows)
-    stages = backend.stages(plan, batch, channels, conv_dtype.itemsize, filter_rows)
+    stages = backend.stages(plan, batch, channels, conv_dtype.itemsize, groups)
     if flops is not None:
         elementwise = (pregate is not None) + 2 * (D is not None) + (postgate is not None)  # per output
         flops += elementwise * batch * channels * u.shape[-1]

@@ -320,41 +320,14 @@ def test_every_engine_instance_has_its_filter_image_kernel(compiled_units, cubin
     """The engine's six instances (bf16/fp16 operands x fp32/bf16/fp16 I/O) each launch a
     filter_image_kernel first (the producer copies a channel's image, never the spectrum): six of
     those too, and no engine switch left (session 36 measured them and kept the image, the corner
-    by index and 2-byte I/O as the code, and deleted the coalesced loads)."""
+    by index and 2-byte I/O as the code, and deleted the coalesced loads; session 38 measured the
+    paired loads and made them the code)."""
     (source,) = [s for s in SOURCES if s.name == "engine_instances.cu"]
     assert compiled_units[source].returncode == 0, compiled_units[source].stderr[-4000:]
     registers = kernel_registers(cubin_dir / f"{source.stem}.cubin")
     assert sum("filter_image_kernel" in name for name in registers) == 6, sorted(registers)
     assert {name for name in _extension._switch_macros() if name.startswith("MONARCH_FFTCONV_ENGINE_")} == {
-        "MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT", PAIRED_LOADS}  # the one switch still to measure
-
-
-# The engine's one unmeasured build switch (session 37): both planes of an item in one loop.
-PAIRED_LOADS = "MONARCH_FFTCONV_ENGINE_PAIRED_LOADS"
-# The producer's spills (bytes stored/loaded a thread) the switch's build may reach: it holds four
-# 16-byte loads in flight at setmaxnreg 40, where the default holds two (its record: 106/192; the
-# switch measured 98-122 / 188-264 with nvcc 13.0, session 37).
-PAIRED_LOADS_SPILL_BOUND = (128, 272)
-
-
-@needs_nvcc
-@needs_cutlass
-def test_the_paired_loads_build_compiles_and_fits(tmp_path):
-    """MONARCH_FFTCONV_ENGINE_PAIRED_LOADS=1, the switch to measure next: the engine unit
-    compiles with it, its six instances keep 168 registers at entry (the split fits the pool),
-    and the producer's spills stay within PAIRED_LOADS_SPILL_BOUND (the figures print, for the
-    measurement's note)."""
-    (source,) = [s for s in SOURCES if s.name == "engine_instances.cu"]
-    result = nvcc_check(source, tmp_path, (f"{PAIRED_LOADS}=1",))
-    assert result.returncode == 0, result.stderr[-4000:]
-    registers = {name: count for name, count in kernel_registers(tmp_path / f"{source.stem}.cubin").items()
-                 if "engine_forward_kernel" in name}
-    assert len(registers) == 6 and set(registers.values()) == {engine_constants()["kRegsAtEntry"]}, registers
-    spills = {name: spill for name, spill in kernel_spills(result.stderr).items() if "engine_forward_kernel" in name}
-    print("paired loads, engine spills (stored/loaded bytes a thread):", spills)
-    assert len(spills) == 6
-    for name, (stored, loaded) in spills.items():
-        assert stored <= PAIRED_LOADS_SPILL_BOUND[0] and loaded <= PAIRED_LOADS_SPILL_BOUND[1], (name, stored, loaded)
+        "MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT"}
 
 
 # setmaxnreg exists on sm_90a but not on sm_90; tcgen05 (Blackwell) not on sm_90a.

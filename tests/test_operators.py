@@ -238,7 +238,8 @@ def test_explain_bidirectional_spectrum_launches(causal_kind):
 def test_explain_stages_put_the_gates_around_the_kernel(monkeypatch, gen):
     """On a fused backend (the fp32 kernel's stage list, asked for on CPU tensors here) the
     gates are launches of their own, moving the bytes a fused kernel would save; grouped filters
-    add the repeat of the filters; a gate that widens the dtype adds the cast back to u's."""
+    transform their G rows, and where the kernel does not read them by shift (C/G = 3 here) the
+    op repeats the spectrum rows; a gate that widens the dtype adds the cast back to u's."""
     fused = backends.FusedFP32("cuda-fp32", "fused fp32 radix FFT conv", "test")
     monkeypatch.setattr(functional, "select_backend", lambda *args, **kwargs: fused)
     u, k, _, pregate, postgate = operator_inputs(gen, 2, 6, 2, 256, 256, "both", False, False,
@@ -247,8 +248,10 @@ def test_explain_stages_put_the_gates_around_the_kernel(monkeypatch, gen):
     assert [s["stage"] for s in conv_only] == [s["stage"] for s in fused.stages(plan_for(256), 2, 6, 2)]
     stages = mf.explain(u, k, pregate=pregate, postgate=postgate)["stages"]
     names = [s["stage"].split(":")[0] for s in stages]
-    assert names == ["pregate", "repeat the 2 filters over their groups (ATen copy)",
-                     *[s["stage"].split(":")[0] for s in conv_only], "postgate"]  # the call's order
+    assert names == ["pregate", conv_only[0]["stage"], "repeat the 2 spectrum rows over their groups (in the op)",
+                     *[s["stage"].split(":")[0] for s in conv_only[1:]], "postgate"]  # the call's order
+    assert stages[1]["writes"] * 3 == conv_only[0]["writes"] == stages[2]["writes"]  # 2 rows, repeated to 6
+    assert stages[2]["reads"] == stages[1]["writes"]
     elements = u.numel()
     assert stages[0]["reads"] == 2 * 2 * elements and stages[0]["writes"] == 2 * elements
     assert stages[-1]["reads"] == 2 * 2 * elements and stages[-1]["writes"] == 2 * elements
@@ -257,19 +260,52 @@ def test_explain_stages_put_the_gates_around_the_kernel(monkeypatch, gen):
     assert widened[-1]["stage"].startswith("cast to bfloat16")
 
 
+@pytest.mark.parametrize("channels, filters, length, repeat", [(8, 2, 256, None), (12, 4, 300, "op"),
+                                                              (8, 2, 40000, "op")])
+@pytest.mark.parametrize("in_kernels", [True, False])
+def test_explain_stages_of_a_grouped_bank(channels, filters, length, repeat, in_kernels, monkeypatch, gen):
+    """Grouped filters on the fused fp32 backend: with the groups in the kernels the spectrum
+    has G rows, repeated in the op only where the kernel does not read rows by shift (C/G not a
+    power of two, or the four-step sizes); off, the filters are repeated before the op."""
+    fused = backends.FourStep("cuda-fourstep", "four-step", "test") if length > 32768 else \
+        backends.FusedFP32("cuda-fp32", "fused fp32 radix FFT conv", "test")
+    monkeypatch.setattr(functional, "select_backend", lambda *args, **kwargs: fused)
+    monkeypatch.setattr(backends, "GROUPS_IN_KERNELS", in_kernels)
+    u, k = randn(gen, 2, channels, length), randn(gen, filters, length)
+    stages = mf.explain(u, k)["stages"]
+    names = [s["stage"] for s in stages]
+    spectrum = [s for s in stages if s["stage"].startswith("filter spectrum")]
+    per_channel = mf.explain(u, k.repeat_interleave(channels // filters, 0))["stages"]
+    if not in_kernels:
+        assert names[0] == f"repeat the {filters} filters over their groups (ATen copy)"
+        assert stages[1:] == per_channel
+        return
+    (per_channel_spectrum,) = [s for s in per_channel if s["stage"] == spectrum[-1]["stage"]]
+    assert spectrum[-1]["writes"] * (channels // filters) == per_channel_spectrum["writes"]
+    repeats = [n for n in names if n.startswith("repeat")]
+    if repeat is None:
+        assert repeats == [] and len(stages) == len(per_channel)
+    else:
+        assert repeats == [f"repeat the {filters} spectrum rows over their groups (in the op)"]
+        assert names.index(repeats[0]) == len(spectrum)  # after the spectrum, before the conv
+
+
 # --------------------------------------------------------------------------- groups in the ops
 
 @pytest.mark.parametrize("gates, bidirectional, with_D, length", [("none", False, True, None), ("both", False, True, None),
                                                                    ("pre", True, True, None), ("none", False, True, 40000),
                                                                    ("post", True, False, 40001)])
-def test_groups_given_to_the_ops_as_their_rows(gates, bidirectional, with_D, length, monkeypatch, gen):
-    """With backends.GROUPS_IN_KERNELS on, the ops get the G filter rows (not C) and return a
-    G-row filter gradient: y and every gradient against float64, at odd sizes and at the
-    four-step plan (L = 40000), gates, D and bidirectional filters included."""
+@pytest.mark.parametrize("in_kernels", [True, False])
+def test_groups_given_to_the_ops_as_their_rows(gates, bidirectional, with_D, length, in_kernels, monkeypatch, gen):
+    """With backends.GROUPS_IN_KERNELS on (the default), the ops get the G filter rows (not C)
+    and return a G-row filter gradient; off, the rows repeated to C. y and every gradient against
+    float64, at odd sizes and at the four-step plan (L = 40000), gates, D and bidirectional
+    filters included."""
     from monarch_fftconv import ops
 
     monkeypatch.setenv(backends.BACKEND_ENV, "portable")
-    monkeypatch.setattr(backends, "GROUPS_IN_KERNELS", True)
+    assert backends.GROUPS_IN_KERNELS  # the default
+    monkeypatch.setattr(backends, "GROUPS_IN_KERNELS", in_kernels)
     rows_seen = []
     real = ops.fftconv_op
     monkeypatch.setattr(ops, "fftconv_op", lambda u, k, *rest: rows_seen.append(k.shape[0]) or real(u, k, *rest))
@@ -284,7 +320,7 @@ def test_groups_given_to_the_ops_as_their_rows(gates, bidirectional, with_D, len
     want = reference_operator(u, k, D, pregate, postgate, bidirectional=bidirectional)
     assert rel_l2(y, want) <= 1e-10
     if not bidirectional:
-        assert rows_seen == [groups]
+        assert rows_seen == [groups if in_kernels else channels]
     leaves = [t for t in (u, k, D, pregate, postgate) if t is not None]
     g = torch.randn(y.shape, generator=gen, dtype=torch.float64)
     for got, expected in zip(torch.autograd.grad(y, leaves, g), torch.autograd.grad(want, leaves, g)):

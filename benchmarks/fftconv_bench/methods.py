@@ -434,7 +434,8 @@ def convolutions(device: str, *, compile: bool = False,
                              _explain("fp32", operator), _monarch_flops,
                              unavailable=lacks_operator("the plain op's autograd keeps it")
                              or (None if device == "cuda" else "the CUDA autograd keeps it")))
-    switched = [("monarch-grouped-ops", "the ops on G filter rows", "GROUPS_IN_KERNELS", True, "grouped",
+    switched = [("monarch-grouped-repeat", "the G filter rows repeated to one a channel before the ops",
+                 "GROUPS_IN_KERNELS", False, "grouped",
                  operator.name != "grouped", "fp32"),
                 ("monarch-aten-gates", "fftconv_op with ATen gates around it", "FUSED_GATES", False, "gated",
                  not operator.gated, "fp32"),
@@ -589,7 +590,7 @@ TENSOR_CORE_PRECISIONS = ("bf16", "fp16", "tf32")
 # the defaults (the fp32 backward's scratch route, the fused gates, the ops on grouped rows).
 ON_REQUEST_PREFIXES = ("monarch-tc[", "monarch-scratch-grad", "monarch-fused-grad", "monarch-batch-sum",
                        "monarch-keep-spectrum",
-                       "monarch-aten-gates", "monarch-grouped-ops", "monarch-unfused-gated-train", "monarch-tc-gates[")
+                       "monarch-aten-gates", "monarch-grouped-repeat", "monarch-unfused-gated-train", "monarch-tc-gates[")
 # Read by the binding at each backward call.
 GRAD_ACCUMULATOR_ENV = "MONARCH_FFTCONV_GRAD_ACCUMULATOR"
 GRAD_SPLIT_ENV = "MONARCH_FFTCONV_GRAD_SPLIT"
@@ -625,8 +626,8 @@ def _fftconv_switched(switch: str, value: Any, precision: str = "fp32", owner: A
     of os.environ) set to value for each call, timed beside the default: the binding's
     MONARCH_FFTCONV_KEEP_SPECTRUM=1 (read when the autograd records the call: u's four-step
     spectrum kept from the forward for the backward, which reads it from the graph), or
-    GROUPS_IN_KERNELS on (the ops get the G filter rows; the backward this call records sums each
-    group inside), FUSED_GATES off (a forward that records no gradient keeps the ATen gates
+    GROUPS_IN_KERNELS off (the G filter rows repeated to one a channel before the ops, the route
+    the grouped ops replaced; the repeat's gradient, each group's sum, is autograd's), FUSED_GATES off (a forward that records no gradient keeps the ATen gates
     around the kernel, the route the fused gates replaced), FUSED_GATED_TRAINING off (a call that
     records a gradient keeps the ATen gates around the fp32 forward and grad kernels; its
     backward follows the forward's route, so the switch is set there only), or

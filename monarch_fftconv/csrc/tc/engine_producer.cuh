@@ -27,103 +27,14 @@ __device__ __forceinline__ const typename Cfg::IoT* sequence_start(const ConvFor
   return static_cast<const typename Cfg::IoT*>(p.u) + (seq >= 0 ? seq * p.u_batch_stride + c * p.u_channel_stride : 0);
 }
 
-// 2-byte u: a chunk of 8 samples is one 16-byte load, a warp's loads contiguous, two chunks
-// (pt and pt + 128) in flight a thread as the fp32 path's two loads. Where u's type is the
-// operand type the bytes go into the ring as they are (the fp32 path rounds u to the operand
-// type: a 2-byte u of that type is already rounded); otherwise (bf16 u, fp16 operands and the
-// reverse) each sample is widened and rounded.
-template <class Cfg>
-__device__ __forceinline__ void load_plane_half(const ConvForwardParams& p, int seq, int c, bool vec_ok,
-                                                uint32_t plane, int pt) {
-  using T = typename Cfg::T;
-  using IoT = typename Cfg::IoT;
-  using Io = typename Cfg::Io;
-  static_assert(Cfg::kSamplesPer16B == Cfg::kU8PerThread, "a chunk is one 16-byte load of 2-byte samples");
-  constexpr bool kAsIs = std::is_same_v<T, cute::bfloat16_t> == std::is_same_v<IoT, __nv_bfloat16>;
-  constexpr int kChunksPerRow = Cfg::kN2 / Cfg::kU8PerThread;  // 16
-  constexpr int kChunks = Cfg::kInputRows * kChunksPerRow;      // 1024
-  constexpr int kInFlight = 2;
-  static_assert(kChunks % (kInFlight * Cfg::kWarpgroup) == 0, "whole rounds");
-  const int L = int(p.seq_len);
-  const IoT* u = sequence_start<Cfg>(p, seq, c);
-#pragma unroll 1
-  for (int first = pt; first < kChunks; first += kInFlight * Cfg::kWarpgroup) {
-    uint4 raw[kInFlight];
-    bool whole[kInFlight];
-#pragma unroll
-    for (int n = 0; n < kInFlight; ++n) {  // both loads issued before either is used
-      const int t0 = (first + n * Cfg::kWarpgroup) * Cfg::kU8PerThread;  // chunk · 8 = 128 r + s0
-      whole[n] = seq >= 0 && vec_ok && t0 + 7 < L;
-      raw[n] = whole[n] ? ld_stream_u4(u + t0) : make_uint4(0u, 0u, 0u, 0u);
-    }
-#pragma unroll
-    for (int n = 0; n < kInFlight; ++n) {
-      const int chunk = first + n * Cfg::kWarpgroup;
-      const int r = chunk / kChunksPerRow, s0 = (chunk % kChunksPerRow) * Cfg::kU8PerThread;
-      const int t0 = r * Cfg::kN2 + s0;
-      const uint32_t at = plane + 2 * Cfg::ring_offset(s0, r);
-      if (kAsIs && whole[n]) {
-        st_shared_v4(at, raw[n]);
-        continue;
-      }
-      float v[8];
-      if (whole[n]) {
-        Io::unpack(raw[n], v);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = (seq >= 0 && t0 + i < L) ? Io::load(u, t0 + i) : 0.0f;
-      }
-      st_shared_v4(at, make_uint4(pack2<T>(v[0], v[1]), pack2<T>(v[2], v[3]), pack2<T>(v[4], v[5]), pack2<T>(v[6], v[7])));
-    }
-  }
-}
-
-// fp32 u: 16-byte stores of 8 consecutive s, a thread's two 16-byte loads adjacent. (Loads of
-// 512 consecutive bytes a warp instruction, a thread's 4-sample quads apart, measured 6% slower
-// at 16x256x8192 in session 36 and were deleted.)
-template <class Cfg>
-__device__ __forceinline__ void load_plane_chunks(const ConvForwardParams& p, int seq, int c, bool vec_ok,
-                                                  uint32_t plane, int pt) {
-  using T = typename Cfg::T;
-  constexpr int kChunksPerRow = Cfg::kN2 / Cfg::kU8PerThread;  // 16
-  constexpr int kChunks = Cfg::kInputRows * kChunksPerRow;      // 1024
-  const int L = int(p.seq_len);
-  const float* u = static_cast<const float*>(p.u) + (seq >= 0 ? seq * p.u_batch_stride + c * p.u_channel_stride : 0);
-#pragma unroll 1
-  for (int chunk = pt; chunk < kChunks; chunk += Cfg::kWarpgroup) {
-    const int r = chunk / kChunksPerRow, s0 = (chunk % kChunksPerRow) * Cfg::kU8PerThread;
-    const int t0 = r * Cfg::kN2 + s0;
-    float v[8];
-    if (seq >= 0 && vec_ok && t0 + 7 < L) {
-      const float4 lo = ld_stream(u + t0), hi = ld_stream(u + t0 + 4);
-      v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w;
-      v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = (seq >= 0 && t0 + i < L) ? __ldg(u + t0 + i) : 0.0f;
-    }
-    st_shared_v4(plane + 2 * Cfg::ring_offset(s0, r),
-                 make_uint4(pack2<T>(v[0], v[1]), pack2<T>(v[2], v[3]), pack2<T>(v[4], v[5]), pack2<T>(v[6], v[7])));
-  }
-}
-
-// One sequence (or zeros, seq < 0) into a ring plane (s, r): sample t = 128 r + s, rounded to
-// the operand type: one 16-byte load of 8 samples (2-byte u) or two (fp32 u).
-template <class Cfg>
-__device__ __forceinline__ void load_plane(const ConvForwardParams& p, int seq, int c, bool vec_ok,
-                                           uint32_t plane, int pt) {
-  if constexpr (Cfg::kHalfIo) {
-    load_plane_half<Cfg>(p, seq, c, vec_ok, plane, pt);
-  } else {
-    load_plane_chunks<Cfg>(p, seq, c, vec_ok, plane, pt);
-  }
-}
-
-// Both planes of an item (Cfg::kPairedLoads, MONARCH_FFTCONV_ENGINE_PAIRED_LOADS: unmeasured):
-// one loop over the chunks, each iteration loading the same chunks of seq_re and seq_im, every
-// 16-byte load issued before any is used (four a thread: one chunk of each sequence in fp32, two
-// in 2-byte I/O), each chunk's ring slot computed once for both planes. The ring's bytes are
-// load_plane's, plane by plane (a sequence < 0 gives zeros).
+// An item's two sequences (or zeros, a sequence < 0) into its ring planes (s, r): sample
+// t = 128 r + s, rounded to the operand type. One loop over the 8-sample chunks, each iteration
+// loading the same chunks of seq_re and seq_im, every 16-byte load issued before any is used
+// (four a thread: one chunk of each sequence in fp32, two in 2-byte I/O), each chunk's ring slot
+// computed once for both planes. Where u's type is the operand type the bytes go into the ring as
+// they are (a 2-byte u of that type is already rounded). Measured against loading the planes one
+// after the other (session 38, H100): fp32 u −6.6% at 16x256x8192, −4% at 64x768x8192; 2-byte u
+// the same time (docs/performance.md).
 template <class Cfg>
 __device__ __forceinline__ void load_planes(const ConvForwardParams& p, const Item& item, bool vec_ok,
                                             uint32_t plane_re, uint32_t plane_im, int pt) {
@@ -225,7 +136,7 @@ __device__ __forceinline__ void prefetch_span(const void* first, int bytes, int 
 }
 
 // An item's inputs into L2, a job ahead of their loads: the samples t < min(L, N/2) that
-// load_plane reads of each sequence, and the channel's filter image unless it is `resident`.
+// load_planes reads of each sequence, and the channel's filter image unless it is `resident`.
 template <class Cfg>
 __device__ __forceinline__ void prefetch_item(const ConvForwardParams& p, const Item& item, int resident, int pt) {
   const typename Cfg::IoT* u = static_cast<const typename Cfg::IoT*>(p.u) + item.channel * p.u_channel_stride;
@@ -355,7 +266,7 @@ template <class Cfg>
 __device__ void producer(const ConvForwardParams& p, typename Cfg::Smem& sm, int job_begin, int job_end) {
   const int pt = threadIdx.x % Cfg::kWarpgroup;
   const int batch = int(p.batch);    // 32-bit: the dispatch holds batch·channels below 2^31
-  // Every 16-byte vector a load_plane reads is aligned: u's base, and each row's start (its
+  // Every 16-byte vector load_planes reads is aligned: u's base, and each row's start (its
   // strides in whole 16-byte vectors; t0 steps by 8 samples).
   const bool vec_ok = (reinterpret_cast<uintptr_t>(p.u) % 16) == 0 && p.u_batch_stride % Cfg::kSamplesPer16B == 0 &&
                       p.u_channel_stride % Cfg::kSamplesPer16B == 0;
@@ -371,12 +282,7 @@ __device__ void producer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
     const int stage = emitted % Cfg::kStages;
     mbar_wait(&sm.empty[stage], ((emitted / Cfg::kStages) & 1) ^ 1);
     if (item.channel >= 0) {
-      if constexpr (Cfg::kPairedLoads) {
-        load_planes<Cfg>(p, item, vec_ok, smem_address(sm.ring[stage][0]), smem_address(sm.ring[stage][1]), pt);
-      } else {
-        load_plane<Cfg>(p, item.seq_re, item.channel, vec_ok, smem_address(sm.ring[stage][0]), pt);
-        load_plane<Cfg>(p, item.seq_im, item.channel, vec_ok, smem_address(sm.ring[stage][1]), pt);
-      }
+      load_planes<Cfg>(p, item, vec_ok, smem_address(sm.ring[stage][0]), smem_address(sm.ring[stage][1]), pt);
     }
     // The flags after the loads (fewer registers live through them: the producer has 40).
     if (item.channel >= 0) item.flags |= plan.flags(item.channel, release_after);

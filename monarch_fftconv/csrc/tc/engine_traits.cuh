@@ -35,17 +35,6 @@
 #define MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT 7
 #endif
 
-// MONARCH_FFTCONV_ENGINE_PAIRED_LOADS=1 (a build switch, session 37; unmeasured, off): the
-// producer loads an item's two sequences in one loop (load_planes, engine_producer.cuh), each
-// iteration the same chunk of both, so a thread has twice the bytes in flight (fp32 u: four
-// 16-byte loads instead of two; 2-byte u: four instead of two) and computes each chunk's ring
-// slot once. ncu (session 37, H100, 16x256x8192): load_plane is 66.5% of the producer's samples,
-// 52% of them long-scoreboard waits, and the consumers wait 16.7% of theirs for the ring; the
-// second plane's loads took 2.5x the first's. Predicted −8 to −13% (bound −15%) at 16x256x8192.
-#ifndef MONARCH_FFTCONV_ENGINE_PAIRED_LOADS
-#define MONARCH_FFTCONV_ENGINE_PAIRED_LOADS 0
-#endif
-
 namespace monarch_fftconv {
 namespace engine {
 
@@ -231,7 +220,6 @@ struct EngineTraits {
                 "setmaxnreg takes multiples of 8 in [24, 256]");
   static constexpr int kStages = 2;  // the ring
   static constexpr int kU8PerThread = 8;  // consecutive samples a producer thread loads and stores (16 B)
-  static constexpr bool kPairedLoads = MONARCH_FFTCONV_ENGINE_PAIRED_LOADS != 0;  // (the macro above)
   // The filter is resident as (K + D/N)·2^e, largest component in [2^-p, 2^(1-p)), p =
   // kFilterPeakExponent. Of the 2^-e that undoes it, the 16-bit hand-off takes at most
   // 2^-kHandoffExponent and y the rest (fp32, exact): a tiny channel's hand-off then holds the
