@@ -330,6 +330,39 @@ def test_every_engine_instance_has_its_filter_image_kernel(compiled_units, cubin
         "MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT"}
 
 
+# The fp32 radix kernels' one unmeasured build switch (session 38): the gated kernels ask L2 for
+# the gate rows (and the forward for the next sequence's u) a sequence ahead.
+GATED_L2_PREFETCH = "MONARCH_FFTCONV_GATED_L2_PREFETCH"
+# Bytes a thread the switch's gated fp32 forward may spill beyond the default's record (nvcc 13.0,
+# session 38: N = 16384 60/56 -> 40/44, N = 32768 28/24 -> 28/32, the others the same or fewer).
+GATED_L2_PREFETCH_SPILL_SLACK = 8
+
+
+@needs_nvcc
+@needs_cutlass
+def test_the_gated_l2_prefetch_build_compiles_and_fits(tmp_path):
+    """MONARCH_FFTCONV_GATED_L2_PREFETCH=1, the switch to measure next: the forward unit compiles
+    with it; its fp32 gated instances (the ones it changes) spill at most
+    GATED_L2_PREFETCH_SPILL_SLACK bytes beyond tests/ptxas_spills.json's default figures, and
+    every other kernel of the unit spills exactly as recorded (the switch leaves them alone)."""
+    (source,) = [s for s in SOURCES if s.name == "forward_uniform_instances.cu"]
+    result = nvcc_check(source, tmp_path, (f"{GATED_L2_PREFETCH}=1",))
+    assert result.returncode == 0, result.stderr[-4000:]
+    record = {name: tuple(spill) for name, spill in json.loads(SPILL_RECORD.read_text()).items()}
+    spills = {f"{unit_name(source)}:{name}": spill for name, spill in kernel_spills(result.stderr).items()}
+    print("gated L2 prefetch, forward spills (stored/loaded bytes a thread):",
+          {name.split(":")[1][:90]: spill for name, spill in spills.items() if "gated" in name})
+    changed = [name for name in spills if "gated_uniform_pairs_kernel" in name and "EfEEv" in name]
+    assert len(changed) >= 5, sorted(spills)
+    for name, (stored, loaded) in spills.items():
+        was = record.get(name, (0, 0))
+        if name in changed:
+            assert stored <= was[0] + GATED_L2_PREFETCH_SPILL_SLACK and loaded <= was[1] + GATED_L2_PREFETCH_SPILL_SLACK, \
+                (name, was, (stored, loaded))
+        else:
+            assert (stored, loaded) == was, (name, was, (stored, loaded))
+
+
 # setmaxnreg exists on sm_90a but not on sm_90; tcgen05 (Blackwell) not on sm_90a.
 SM90A_ONLY_PTX = "setmaxnreg.inc.sync.aligned.u32 240;"
 LATER_GPU_PTX = "tcgen05.fence::before_thread_sync;"
@@ -885,7 +918,7 @@ def test_build_defines_name_the_kernels_switches_and_reach_the_jit_build(monkeyp
     assert _extension.build_defines() == []
     switches = _extension._switch_macros()
     assert {"MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT", "MONARCH_FFTCONV_FWD_DIRECT_SKIP",
-            "MONARCH_FFTCONV_FWD_PREFETCH_POINT"} <= switches
+            "MONARCH_FFTCONV_FWD_PREFETCH_POINT", GATED_L2_PREFETCH} <= switches
     monkeypatch.setenv(_extension.DEFINES_ENV,
                        "MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT=6, MONARCH_FFTCONV_FWD_DIRECT_SKIP=1")
     flags = _extension.build_defines()

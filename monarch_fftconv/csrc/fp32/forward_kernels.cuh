@@ -100,6 +100,18 @@ __device__ __forceinline__ void forward_sequences(const ForwardArgs<GATED>& a) {
   for (int64_t sb = (int64_t)blockIdx.x * SPB; sb < nseq; sb += (int64_t)gridDim.x * SPB) {
     const int64_t s = sb + ty;
     const ForwardSeq seq = forward_seq<IO>(a, s, nseq);
+    // fp32 io only: the gated calls' (backends.FUSED_GATE_IO_DTYPES); session 17's L2 prefetch of
+    // the postgate multiplied the 2-byte instances' spills (docs/design.md)
+    constexpr bool kGateRowsToL2 = GATED && sizeof(IO) == 4 && MONARCH_FFTCONV_GATED_L2_PREFETCH != 0;
+    if constexpr (kGateRowsToL2) {  // before p1, where no values are live
+      // this sequence's postgate, read by the last pass; the next one's u and pregate, read by its p1
+      if (seq.valid && a.postgate != nullptr) prefetch_gate_row<IO>(a.postgate, a, s, tx, T);
+      const int64_t next = s + (int64_t)gridDim.x * SPB;
+      if (next < nseq) {
+        prefetch_u_row<IO>(a, next, tx, T);
+        if (a.pregate != nullptr) prefetch_gate_row<IO>(a.pregate, a, next, tx, T);
+      }
+    }
 
     // ================= forward p1: global -> smem, radix R1, NS = 1, upper half zero
     forward_p1<LOGM, IO, GATED>(sm, re, im, tx, a, pf_cur, seq);

@@ -113,6 +113,13 @@ struct ForwardSeq {
   bool upair, ypair;   // u, y aligned for two-element accesses
 };
 
+// Sequence s's row of u, asked of L2 by `threads` threads (MONARCH_FFTCONV_GATED_L2_PREFETCH).
+template <typename IO>
+__device__ __forceinline__ void prefetch_u_row(const KArgs& a, int64_t s, int tx, int threads) {
+  const int64_t b = s % a.B, c = s / a.B;
+  prefetch_span_l2(static_cast<const IO*>(a.u) + b * a.ubs + c * a.ucs, a.L * (int64_t)sizeof(IO), tx, threads);
+}
+
 template <typename IO>
 __device__ __forceinline__ ForwardSeq forward_seq(const KArgs& a, int64_t s, int64_t nseq) {
   const bool valid = s < nseq;

@@ -232,6 +232,10 @@ __device__ __forceinline__ void grad_iterations(const GradArgs& g) {
       const int64_t bytes = L * (int64_t)sizeof(IO);
       prefetch_span_l2(static_cast<const IO*>(a.u) + (b + 1) * a.ubs + c * a.ucs, bytes, tx, T);
       prefetch_span_l2(static_cast<const IO*>(g.dy) + row + a.C * L, bytes, tx, T);
+      if constexpr (GATED && MONARCH_FFTCONV_GATED_L2_PREFETCH != 0) {  // and its gates
+        if (a.pregate != nullptr) prefetch_span_l2(static_cast<const IO*>(a.pregate) + row + a.C * L, bytes, tx, T);
+        if (a.postgate != nullptr) prefetch_span_l2(static_cast<const IO*>(a.postgate) + row + a.C * L, bytes, tx, T);
+      }
     }
     // The scratch accumulator is read at the end of the iteration: ask L2 for it now.
     if (!ON_CHIP && valid && i > 0) {

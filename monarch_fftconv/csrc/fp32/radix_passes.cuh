@@ -126,6 +126,27 @@ __device__ __forceinline__ void apply_gate(cf (&v)[NB][R], const IO* gate, int t
   }
 }
 
+// MONARCH_FFTCONV_GATED_L2_PREFETCH=1 (a build switch, session 38; unmeasured, off): the gated
+// forward (fp32 io) asks L2, when a sequence starts, for its postgate row and for the next
+// sequence's u and pregate rows (prefetch.global.L2: no register held, no shared memory), so
+// that the gate loads at the first and last pass come from L2, not DRAM. ncu
+// (session 38, H100, 16x256x8192 fp32): the gated kernel 454.7 against the plain 331.6 us,
+// issue slots 49.5% against 60.2%, 7.45 against 6.00 cycles between a warp's issues, L2 hit rate
+// 39% against 63%: the gates' loads wait on DRAM with two CTAs an SM to hide them.
+// The gated grad kernel asks for the next sequence's gates with its u and dy (which the ungated
+// one has asked for since session 27: −4% measured). Predicted −8 to −15% of the gated forward's
+// time at 16x256x8192 (397 us in kernels), −3 to −8% of the gated grad kernel's (822 us).
+#ifndef MONARCH_FFTCONV_GATED_L2_PREFETCH
+#define MONARCH_FFTCONV_GATED_L2_PREFETCH 0
+#endif
+
+// Sequence s's row of a gate ((B, C, L) contiguous), asked of L2 by `threads` threads.
+template <typename IO>
+__device__ __forceinline__ void prefetch_gate_row(const void* gate, const KArgs& a, int64_t s, int tx, int threads) {
+  const int64_t b = s % a.B, c = s / a.B;
+  prefetch_span_l2(static_cast<const IO*>(gate) + (b * a.C + c) * a.L, a.L * (int64_t)sizeof(IO), tx, threads);
+}
+
 // The causal half of the last inverse pass's values v[q][r] = (w[t0], w[t0 + 1]), t0 =
 // 2(tx + q·T + r·ns), r < R/2, into out at t < Lv (opair: out aligned for two-element stores):
 // inverse_passes' y, and the gated kernels' outputs (the forward's z, the backward's dpregate and du).
