@@ -33,7 +33,7 @@ __device__ __forceinline__ const typename Cfg::IoT* sequence_start(const ConvFor
 // (four a thread: one chunk of each sequence in fp32, two in 2-byte I/O), each chunk's ring slot
 // computed once for both planes. Where u's type is the operand type the bytes go into the ring as
 // they are (a 2-byte u of that type is already rounded). Measured against loading the planes one
-// after the other (session 38, H100): fp32 u −6.6% at 16x256x8192, −4% at 64x768x8192; 2-byte u
+// after the other (session 38, H100): fp32 u −6.5% at 16x256x8192, −4.3% at 64x768x8192; 2-byte u
 // the same time (docs/performance.md).
 template <class Cfg>
 __device__ __forceinline__ void load_planes(const ConvForwardParams& p, const Item& item, bool vec_ok,
