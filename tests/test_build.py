@@ -327,7 +327,34 @@ def test_every_engine_instance_has_its_filter_image_kernel(compiled_units, cubin
     registers = kernel_registers(cubin_dir / f"{source.stem}.cubin")
     assert sum("filter_image_kernel" in name for name in registers) == 6, sorted(registers)
     assert {name for name in _extension._switch_macros() if name.startswith("MONARCH_FFTCONV_ENGINE_")} == {
-        "MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT"}
+        "MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT", TWIDDLE_TABLE}  # the one switch still to measure
+
+
+# The engine's one unmeasured build switch (session 38): the consumers' twiddle seeds from a table.
+TWIDDLE_TABLE = "MONARCH_FFTCONV_ENGINE_TWIDDLE_TABLE"
+
+
+@needs_nvcc
+@needs_cutlass
+def test_the_twiddle_table_build_compiles_and_fits(tmp_path):
+    """MONARCH_FFTCONV_ENGINE_TWIDDLE_TABLE=1, the engine switch to measure next: the engine unit
+    compiles with it, its six instances keep the registers at entry the split assumes, and no
+    kernel of the unit spills more than tests/ptxas_spills.json records for the default build
+    (the seeds' loads replace sincospif chains; the producer, which spills, is untouched)."""
+    (source,) = [s for s in SOURCES if s.name == "engine_instances.cu"]
+    result = nvcc_check(source, tmp_path, (f"{TWIDDLE_TABLE}=1",))
+    assert result.returncode == 0, result.stderr[-4000:]
+    registers = {name: count for name, count in kernel_registers(tmp_path / f"{source.stem}.cubin").items()
+                 if "engine_forward_kernel" in name}
+    assert len(registers) == 6 and set(registers.values()) == {engine_constants()["kRegsAtEntry"]}, registers
+    record = {name: tuple(spill) for name, spill in json.loads(SPILL_RECORD.read_text()).items()}
+    spills = {f"{unit_name(source)}:{name}": spill for name, spill in kernel_spills(result.stderr).items()}
+    print("twiddle table, engine spills (stored/loaded bytes a thread):",
+          {name.split("engine_forward_kernel")[1][:40]: spill for name, spill in spills.items() if "engine_forward" in name})
+    assert sum("engine_forward_kernel" in name for name in spills) == 6
+    for name, (stored, loaded) in spills.items():
+        was = record.get(name, (0, 0))
+        assert stored <= was[0] and loaded <= was[1], (name, was, (stored, loaded))
 
 
 # The fp32 radix kernels' one unmeasured build switch (session 38): the gated kernels ask L2 for

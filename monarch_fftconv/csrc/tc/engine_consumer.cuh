@@ -69,18 +69,30 @@ __device__ __forceinline__ void stage1(TF1 const& sF1cRows, TF1 const& sF1sRows,
   fence_regs(im);
 }
 
+// The twiddle seeds' source: omega<kN>(e), computed (sincospif), or read from the call's table
+// (Cfg::kTwiddleTable, MONARCH_FFTCONV_ENGINE_TWIDDLE_TABLE: filter_image_kernel wrote
+// omega<kN>(e) for every e < kN, so the seeds, and every output, keep their bits).
+template <class Cfg>
+struct Twiddles {
+  const float2* table;  // FilterImages::twiddles; unread without the table
+  __device__ __forceinline__ float2 operator()(int e) const {
+    if constexpr (Cfg::kTwiddleTable) return __ldg(table + (e & (Cfg::kN - 1)));
+    else return omega<Cfg::kN>(e);
+  }
+};
+
 // Twiddle exp(-2 pi i k1 s / N) in fp32 (a recurrence along the thread's columns, seeded by
-// sincospi), rounded into stage 2's A operand: 8 k steps of 4 words, a plane each.
+// sincospi or the table), rounded into stage 2's A operand: 8 k steps of 4 words, a plane each.
 template <class Cfg>
 __device__ __forceinline__ void twiddle_to_operand(const float (&re)[64], const float (&im)[64], const Lane& lane_in,
-                                                   uint32_t (&ar)[32], uint32_t (&ai)[32]) {
+                                                   const Twiddles<Cfg>& omega_of, uint32_t (&ar)[32], uint32_t (&ai)[32]) {
   const Lane ln = lane_in.opaque();
   using T = typename Cfg::T;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int k1 = Cfg::kTileRows * ln.wg + ln.row0 + 8 * h;
-    float2 cur = omega<Cfg::kN>(k1 * 2 * ln.q);
-    const float2 step1 = omega<Cfg::kN>(k1), step8 = omega<Cfg::kN>(8 * k1);
+    float2 cur = omega_of(k1 * 2 * ln.q);
+    const float2 step1 = omega_of(k1), step8 = omega_of(8 * k1);
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       const int i = acc_value(j, h, 0);
@@ -194,7 +206,8 @@ __device__ __forceinline__ void filter_to_operand(const float (&pc)[32], const f
 // 2^-e, rounded, stored as inverse 1's B: (s, k1) MN-major, this warpgroup's rows k1.
 template <class Cfg>
 __device__ __forceinline__ void handoff_store(const float (&pc)[32], const float (&qs)[32], const float (&qc)[32],
-                                              const float (&ps)[32], float unscale, const Lane& lane_in, uint32_t handoff_re) {
+                                              const float (&ps)[32], float unscale, const Lane& lane_in,
+                                              const Twiddles<Cfg>& omega_of, uint32_t handoff_re) {
   const Lane ln = lane_in.opaque();
   using T = typename Cfg::T;
 #pragma unroll
@@ -202,8 +215,8 @@ __device__ __forceinline__ void handoff_store(const float (&pc)[32], const float
     const int k1 = Cfg::kTileRows * ln.wg + ln.row0 + 8 * h;
     const typename Cfg::HandoffAddresses to(handoff_re, ln.q, k1);  // the im plane: + kHandoffPlaneBytes
     // Twiddle recurrences: up from s = 2q by 8, down from s = n2 - 2q by 8 (e = 1: one lower).
-    float2 up = omega<Cfg::kN>(-k1 * 2 * ln.q), down = omega<Cfg::kN>(-k1 * (Cfg::kN2 - 2 * ln.q));
-    const float2 up1 = omega<Cfg::kN>(-k1), up8 = omega<Cfg::kN>(-8 * k1);
+    float2 up = omega_of(-k1 * 2 * ln.q), down = omega_of(-k1 * (Cfg::kN2 - 2 * ln.q));
+    const float2 up1 = omega_of(-k1), up8 = omega_of(-8 * k1);
     up = make_float2(up.x * unscale, up.y * unscale);
     down = make_float2(down.x * unscale, down.y * unscale);
 #pragma unroll
@@ -222,7 +235,7 @@ __device__ __forceinline__ void handoff_store(const float (&pc)[32], const float
       if (j == 0 && ln.q == 0) {  // A'[0], A'[n2/2]: acc_col(q, j, 0) == 0, by index as above
         a[0] = make_float2(pc[acc_value(j, h, 0)], qc[acc_value(j, h, 0)]);
         am[0] = make_float2(ps[acc_value(j, h, 0)], qs[acc_value(j, h, 0)]);
-        const float2 w64 = omega<Cfg::kN>(-k1 * (Cfg::kN2 / 2));
+        const float2 w64 = omega_of(-k1 * (Cfg::kN2 / 2));
         wm[0] = make_float2(w64.x * unscale, w64.y * unscale);
       }
       const float2 y0 = cmul(a[0], w[0]), y1 = cmul(a[1], w[1]);
@@ -379,7 +392,7 @@ __device__ __forceinline__ bool store_y(float (&yr)[32], float (&yi)[32], float 
 
 // A consumer warpgroup: the items of the producer's stream, in order.
 template <class Cfg>
-__device__ void consumer(const ConvForwardParams& p, typename Cfg::Smem& sm, int wg) {
+__device__ void consumer(const ConvForwardParams& p, typename Cfg::Smem& sm, int wg, const Twiddles<Cfg> omega_of) {
   const int lt = threadIdx.x % Cfg::kWarpgroup;
   const Lane ln{wg, acc_row(lt, 0), lt % 4, lt % 32};
   const bool lane0 = ln.lane == 0;
@@ -422,7 +435,7 @@ __device__ void consumer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
         Tensor sZi = make_tensor(make_smem_ptr(sm.ring[stage][1]), typename Cfg::LayoutRing{});
         stage1<Cfg>(sF1cRows, sF1sRows, sZr, sZi, re, im);
         if (lane0) mbar_arrive(&sm.empty[stage]);
-        twiddle_to_operand<Cfg>(re, im, ln, ar, ai);
+        twiddle_to_operand<Cfg>(re, im, ln, omega_of, ar, ai);
       }
       float pc[32], qs[32], qc[32], ps[32];
       half_column_products<Cfg>(ar, ai, sF2c, sF2s, pc, qs, qc, ps);
@@ -433,7 +446,7 @@ __device__ void consumer(const ConvForwardParams& p, typename Cfg::Smem& sm, int
       float pc[32], qs[32], qc[32], ps[32];
       half_column_products<Cfg>(pr, pi, sF2c, sF2s, pc, qs, qc, ps);
       named_sync(Cfg::barrier_handoff_free(wg), 2 * Cfg::kWarpgroup);
-      handoff_store<Cfg>(pc, qs, qc, ps, sm.handoff_unscale, ln, handoff_re);
+      handoff_store<Cfg>(pc, qs, qc, ps, sm.handoff_unscale, ln, omega_of, handoff_re);
     }
     fence_proxy_async();
     named_arrive(Cfg::barrier_rows_ready(wg), 2 * Cfg::kWarpgroup);

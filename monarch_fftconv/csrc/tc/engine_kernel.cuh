@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(EngineTraits<P, IO>::kThreads, 1) engine_forwa
     producer<Cfg>(p, sm, begin, end);
   } else {
     regs_up<Cfg::kConsumerRegs>();
-    consumer<Cfg>(p, sm, warpgroup - 1);
+    consumer<Cfg>(p, sm, warpgroup - 1, Twiddles<Cfg>{FilterImages<Cfg>::twiddles(p.workspace, p.channels)});
   }
 }
 

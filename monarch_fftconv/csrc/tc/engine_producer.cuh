@@ -113,13 +113,19 @@ struct FilterUnscales {
 
 // The workspace the engine reads its filters from (filter_image_kernel writes it), per
 // channel kImageBytes (16-byte aligned): the resident buffer's kFilterWords words, then its
-// unscales (handoff, output, two zeros), as Smem holds them.
+// unscales (handoff, output, two zeros), as Smem holds them; after the channels' images, the
+// twiddle table where Cfg::kTwiddleTable (kTwiddleTableBytes, else none).
 template <class Cfg>
 struct FilterImages {
-  __host__ __device__ static constexpr size_t bytes(int64_t channels) { return size_t(channels) * Cfg::kImageBytes; }
+  __host__ __device__ static constexpr size_t bytes(int64_t channels) {
+    return size_t(channels) * Cfg::kImageBytes + Cfg::kTwiddleTableBytes;
+  }
   __host__ __device__ static constexpr size_t offset(int64_t c) { return size_t(c) * Cfg::kImageBytes; }
   __host__ __device__ static uint32_t* words(void* workspace, int c) {
     return reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(workspace) + offset(c));
+  }
+  __host__ __device__ static float2* twiddles(void* workspace, int64_t channels) {
+    return reinterpret_cast<float2*>(static_cast<uint8_t*>(workspace) + offset(channels));
   }
 };
 
@@ -243,6 +249,11 @@ __global__ void __launch_bounds__(Cfg::kWarpgroup) filter_image_kernel(const Con
   if (pt == 0) {
     const FilterUnscales unscale = filter_unscales<Cfg>(scale.e);
     *reinterpret_cast<float4*>(image + Cfg::kFilterWords) = make_float4(unscale.handoff, unscale.output, 0.0f, 0.0f);
+  }
+  if constexpr (Cfg::kTwiddleTable) {  // the consumers' seeds, spread over every channel's CTA
+    float2* table = FilterImages<Cfg>::twiddles(p.workspace, p.channels);
+    for (int64_t e = int64_t(c) * Cfg::kWarpgroup + pt; e < Cfg::kN; e += int64_t(gridDim.x) * Cfg::kWarpgroup)
+      table[e] = omega<Cfg::kN>(int(e));
   }
 }
 

@@ -35,6 +35,18 @@
 #define MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT 7
 #endif
 
+// MONARCH_FFTCONV_ENGINE_TWIDDLE_TABLE=1 (a build switch, session 38; unmeasured, off): the
+// consumers' twiddle seeds, exp(-2 pi i e / N) for about 15 angles e a job and thread, read from a
+// table of all N of them (128 KB, after the filter images in the call's workspace, written by
+// filter_image_kernel with the same omega<N>, so the same bits) instead of a sincospif each. ncu
+// (session 37, H100, 16x256x8192): the seeds were 1,363 of the consumers' 15,923 PC samples
+// (8.6%); after session 38's paired loads the producer no longer sets the pace alone. Predicted −2
+// to −5% at 16x256x8192 (an L2 round trip an epilogue, where the sincospif chain issued ~40
+// instructions a seed).
+#ifndef MONARCH_FFTCONV_ENGINE_TWIDDLE_TABLE
+#define MONARCH_FFTCONV_ENGINE_TWIDDLE_TABLE 0
+#endif
+
 namespace monarch_fftconv {
 namespace engine {
 
@@ -239,6 +251,9 @@ struct EngineTraits {
   static constexpr uint32_t kFilterBytes = kFilterWords * sizeof(uint32_t);  // 33,280
   static constexpr uint32_t kUnscaleBytes = 16;                              // two floats, padded
   static constexpr uint32_t kImageBytes = kFilterBytes + kUnscaleBytes;
+  // The twiddle table after the images (MONARCH_FFTCONV_ENGINE_TWIDDLE_TABLE): omega<kN>(e), e < kN.
+  static constexpr bool kTwiddleTable = MONARCH_FFTCONV_ENGINE_TWIDDLE_TABLE != 0;
+  static constexpr uint32_t kTwiddleTableBytes = kTwiddleTable ? kN1 * kN2 * sizeof(float2) : 0;
   static_assert(kFilterBytes % 16 == 0 && kImageBytes % 16 == 0, "the bulk copy moves multiples of 16 bytes");
 
   // Named barriers (0 is __syncthreads). rows_ready(w): warpgroup w's hand-off rows are stored;
