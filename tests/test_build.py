@@ -372,7 +372,7 @@ def test_the_gated_l2_prefetch_build_compiles_and_fits(tmp_path):
     with it; its fp32 gated instances (the ones it changes) spill at most
     GATED_L2_PREFETCH_SPILL_SLACK bytes beyond tests/ptxas_spills.json's default figures, and
     every other kernel of the unit spills exactly as recorded (the switch leaves them alone)."""
-    (source,) = [s for s in SOURCES if s.name == "forward_uniform_instances.cu"]
+    (source,) = [s for s in SOURCES if s.name == "forward_uniform_f32.cu"]
     result = nvcc_check(source, tmp_path, (f"{GATED_L2_PREFETCH}=1",))
     assert result.returncode == 0, result.stderr[-4000:]
     record = {name: tuple(spill) for name, spill in json.loads(SPILL_RECORD.read_text()).items()}

@@ -1,7 +1,7 @@
 // monarch_fftconv: the fused fp32-accurate causal FFT convolution's forward: the checks of a
-// call, its entry point and thread 0's own-path instances (the algorithm, the kernels and their
-// launchers: fp32/forward_kernels.cuh; the uniform pair sweep's instances:
-// fp32/forward_uniform_instances.cu, a unit of its own, which builds in parallel with this one).
+// call and its entry point (the algorithm, the kernels and their launchers:
+// fp32/forward_kernels.cuh; the instances: fp32/forward_{uniform,own_path}_<io>.cu, a unit per
+// io type and path, which build in parallel).
 //
 // CUDA headers only: never include torch here.
 
@@ -12,14 +12,12 @@ namespace {
 namespace fp32_detail {
 
 // The uniform pair sweep where the caller asks for it (p.uniform_pairs) and its filter walks hold
-// (n1 | M/16), else thread 0's own path. Both give the same bits. The uniform sweep's instances
-// are fp32/forward_uniform_instances.cu's; thread 0's own-path ones are this unit's.
+// (n1 | M/16), else thread 0's own path. Both give the same bits.
 template <typename IO>
 cudaError_t dispatch_size(const ConvForwardParams& p, cudaStream_t stream) {
   return with_plan(p.fft_size, cudaErrorInvalidValue, [&](auto logm) {
-    constexpr int LOGM = decltype(logm)::value;
-    if (takes_uniform_pairs<LOGM>(p)) return fp32_forward::launch_uniform_pairs<IO>(p, stream);
-    return launch_gating<LOGM, IO, false>(p, stream);
+    return takes_uniform_pairs<decltype(logm)::value>(p) ? fp32_forward::launch_uniform_pairs<IO>(p, stream)
+                                                         : fp32_forward::launch_own_path<IO>(p, stream);
   });
 }
 

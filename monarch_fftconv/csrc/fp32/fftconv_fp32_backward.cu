@@ -1,6 +1,7 @@
 // monarch_fftconv: the fused fp32-accurate backward's entry points: the checks of a call, then
-// the instances of its io type (the kernels and their data flow: fp32/grad_kernels.cuh; the
-// instances: fp32/grad_instances_*.cu, one unit per io type and gating, which build in parallel).
+// the instances of its io type and size part (the kernels and their data flow:
+// fp32/grad_kernels.cuh; the instances: fp32/grad_instances_*_part<n>.cu, one unit per io type,
+// gating and size part, which build in parallel).
 //
 // CUDA headers only: never include torch here.
 
@@ -14,24 +15,31 @@
 
 namespace monarch_fftconv {
 namespace fp32_grad {
-// Defined in fp32/grad_kernels.cuh; instantiated in the fp32/grad_instances_*.cu units.
-template <typename IO, bool GATED>
+// Defined in fp32/grad_kernels.cuh; instantiated in the fp32/grad_instances_*_part<PART>.cu units.
+template <typename IO, bool GATED, int PART>
 cudaError_t launch_io(const ConvBackwardParams& p, cudaStream_t stream, size_t* workspace_bytes);
 }  // namespace fp32_grad
 
 namespace {
+
+// The instances of the call's size part.
+template <typename IO, bool GATED>
+cudaError_t launch_io_part(const ConvBackwardParams& p, cudaStream_t stream, size_t* workspace_bytes) {
+  return fp32_detail::size_part_of(p.fft_size) == 0 ? fp32_grad::launch_io<IO, GATED, 0>(p, stream, workspace_bytes)
+                                                    : fp32_grad::launch_io<IO, GATED, 1>(p, stream, workspace_bytes);
+}
 
 // The instances of the call's io type; a gated call's only where they are built (fp32 io:
 // fp32/grad_kernels.cuh, kGatedGradIO; the binding sends no other).
 cudaError_t launch_io_type(const ConvBackwardParams& p, bool gated, cudaStream_t stream, size_t* workspace_bytes) {
   switch (p.io_type) {
     case IOType::kFloat32:
-      return gated ? fp32_grad::launch_io<float, true>(p, stream, workspace_bytes)
-                   : fp32_grad::launch_io<float, false>(p, stream, workspace_bytes);
+      return gated ? launch_io_part<float, true>(p, stream, workspace_bytes)
+                   : launch_io_part<float, false>(p, stream, workspace_bytes);
     case IOType::kBFloat16:
-      return gated ? cudaErrorInvalidValue : fp32_grad::launch_io<__nv_bfloat16, false>(p, stream, workspace_bytes);
+      return gated ? cudaErrorInvalidValue : launch_io_part<__nv_bfloat16, false>(p, stream, workspace_bytes);
     case IOType::kFloat16:
-      return gated ? cudaErrorInvalidValue : fp32_grad::launch_io<__half, false>(p, stream, workspace_bytes);
+      return gated ? cudaErrorInvalidValue : launch_io_part<__half, false>(p, stream, workspace_bytes);
   }
   return cudaErrorInvalidValue;
 }

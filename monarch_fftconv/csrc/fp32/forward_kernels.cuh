@@ -1,7 +1,7 @@
 // monarch_fftconv: the fused fp32-accurate causal FFT convolution's forward (SIMT, no tensor
-// cores): its kernels and launchers (the checks, the entry point and the default instances:
-// fp32/fftconv_fp32.cu; the uniform pair sweep's instances: fp32/forward_uniform_instances.cu,
-// a unit of its own, so that the two build in parallel).
+// cores): its kernels and launchers (the checks and the entry point: fp32/fftconv_fp32.cu; the
+// instances: fp32/forward_{uniform,own_path}_<io>.cu through fp32/forward_instances.cuh, one
+// unit per io type and path, which build in parallel).
 //
 // One sequence (b, c) is convolved entirely on chip, from the load of u to the store of y:
 //
@@ -287,10 +287,14 @@ cudaError_t launch_gating(const ConvForwardParams& p, cudaStream_t stream) {
 namespace fp32_forward {
 // One io type's uniform pair sweep kernels (the default route where built), gated and
 // ungated, every size where they are built (fp32_detail::uniform_pairs_built) and the call's
-// split has n1 | M/16; cudaErrorInvalidValue elsewhere. Defined and instantiated in
-// fp32/forward_uniform_instances.cu, which builds in parallel with fp32/fftconv_fp32.cu; called
-// by fp32/fftconv_fp32.cu (dispatch_size) once it has checked the call.
+// split has n1 | M/16; cudaErrorInvalidValue elsewhere.
 template <typename IO>
 cudaError_t launch_uniform_pairs(const ConvForwardParams& p, cudaStream_t stream);
+// One io type's kernels on thread 0's own path, gated and ungated, every size.
+// Both defined in fp32/forward_instances.cuh and instantiated by the fp32/forward_{uniform,
+// own_path}_<io>.cu units, which build in parallel; called by fp32/fftconv_fp32.cu
+// (dispatch_size) once it has checked the call.
+template <typename IO>
+cudaError_t launch_own_path(const ConvForwardParams& p, cudaStream_t stream);
 }  // namespace fp32_forward
 }  // namespace monarch_fftconv

@@ -1,6 +1,7 @@
 // monarch_fftconv: the fused fp32-accurate backward of the causal FFT convolution: its kernels
 // and launchers (the checks and the entry points: fp32/fftconv_fp32_backward.cu; the instances:
-// fp32/grad_instances_*.cu, one unit per io type, which build in parallel).
+// fp32/grad_instances_*_part<n>.cu, one unit per io type, gating and size part, which build in
+// parallel).
 //
 // The forward computed y = x * k' for each sequence, k' the channel's filter with the skip
 // term D added at lag 0, through Y = X·K' (K' = FFT(k')/N, the forward's filter spectrum).
@@ -554,12 +555,13 @@ cudaError_t launch_grad_route_of(const ConvBackwardParams& p, cudaStream_t strea
 }  // namespace
 
 namespace fp32_grad {
-// One io type's grad kernels (GATED: the gated ones), every size and route. Instantiated by the
-// fp32/grad_instances_*.cu units, which build in parallel; called by fp32/fftconv_fp32_backward.cu
-// once it has checked the call.
-template <typename IO, bool GATED>
+// One io type's grad kernels (GATED: the gated ones), every route, at the sizes of one part
+// (fp32_detail::size_part; cudaErrorInvalidValue at the other part's). Instantiated by the
+// fp32/grad_instances_<io>[_gated]_part<PART>.cu units, which build in parallel; called by
+// fp32/fftconv_fp32_backward.cu once it has checked the call.
+template <typename IO, bool GATED, int PART>
 cudaError_t launch_io(const ConvBackwardParams& p, cudaStream_t stream, size_t* workspace_bytes) {
-  return fp32_detail::with_plan(p.fft_size, cudaErrorInvalidValue, [&](auto logm) {
+  return fp32_detail::with_plan_in_part<PART>(p.fft_size, cudaErrorInvalidValue, [&](auto logm) {
     return fp32_detail::launch_grad_route_of<decltype(logm)::value, IO, GATED>(p, stream, workspace_bytes);
   });
 }

@@ -131,6 +131,22 @@ inline R with_plan(int fft_size, R otherwise, F&& f) {
   }
 }
 
+// The kernel units hold an io type's grad instances in two parts by size, so that no unit takes
+// much longer to compile than the others (the JIT build compiles them in parallel; its wall time
+// is its longest unit's): part 0 the plans of N <= 4096, part 1 those above.
+constexpr int kLargeSizesFromLogm = 12;  // N = 8192
+constexpr int size_part(int logm) { return logm < kLargeSizesFromLogm ? 0 : 1; }
+inline int size_part_of(int fft_size) { return size_part(ilog2_host(fft_size) - 1); }
+
+// with_plan for the plans of one part: `otherwise` for a size of the other part.
+template <int PART, class R, class F>
+inline R with_plan_in_part(int fft_size, R otherwise, F&& f) {
+  return with_plan(fft_size, otherwise, [&](auto logm) -> R {
+    if constexpr (size_part(decltype(logm)::value) == PART) return f(logm);
+    else return otherwise;
+  });
+}
+
 inline size_t smem_bytes_for(int fft_size, int n1, int n2) {
   return with_plan(fft_size, ~size_t(0), [&](auto logm) { return smem_bytes<decltype(logm)::value>(n1, n2); });
 }

@@ -1,8 +1,9 @@
-// monarch_fftconv: the uniform pair sweep's forward kernels (fp32/forward_kernels.cuh; the default
-// route where built, MONARCH_FFTCONV_FWD_UNIFORM_PAIRS=0 takes thread 0's own path), every io type,
-// gating and size where they are built. A unit of its own, so that it builds in parallel with
-// fp32/fftconv_fp32.cu (thread 0's own-path kernels: sizes the sweep does not cover, and =0).
+// monarch_fftconv: the definitions of the fp32 forward's per-io-type launchers
+// (fp32_forward::launch_uniform_pairs and launch_own_path, declared in fp32/forward_kernels.cuh),
+// included only by the units that instantiate them (fp32/forward_{uniform,own_path}_<io>.cu), so
+// that no other unit compiles the kernels.
 // CUDA headers only: never include torch here.
+#pragma once
 
 #include "fp32/forward_kernels.cuh"
 
@@ -20,8 +21,11 @@ cudaError_t launch_uniform_pairs(const ConvForwardParams& p, cudaStream_t stream
   });
 }
 
-template cudaError_t launch_uniform_pairs<float>(const ConvForwardParams&, cudaStream_t);
-template cudaError_t launch_uniform_pairs<__nv_bfloat16>(const ConvForwardParams&, cudaStream_t);
-template cudaError_t launch_uniform_pairs<__half>(const ConvForwardParams&, cudaStream_t);
+template <typename IO>
+cudaError_t launch_own_path(const ConvForwardParams& p, cudaStream_t stream) {
+  using namespace fp32_detail;
+  return with_plan(p.fft_size, cudaErrorInvalidValue,
+                   [&](auto logm) { return launch_gating<decltype(logm)::value, IO, false>(p, stream); });
+}
 }  // namespace fp32_forward
 }  // namespace monarch_fftconv

@@ -1,0 +1,12 @@
+// monarch_fftconv: the gated fp32-I/O grad kernels of the fp32 backward at the sizes of part 0
+// (N = 256 .. 4096), every route (fp32/grad_kernels.cuh). One unit per io type, gating and size
+// part, so that the builds run in parallel and none takes much longer than the others.
+// CUDA headers only: never include torch here.
+
+#include "fp32/grad_kernels.cuh"
+
+namespace monarch_fftconv {
+namespace fp32_grad {
+template cudaError_t launch_io<float, true, 0>(const ConvBackwardParams&, cudaStream_t, size_t*);
+}  // namespace fp32_grad
+}  // namespace monarch_fftconv
