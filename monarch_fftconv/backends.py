@@ -167,22 +167,22 @@ class _MonarchOps(Backend):
 
     def stages(self, plan, batch, channels, itemsize, filters=None):
         grouped = filters not in (None, channels)
-        if not grouped or not GROUPS_IN_KERNELS:
-            launches = self._conv_stages(plan, batch, channels, itemsize, channels)
-            if launches is None or not grouped:
-                return launches
+        in_kernels = grouped and GROUPS_IN_KERNELS
+        launches = self._conv_stages(plan, batch, channels, itemsize, filters if in_kernels else channels)
+        if launches is None or not grouped:
+            return launches
+        if not in_kernels:
             repeat = {"stage": f"repeat the {filters} filters over their groups (ATen copy)",
                       "reads": filters * plan.seq_len * 4, "writes": channels * plan.seq_len * 4}
             return [repeat, *launches]
-        launches = self._conv_stages(plan, batch, channels, itemsize, filters)
-        if launches is None or self._reads_rows_by_shift(plan, channels // filters):
+        if self._reads_rows_by_shift(plan, channels // filters):
             return launches
         # the binding repeats the G spectrum rows for a kernel that takes one a channel
-        spectrum_rows = [s for s in launches if s["stage"].startswith("filter spectrum")]
-        spectrum_row = spectrum_rows[-1]["writes"] // filters
+        spectrum_stages = [s for s in launches if s["stage"].startswith("filter spectrum")]
+        spectrum_row = spectrum_stages[-1]["writes"] // filters
         repeat = {"stage": f"repeat the {filters} spectrum rows over their groups (in the op)",
                   "reads": filters * spectrum_row, "writes": channels * spectrum_row}
-        return [*spectrum_rows, repeat, *launches[len(spectrum_rows):]]
+        return [*spectrum_stages, repeat, *launches[len(spectrum_stages):]]
 
     def _conv_stages(self, plan: MonarchPlan, batch: int, channels: int, itemsize: int,
                      spectrum_rows: int) -> list[dict] | None:

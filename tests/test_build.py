@@ -166,6 +166,16 @@ def spill_record_text(spills: dict[str, tuple[int, int]]) -> str:
     return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
+def unit_spills(source: Path, ptxas_log: str) -> dict[str, tuple[int, int]]:
+    """kernel_spills of one unit's ptxas log, keyed as the record keys them ("unit:mangled name")."""
+    return {f"{unit_name(source)}:{name}": spill for name, spill in kernel_spills(ptxas_log).items()}
+
+
+def recorded_spills() -> dict[str, tuple[int, int]]:
+    """tests/ptxas_spills.json: (stored, loaded) bytes a thread per "unit:mangled name"."""
+    return {name: tuple(spill) for name, spill in json.loads(SPILL_RECORD.read_text()).items()}
+
+
 def test_kernel_spills_parses_ptxas_output():
     hashed = "_ZN15monarch_fftconv57_GLOBAL__N__433820f6_24_fftconv_fp32_backward_cu_67898586"
     kernel = "11fp32_detail24fftconv_fp32_grad_kernelILi13EfEEvNS1_8GradArgsE"
@@ -190,11 +200,11 @@ def test_spills_do_not_grow(compiled_units):
     measured = {}
     for source, result in compiled_units.items():
         assert result.returncode == 0, result.stderr[-4000:]
-        measured.update({f"{unit_name(source)}:{name}": spill for name, spill in kernel_spills(result.stderr).items()})
+        measured.update(unit_spills(source, result.stderr))
     assert measured, "ptxas -v printed no kernel's properties"
     if os.environ.get(RECORD_SPILLS_ENV) == "1":
         SPILL_RECORD.write_text(spill_record_text(measured))
-    record = {name: tuple(spill) for name, spill in json.loads(SPILL_RECORD.read_text()).items()}
+    record = recorded_spills()
     was = {name: record.get(name, (0, 0)) for name in measured}  # a kernel the record lacks: no spill allowed
     grown = {name: (was[name], now) for name, now in measured.items() if now[0] > was[name][0] or now[1] > was[name][1]}
     assert not grown, "spills grew (recorded -> now, bytes stored/loaded per thread):\n" + "\n".join(
@@ -330,6 +340,15 @@ def test_every_engine_instance_has_its_filter_image_kernel(compiled_units, cubin
         "MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT", TWIDDLE_TABLE}  # the one switch still to measure
 
 
+def switch_build(unit: str, switch: str, out_dir: Path) -> tuple[Path, subprocess.CompletedProcess]:
+    """The kernel unit named `unit` compiled (nvcc_check) with the build switch `switch`=1; the
+    compile must succeed."""
+    (source,) = [s for s in SOURCES if s.name == unit]
+    result = nvcc_check(source, out_dir, (f"{switch}=1",))
+    assert result.returncode == 0, result.stderr[-4000:]
+    return source, result
+
+
 # The engine's one unmeasured build switch (session 38): the consumers' twiddle seeds from a table.
 TWIDDLE_TABLE = "MONARCH_FFTCONV_ENGINE_TWIDDLE_TABLE"
 
@@ -341,14 +360,11 @@ def test_the_twiddle_table_build_compiles_and_fits(tmp_path):
     compiles with it, its six instances keep the registers at entry the split assumes, and no
     kernel of the unit spills more than tests/ptxas_spills.json records for the default build
     (the seeds' loads replace sincospif chains; the producer, which spills, is untouched)."""
-    (source,) = [s for s in SOURCES if s.name == "engine_instances.cu"]
-    result = nvcc_check(source, tmp_path, (f"{TWIDDLE_TABLE}=1",))
-    assert result.returncode == 0, result.stderr[-4000:]
+    source, result = switch_build("engine_instances.cu", TWIDDLE_TABLE, tmp_path)
     registers = {name: count for name, count in kernel_registers(tmp_path / f"{source.stem}.cubin").items()
                  if "engine_forward_kernel" in name}
     assert len(registers) == 6 and set(registers.values()) == {engine_constants()["kRegsAtEntry"]}, registers
-    record = {name: tuple(spill) for name, spill in json.loads(SPILL_RECORD.read_text()).items()}
-    spills = {f"{unit_name(source)}:{name}": spill for name, spill in kernel_spills(result.stderr).items()}
+    record, spills = recorded_spills(), unit_spills(source, result.stderr)
     print("twiddle table, engine spills (stored/loaded bytes a thread):",
           {name.split("engine_forward_kernel")[1][:40]: spill for name, spill in spills.items() if "engine_forward" in name})
     assert sum("engine_forward_kernel" in name for name in spills) == 6
@@ -372,11 +388,8 @@ def test_the_gated_l2_prefetch_build_compiles_and_fits(tmp_path):
     with it; its fp32 gated instances (the ones it changes) spill at most
     GATED_L2_PREFETCH_SPILL_SLACK bytes beyond tests/ptxas_spills.json's default figures, and
     every other kernel of the unit spills exactly as recorded (the switch leaves them alone)."""
-    (source,) = [s for s in SOURCES if s.name == "forward_uniform_f32.cu"]
-    result = nvcc_check(source, tmp_path, (f"{GATED_L2_PREFETCH}=1",))
-    assert result.returncode == 0, result.stderr[-4000:]
-    record = {name: tuple(spill) for name, spill in json.loads(SPILL_RECORD.read_text()).items()}
-    spills = {f"{unit_name(source)}:{name}": spill for name, spill in kernel_spills(result.stderr).items()}
+    source, result = switch_build("forward_uniform_f32.cu", GATED_L2_PREFETCH, tmp_path)
+    record, spills = recorded_spills(), unit_spills(source, result.stderr)
     print("gated L2 prefetch, forward spills (stored/loaded bytes a thread):",
           {name.split(":")[1][:90]: spill for name, spill in spills.items() if "gated" in name})
     changed = [name for name in spills if "gated_uniform_pairs_kernel" in name and "EfEEv" in name]

@@ -230,8 +230,7 @@ cudaError_t launch(const ConvForwardParams& p, cudaStream_t stream) {
   static_cast<KArgs&>(a) = conv_kargs<LOGM>(p);
   if constexpr (GATED) a.z = p.pre_postgate_out;
   else a.row_shift = p.filter_row_shift;
-  if (p.filter_row_shift < 0 || p.filter_row_shift > 30 || (GATED && p.filter_row_shift != 0))
-    return cudaErrorInvalidValue;  // gated: a row per channel
+  if (!takes_row_shift(p.filter_row_shift, GATED)) return cudaErrorInvalidValue;
   if (!kGatedStoresZ<IO> && p.pre_postgate_out != nullptr) return cudaErrorInvalidValue;  // no z store built
   // The skip is always folded into the spectrum. The direct form stays compiled, though never
   // used, because the register allocation depends on it: without it fp32 io at N <= 2048

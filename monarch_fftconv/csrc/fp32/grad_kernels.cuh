@@ -485,8 +485,8 @@ template <int LOGM, typename IO, bool ON_CHIP, bool UNIFORM_PAIRS, bool GATED, b
 cudaError_t launch_grad(const ConvBackwardParams& p, cudaStream_t stream, size_t* workspace_bytes) {
   using P = Plan<LOGM>;
   using Layout = GradLayout<LOGM, ON_CHIP>;
-  if (p.filter_row_shift < 0 || p.filter_row_shift > 30 || (GATED && p.filter_row_shift != 0))
-    return cudaErrorInvalidValue;  // gated: a row per channel (before the workspace query, too)
+  // before the workspace query, too
+  if (!takes_row_shift(p.filter_row_shift, GATED)) return cudaErrorInvalidValue;
   GradShape shape;
   cudaError_t err = grad_shape<LOGM, IO, ON_CHIP, UNIFORM_PAIRS, GATED, WITH_DU>(p, shape);
   if (err != cudaSuccess) return err;

@@ -331,6 +331,11 @@ __host__ __device__ __forceinline__ int stage_entries(const KArgs& a) { return (
 __device__ __forceinline__ const float2* filter_row(const KArgs& a, int64_t c, int row_shift) {
   return a.K + (c >> row_shift) * int64_t(stage_entries(a));
 }
+// Whether a launch takes ConvForwardParams/ConvBackwardParams::filter_row_shift: 0 .. 30, and 0
+// for the GATED instances (a row per channel).
+constexpr bool takes_row_shift(int row_shift, bool gated) {
+  return row_shift >= 0 && row_shift <= 30 && (!gated || row_shift == 0);
+}
 __host__ __device__ __forceinline__ int stage_index(const KArgs& a, int e) {
   return (e >> a.ln2) * (a.n2 + 1) + (e & (a.n2 - 1));
 }
