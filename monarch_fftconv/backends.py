@@ -390,6 +390,15 @@ FUSED_GATE_IO_DTYPES = frozenset({torch.float32})
 # 16x256x8192 fp32 (bench_cufft.py --operator gated --backward; docs/performance.md, session 22).
 FUSED_GATED_TRAINING = True
 
+# The fused gated training step's dpostgate = dy ⊙ z in the gated grad kernel (session 39; off
+# until measured): each of its iterations multiplies the sequence's dy (read through L2, where the
+# dy pass then finds it) by z and stores dpostgate, a streaming pass of its own, in place of the
+# ATen multiply after the kernels (135 us of the 1,458 us step at 16x256x8192 fp32, H100,
+# session 38). The same bits (one fp32 multiply either way). Predicted: the step -60 to -110 us
+# at 16x256x8192 (the ATen pass's launch and its second read of dy gone; z and dpostgate still
+# cross HBM once each, inside a kernel latency-bound at 1.77x its plain twin).
+DPOSTGATE_IN_GRAD_KERNEL = False
+
 # A bf16/fp16 call (and a tf32 one, where its tensor cores would run it) whose gates the fp32
 # kernel fuses (both flags above on, u of FUSED_GATE_IO_DTYPES, causal, gates of u's shape and
 # dtype) runs on the fp32 kernel, where the tensor-core kernels would take the gates as

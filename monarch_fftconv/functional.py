@@ -309,27 +309,34 @@ class _FusedGatedTraining(torch.autograd.Function):
     """y = postgate ⊙ z, z = conv(x, k) + D ⊙ x, x = pregate ⊙ u (u and the gates (B, C, L), k a
     filter per channel) with the gates in the kernels both ways (ops.gated_fftconv and
     ops.gated_fftconv_backward). Saved: u, both gates, k's spectrum and, with a postgate, z;
-    dpostgate = dy ⊙ z is the one elementwise op left (docs/design.md, "The gated training step")."""
+    dpostgate = dy ⊙ z is the one elementwise op left (docs/design.md, "The gated training step"),
+    in the grad kernel's own read of dy where `backends.DPOSTGATE_IN_GRAD_KERNEL` was on at the
+    forward."""
 
     @staticmethod
     def forward(ctx, u, k, skip, pregate, postgate, precision):
         y, z, spectrum = ops.gated_fftconv_op(u, k, skip, pregate, postgate, precision)
         ctx.save_for_backward(u, spectrum, skip, pregate, postgate, z if postgate is not None else None)
         ctx.filter_len, ctx.filter_dtype, ctx.precision = k.shape[-1], k.dtype, precision
+        ctx.dpostgate_in_kernel = backends.DPOSTGATE_IN_GRAD_KERNEL  # the route, decided with the forward's
         return y
 
     @staticmethod
     def backward(ctx, dy):
         u, spectrum, skip, pregate, postgate, z = ctx.saved_tensors
         needs_u, needs_k, needs_skip, needs_pregate, needs_postgate, _ = ctx.needs_input_grad
-        du, dk, dskip, dpregate = ops.gated_fftconv_backward_op(dy.contiguous(), u, spectrum, skip, pregate, postgate,
-                                                                ctx.filter_len, ctx.precision)
+        dpostgate_in_kernel = postgate is not None and needs_postgate and ctx.dpostgate_in_kernel
+        du, dk, dskip, dpregate, dpostgate = ops.gated_fftconv_backward_op(
+            dy.contiguous(), u, spectrum, skip, pregate, postgate, ctx.filter_len, ctx.precision,
+            z if dpostgate_in_kernel else None)
+        if postgate is not None and needs_postgate and not dpostgate_in_kernel:
+            dpostgate = dy * z
         return (
             du if needs_u else None,
             dk.to(ctx.filter_dtype) if needs_k else None,
             dskip.to(skip.dtype) if skip is not None and needs_skip else None,
             dpregate if pregate is not None and needs_pregate else None,
-            dy * z if postgate is not None and needs_postgate else None,
+            dpostgate if postgate is not None and needs_postgate else None,
             None,
         )
 

@@ -325,8 +325,8 @@ def _(u: Tensor, filter_spectrum: Tensor, skip: Tensor | None, pregate: Tensor |
 # --------------------------------------------------------------------------- gated training step
 # The fused gated training step (issue #39; functional.py's autograd, behind
 # backends.FUSED_GATED_TRAINING): the forward keeps z = conv(x) + D·x, x = pregate ⊙ u, so the
-# backward's dpostgate = dy ⊙ z is one multiply; the backward takes both gates into the grad
-# kernel. The CPU implementations compose the ops above exactly as the CUDA kernels fuse them.
+# backward's dpostgate = dy ⊙ z is one multiply (in the grad kernel where z is given to it); the
+# backward takes both gates into the grad kernel. The CPU implementations compose the ops above exactly as the CUDA kernels fuse them.
 
 
 @torch.library.custom_op("monarch_fftconv::gated_fftconv", mutates_args=(), device_types="cpu")
@@ -357,31 +357,40 @@ def _(u: Tensor, k: Tensor, skip: Tensor | None, pregate: Tensor | None, postgat
 @torch.library.custom_op("monarch_fftconv::gated_fftconv_backward", mutates_args=(), device_types="cpu")
 def gated_fftconv_backward(
     grad: Tensor, u: Tensor, filter_spectrum: Tensor, skip: Tensor | None, pregate: Tensor | None,
-    postgate: Tensor | None, filter_len: int, precision: str,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(du, dk, dskip, dpregate) of gated_fftconv from dy = grad: dz = postgate ⊙ dy; dx, dk and
-    dskip are fftconv_backward's of dz and x = pregate ⊙ u (dk = Σ_b dz ⋆ x, dskip = Σ dz·x);
-    du = pregate ⊙ dx, dpregate = u ⊙ dx (empty without a pregate). dpostgate = dy ⊙ z is the
-    caller's. du and dpregate in u's dtype, dk and dskip in the compute dtype. CUDA: the gated
-    grad kernel, the gates in its loads and store (fp32 io, N <= 32768), else these ATen gates
-    around the ungated backward."""
+    postgate: Tensor | None, filter_len: int, precision: str, z: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(du, dk, dskip, dpregate, dpostgate) of gated_fftconv from dy = grad: dz = postgate ⊙ dy;
+    dx, dk and dskip are fftconv_backward's of dz and x = pregate ⊙ u (dk = Σ_b dz ⋆ x, dskip =
+    Σ dz·x); du = pregate ⊙ dx, dpregate = u ⊙ dx (empty without a pregate); dpostgate = dy ⊙ z
+    where z (gated_fftconv's, given only with a postgate) is given, else empty (the caller's).
+    du and both gate gradients in u's dtype, dk and dskip in the compute dtype. CUDA: the gated
+    grad kernel, the gates in its loads and store, dpostgate from its own read of dy (fp32 io,
+    N <= 32768), else these ATen gates around the ungated backward."""
     _check_gates(u, pregate, postgate)
+    if z is not None and (postgate is None or z.shape != u.shape or z.dtype != u.dtype):
+        raise ValueError(f"monarch_fftconv: z (for dpostgate) is given only with a postgate, with u's shape "
+                         f"{tuple(u.shape)} and dtype {u.dtype}, got {tuple(z.shape)} {z.dtype}"
+                         f"{'' if postgate is not None else ' and no postgate'}")
+    dy = grad.to(u.dtype)
     x = u if pregate is None else u * pregate
-    dz = grad.to(u.dtype) if postgate is None else grad.to(u.dtype) * postgate
+    dz = dy if postgate is None else dy * postgate
     dx, dk, dskip = fftconv_backward(dz, x, filter_spectrum, skip, filter_len, precision)
     dx = dx.to(u.dtype)
+    dpostgate = u.new_empty(0) if z is None else dy * z
     if pregate is None:
-        return dx, dk, dskip, u.new_empty(0)
-    return dx * pregate, dk, dskip, dx * u
+        return dx, dk, dskip, u.new_empty(0), dpostgate
+    return dx * pregate, dk, dskip, dx * u, dpostgate
 
 
 @gated_fftconv_backward.register_fake
 def _(grad: Tensor, u: Tensor, filter_spectrum: Tensor, skip: Tensor | None, pregate: Tensor | None,
-      postgate: Tensor | None, filter_len: int, precision: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+      postgate: Tensor | None, filter_len: int, precision: str,
+      z: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     du = torch.empty_like(u, memory_format=torch.contiguous_format)
     dk = u.new_empty((filter_spectrum.shape[0], filter_len), dtype=compute_dtype(u))
     dpregate = torch.empty_like(du) if pregate is not None else u.new_empty(0)
-    return du, dk, _empty_if_none(None if skip is None else torch.empty_like(skip), u), dpregate
+    dpostgate = torch.empty_like(du) if z is not None else u.new_empty(0)
+    return du, dk, _empty_if_none(None if skip is None else torch.empty_like(skip), u), dpregate, dpostgate
 
 
 # --------------------------------------------------------------------------- fftconv + autograd

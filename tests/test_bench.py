@@ -1153,6 +1153,32 @@ def test_unfused_gated_training_method_turns_the_switch_off(bench, tmp_path, mon
         assert backends.FUSED_GATED_TRAINING is True
 
 
+def test_dpostgate_in_grad_method_hands_z_to_the_backward(bench, tmp_path, monkeypatch):
+    """monarch-dpostgate-in-grad (run only when --methods names it) times the fused gated step with
+    backends.DPOSTGATE_IN_GRAD_KERNEL on, read at its forward: with --backward on the CPU (the
+    portable engine standing in for the fp32 kernels) its backward op is given z and returns
+    dpostgate, accurate with every gradient, where monarch[fp32]'s is not given z; the switch is
+    off again after."""
+    from monarch_fftconv import backends, ops
+
+    monkeypatch.setenv(backends.BACKEND_ENV, "portable")
+    monkeypatch.setattr(backends.Portable, "fuses_gates", True)
+    given_z = []
+    real = ops.gated_fftconv_backward_op
+    monkeypatch.setattr(ops, "gated_fftconv_backward_op", lambda *args: (given_z.append(args[8] is not None),
+                                                                         real(*args))[1])
+    assert "monarch-dpostgate-in-grad" not in {
+        m.name for m in bench.methods.make_methods("cpu", operator=bench.runner.OPERATORS["gated"])}
+    for method, in_kernel in (("monarch-dpostgate-in-grad", True), ("monarch[fp32]", False)):
+        given_z.clear()
+        res = bench.cli.main(["--quick", "--device", "cpu", "--no-plots", "--backward", "--operator", "gated",
+                              "--methods", method, "--shapes", "2x16x128", "--out", str(tmp_path / method)])
+        (row,) = res["rows"]
+        assert row["status"] == "ok" and bench.guard.is_accurate(row), row.get("error")
+        assert given_z and set(given_z) == {in_kernel}, method
+        assert backends.DPOSTGATE_IN_GRAD_KERNEL is False
+
+
 def test_plain_operator_keeps_the_plain_methods(bench):
     """--operator plain times what the benchmark timed before: the reference is reference_conv,
     every method runs, and the torch.fft rows keep their flop counts."""

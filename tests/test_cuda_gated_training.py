@@ -89,7 +89,7 @@ def test_gated_ops_on_cuda_match_their_cpu_spec(length, gates, gen):
     grads_c = ops.gated_fftconv_backward(dy.cpu(), cpu[0], spectrum_c, cpu[2], cpu[3], cpu[4], k.shape[-1], "fp32")
     assert rel_l2(y.cpu(), y_c) <= BUDGETS["fp32"]
     assert z.shape == z_c.shape and (z.numel() == 0 or rel_l2(z.cpu(), z_c) <= BUDGETS["fp32"])
-    for name, got, expected in zip(["du", "dk", "dD", "dpregate"], grads, grads_c):
+    for name, got, expected in zip(["du", "dk", "dD", "dpregate", "dpostgate"], grads, grads_c):
         assert got.shape == expected.shape, name
         assert got.numel() == 0 or rel_l2(got.cpu(), expected) <= 2 * BUDGETS["fp32"], name
 
@@ -110,7 +110,7 @@ def test_scratch_route_and_thread_zero_path(monkeypatch, gen):
         with monkeypatch.context() as m:
             m.setenv(name, value)
             for got, want in zip(grads(), default):
-                assert rel_l2(got, want) <= 1e-6, name
+                assert got.numel() == want.numel() and (got.numel() == 0 or rel_l2(got, want) <= 1e-6), name
 
 
 def test_bf16_io_takes_the_aten_gates_around_the_backward(gen):
@@ -123,4 +123,43 @@ def test_bf16_io_takes_the_aten_gates_around_the_backward(gen):
     half = [t.bfloat16() for t in (dy, u, pregate, postgate)]
     bf16 = ops.gated_fftconv_backward_op(half[0], half[1], spectrum, D, half[2], half[3], 100, "fp32")
     for got, want in zip(bf16, fp32):
-        assert rel_l2(got.float(), want) <= 2e-2
+        assert got.numel() == want.numel() and (got.numel() == 0 or rel_l2(got.float(), want) <= 2e-2)
+
+
+# N = 256 (thread 0's own pair path), 8192 and 16384 (on chip, uniform pairs), 32768 (the
+# split backward's filter sums, or the scratch route with the split off), 131072 (four-step: the
+# binding's ATen multiply); L = 8191: odd rows, the element-by-element tail.
+@pytest.mark.parametrize("length", [100, 4000, 8191, 12345, 40000])
+@pytest.mark.parametrize("route", [None, ("MONARCH_FFTCONV_GRAD_ACCUMULATOR", "global"),
+                                   ("MONARCH_FFTCONV_GRAD_UNIFORM_PAIRS", "0"), ("MONARCH_FFTCONV_GRAD_SPLIT", "1"),
+                                   ("MONARCH_FFTCONV_GRAD_SPLIT", "0")])
+def test_dpostgate_in_the_grad_kernel_is_dy_times_z(length, route, monkeypatch, gen):
+    """gated_fftconv_backward given z (backends.DPOSTGATE_IN_GRAD_KERNEL's call): dpostgate bit for
+    bit dy ⊙ z on every route, every element written (the allocator's next blocks poisoned with
+    NaN), and the other gradients the same bits as without z."""
+    if route is not None:
+        monkeypatch.setenv(*route)
+    u, k, D, pregate, postgate = cuda_inputs(gen, 3, 5, length, min(length, 700), "both", True, channel_stride=2)
+    dy = randn(gen, *u.shape, device=DEVICE)
+    _, z, spectrum = ops.gated_fftconv_op(u, k, D, pregate, postgate, "fp32")
+    without = ops.gated_fftconv_backward_op(dy, u, spectrum, D, pregate, postgate, k.shape[-1], "fp32")
+    for _ in range(4):
+        torch.empty_like(u).fill_(float("nan"))
+    grads = ops.gated_fftconv_backward_op(dy, u, spectrum, D, pregate, postgate, k.shape[-1], "fp32", z)
+    assert without[4].numel() == 0
+    assert torch.equal(grads[4], dy * z)
+    for name, got, want in zip(["du", "dk", "dD", "dpregate"], grads, without):
+        assert torch.equal(got, want), name
+
+
+def test_dpostgate_switch_gives_the_same_training_step(monkeypatch, gen):
+    """The fused training step with backends.DPOSTGATE_IN_GRAD_KERNEL on and off: y and every
+    gradient the same bits (16x32x8192: the default on-chip route)."""
+    u, k, D, pregate, postgate = cuda_inputs(gen, 4, 32, 8192, 8192, "both", True)
+    dy = randn(gen, *u.shape, device=DEVICE)
+    steps = []
+    for on in (False, True):
+        monkeypatch.setattr(backends, "DPOSTGATE_IN_GRAD_KERNEL", on)
+        steps.append(training_step(u, k, D, pregate, postgate, dy, True, monkeypatch))
+    for i, (off, on) in enumerate(zip(*steps)):
+        assert torch.equal(on, off), f"output {i}"

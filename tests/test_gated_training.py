@@ -82,11 +82,18 @@ def test_gated_forward_op_matches_float64(gates, with_D, gen):
 @pytest.mark.parametrize("gates, with_D", list(itertools.product(GATES, [False, True])))
 def test_gated_backward_op_matches_float64_autograd(gates, with_D, gen):
     """gated_fftconv_backward: du, dk, dD and dpregate against float64 autograd through the
-    reference (dk, dD those of x and dz = postgate ⊙ dy); dpostgate = dy ⊙ z, the caller's, too."""
+    reference (dk, dD those of x and dz = postgate ⊙ dy); dpostgate = dy ⊙ z, the op's where z is
+    given to it (and then the same bits as the caller's multiply), empty where it is not."""
     u, k, D, pregate, postgate = inputs(gen, gates, with_D)
     spectrum = ops.filter_spectrum(k, u.shape[-1], "fp32")
     dy = randn(gen, *u.shape)
-    du, dk, dskip, dpregate = ops.gated_fftconv_backward_op(dy, u, spectrum, D, pregate, postgate, k.shape[-1], "fp32")
+    z = None if postgate is None else ops.gated_fftconv_op(u, k, D, pregate, postgate, "fp32")[1]
+    du, dk, dskip, dpregate, dpostgate = ops.gated_fftconv_backward_op(dy, u, spectrum, D, pregate, postgate,
+                                                                       k.shape[-1], "fp32", z)
+    without_z = ops.gated_fftconv_backward_op(dy, u, spectrum, D, pregate, postgate, k.shape[-1], "fp32")
+    assert without_z[4].numel() == 0
+    for got, again in zip((du, dk, dskip, dpregate), without_z):
+        assert torch.equal(got, again)
 
     leaves = [t.double().requires_grad_() for t in (u, k, *(t for t in (D, pregate, postgate) if t is not None))]
     it = iter(leaves[2:])
@@ -104,9 +111,11 @@ def test_gated_backward_op_matches_float64_autograd(gates, with_D, gen):
         assert dpregate.numel() == 0
     else:
         assert dpregate.shape == u.shape and rel_l2(dpregate, wanted["pre"]) <= 2 * BUDGETS["fp32"]
-    if postgate is not None:
-        _, z, _ = ops.gated_fftconv_op(u, k, D, pregate, postgate, "fp32")
-        assert rel_l2(dy * z, wanted["post"]) <= 2 * BUDGETS["fp32"]
+    if postgate is None:
+        assert dpostgate.numel() == 0
+    else:
+        assert torch.equal(dpostgate, dy * z)
+        assert rel_l2(dpostgate, wanted["post"]) <= 2 * BUDGETS["fp32"]
 
 
 def test_gated_ops_grouped_filters(gen):
@@ -115,7 +124,7 @@ def test_gated_ops_grouped_filters(gen):
     y, z, spectrum = ops.gated_fftconv_op(u, k, D, pregate, postgate, "fp32")
     assert spectrum.shape[0] == 2 and rel_l2(y, gated_reference(u, k, D, pregate, postgate)[0]) <= BUDGETS["fp32"]
     dy = randn(gen, *u.shape)
-    _, dk, _, _ = ops.gated_fftconv_backward_op(dy, u, spectrum, D, pregate, postgate, k.shape[-1], "fp32")
+    _, dk, _, _, _ = ops.gated_fftconv_backward_op(dy, u, spectrum, D, pregate, postgate, k.shape[-1], "fp32")
     k64 = k.double().requires_grad_()
     (want,) = torch.autograd.grad(gated_reference(u, k64, D, pregate, postgate)[0], (k64,), dy.double())
     assert dk.shape == k.shape and rel_l2(dk, want) <= 2 * BUDGETS["fp32"]
@@ -128,6 +137,10 @@ def test_gated_ops_refuse_gates_unlike_u(gen):
         ops.gated_fftconv_op(u, k, None, randn(gen, 1, 3, 50), None, "fp32")
     with pytest.raises(ValueError, match="postgate must have u's shape"):
         ops.gated_fftconv_backward_op(u, u, spectrum, None, None, u.double(), 50, "fp32")
+    with pytest.raises(ValueError, match=r"z \(for dpostgate\) is given only with a postgate.*and no postgate"):
+        ops.gated_fftconv_backward_op(u, u, spectrum, None, None, None, 50, "fp32", u)
+    with pytest.raises(ValueError, match=r"z \(for dpostgate\).*got \(2, 3, 49\)"):
+        ops.gated_fftconv_backward_op(u, u, spectrum, None, None, u, 50, "fp32", u[..., :49])
 
 
 def test_gated_ops_opcheck(gen):
@@ -137,8 +150,9 @@ def test_gated_ops_opcheck(gen):
     spectrum = ops.filter_spectrum(k, 40, "fp32")
     for skip, pre, post in ((None, pregate, None), (D, None, postgate), (D, pregate, postgate)):
         torch.library.opcheck(ops.gated_fftconv, (u, k, skip, pre, post, "fp32"))
+        z = None if post is None else randn(gen, 2, 3, 40)
         torch.library.opcheck(ops.gated_fftconv_backward, (randn(gen, 2, 3, 40), u, spectrum, skip, pre, post, 30,
-                                                           "fp32"))
+                                                           "fp32", z))
 
 
 # --------------------------------------------------------------------------- fftconv with the switch on
@@ -161,6 +175,29 @@ def test_fused_training_gradients_match_float64(gates, with_D, group_share, fuse
         assert grad.dtype == leaf.dtype and grad.shape == leaf.shape
         assert rel_l2(grad, expected) <= 2 * BUDGETS["fp32"]
     assert fused_training_on_the_ops == ["gated_fftconv_op", "gated_fftconv_backward_op"]
+
+
+@pytest.mark.parametrize("gates", GATES)
+def test_dpostgate_in_the_op_gives_the_same_bits(gates, fused_training_on_the_ops, monkeypatch, gen):
+    """backends.DPOSTGATE_IN_GRAD_KERNEL on and off: the same y and gradients bit for bit (dy ⊙ z,
+    one fp32 multiply, in the op or after it), z handed to the op only when on, with a postgate and
+    its gradient asked for."""
+    u, k, D, pregate, postgate = inputs(gen, gates, True, channels=7)
+    dy = randn(gen, *u.shape)
+    handed = []
+    real = ops.gated_fftconv_backward_op
+    monkeypatch.setattr(ops, "gated_fftconv_backward_op", lambda *args: (handed.append(args[8] is not None), real(*args))[1])
+    results = []
+    for on in (False, True):
+        monkeypatch.setattr(backends, "DPOSTGATE_IN_GRAD_KERNEL", on)
+        leaves = [t.clone().requires_grad_() for t in (u, k, D, pregate, postgate) if t is not None]
+        it = iter(leaves[3:])
+        pre, post = (next(it) if t is not None else None for t in (pregate, postgate))
+        y = mf.fftconv(leaves[0], leaves[1], D=leaves[2], pregate=pre, postgate=post)
+        results.append([y, *torch.autograd.grad(y, leaves, dy)])
+    assert handed == [False, postgate is not None]
+    for off, on in zip(*results):
+        assert torch.equal(on, off)
 
 
 @pytest.mark.parametrize("gates", GATES)

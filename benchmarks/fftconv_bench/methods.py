@@ -442,7 +442,11 @@ def convolutions(device: str, *, compile: bool = False,
                 # the training step the fused one replaced (session 22): differs from monarch[fp32]
                 # only where autograd records the call (--backward)
                 ("monarch-unfused-gated-train", "fftconv with ATen gates around the kernels in a training step",
-                 "FUSED_GATED_TRAINING", False, "gated", not operator.gated, "fp32")]
+                 "FUSED_GATED_TRAINING", False, "gated", not operator.gated, "fp32"),
+                # the switch written in session 39 (off): dpostgate = dy ⊙ z in the gated grad
+                # kernel; differs from monarch[fp32] only in a gated training step (--backward)
+                ("monarch-dpostgate-in-grad", "fftconv, the fused gated step's dpostgate in its grad kernel",
+                 "DPOSTGATE_IN_GRAD_KERNEL", True, "gated", not operator.gated, "fp32")]
     # the route a half-precision gated call took before GATED_CALLS_ON_FP32 (session 28): the
     # tensor cores with ATen gates around them
     switched += [(f"monarch-tc-gates[{p}]", "fftconv on the tensor cores with ATen gates around them",
@@ -590,7 +594,8 @@ TENSOR_CORE_PRECISIONS = ("bf16", "fp16", "tf32")
 # the defaults (the fp32 backward's scratch route, the fused gates, the ops on grouped rows).
 ON_REQUEST_PREFIXES = ("monarch-tc[", "monarch-scratch-grad", "monarch-fused-grad", "monarch-batch-sum",
                        "monarch-keep-spectrum",
-                       "monarch-aten-gates", "monarch-grouped-repeat", "monarch-unfused-gated-train", "monarch-tc-gates[")
+                       "monarch-aten-gates", "monarch-grouped-repeat", "monarch-unfused-gated-train", "monarch-tc-gates[",
+                       "monarch-dpostgate-in-grad")
 # Read by the binding at each backward call.
 GRAD_ACCUMULATOR_ENV = "MONARCH_FFTCONV_GRAD_ACCUMULATOR"
 GRAD_SPLIT_ENV = "MONARCH_FFTCONV_GRAD_SPLIT"
@@ -630,7 +635,8 @@ def _fftconv_switched(switch: str, value: Any, precision: str = "fp32", owner: A
     the grouped ops replaced; the repeat's gradient, each group's sum, is autograd's), FUSED_GATES off (a forward that records no gradient keeps the ATen gates
     around the kernel, the route the fused gates replaced), FUSED_GATED_TRAINING off (a call that
     records a gradient keeps the ATen gates around the fp32 forward and grad kernels; its
-    backward follows the forward's route, so the switch is set there only), or
+    backward follows the forward's route, so the switch is set there only), DPOSTGATE_IN_GRAD_KERNEL
+    on (read at the forward too: the fused gated step's dpostgate in its grad kernel), or
     GATED_CALLS_ON_FP32 off (a bf16/fp16 gated call on the tensor cores, its gates ATen passes
     around them)."""
     def fftconv(u: Tensor, k: Tensor, **terms: Tensor) -> Tensor:

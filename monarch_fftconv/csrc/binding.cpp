@@ -942,7 +942,8 @@ void engine_switches_from_env(mf::ConvForwardParams& p) {
 // dk[c][1][s], dD float32 (C,) or empty): the fused fp32 backward, for every precision
 // (gradients in fp32 arithmetic are within every budget).
 // With gates (the gated training step: gated_fftconv_backward has checked them, a causal fp32-io
-// call on the radix kernels), the gated grad kernel: du = pregate ⊙ dx and *dpregate = u ⊙ dx.
+// call on the radix kernels), the gated grad kernel: du = pregate ⊙ dx and *dpregate = u ⊙ dx,
+// and *dpostgate = dy ⊙ z where z is given (with a postgate).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& grad_in, const at::Tensor& u_in,
                                                              const at::Tensor& spectrum_in,
                                                              const std::optional<at::Tensor>& skip_in,
@@ -951,7 +952,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
                                                              const std::optional<at::Tensor>& pregate = std::nullopt,
                                                              const std::optional<at::Tensor>& postgate = std::nullopt,
                                                              at::Tensor* dpregate = nullptr,
-                                                             const at::Tensor* u_spectrum = nullptr) {
+                                                             const at::Tensor* u_spectrum = nullptr,
+                                                             const std::optional<at::Tensor>& postgate_z = std::nullopt,
+                                                             at::Tensor* dpostgate = nullptr) {
   precision_of(precision);  // a known name; the arithmetic is fp32 whatever it is
   const mf::GradAccumulator accumulator = grad_accumulator_from_env();  // checked on every route
   const bool uniform_pairs = grad_uniform_pairs_from_env();
@@ -975,6 +978,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
   at::Tensor dk = two_sided ? at::empty({rows, 2, filter_len}, fp32) : at::empty({rows, filter_len}, fp32);
   at::Tensor dskip = at::empty({skip ? channels : 0}, fp32);
   if (dpregate != nullptr) *dpregate = pregate ? at::empty(u.sizes(), u.options()) : at::empty({0}, u.options());
+  if (dpostgate != nullptr) *dpostgate = postgate_z ? at::empty(u.sizes(), u.options()) : at::empty({0}, u.options());
   if (batch == 0) {  // sums over no sequences
     dk.zero_();
     dskip.zero_();
@@ -1026,6 +1030,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& g
   p.pregate = pregate ? pregate->data_ptr() : nullptr;
   p.postgate = postgate ? postgate->data_ptr() : nullptr;
   p.grad_pregate = pregate && dpregate != nullptr ? dpregate->data_ptr() : nullptr;
+  if (postgate_z && dpostgate != nullptr) {  // dy, as the kernel reads it (grad: u's dtype, contiguous)
+    p.postgate_z = postgate_z->data_ptr();
+    p.grad_postgate = dpostgate->data_ptr();
+  }
   // The split backward where it is asked for and the kernels have it (their answer: a workspace
   // size; N = 32768): the grad kernel's filter sums alone, then du = the correlation of dy with
   // k' by the forward kernel, on the conjugated spectrum (the skip term folds in the same).
@@ -1096,36 +1104,42 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fftconv_backward_from_spectrum(
                        &u_spectrum);
 }
 
-// The fused gated training step's backward (ops.gated_fftconv_backward): (du, dk, dD, dpregate),
-// dpregate empty without a pregate; dpostgate = dy ⊙ z is the autograd's. Causal calls of fp32 io
-// on the radix kernels (N <= 32768) run the gated grad kernel (the gates in its loads and store);
-// every other call, or one without gates, the ungated backward with ATen gates around it:
-// x = pregate ⊙ u, dz = postgate ⊙ dy, then du = pregate ⊙ dx, dpregate = u ⊙ dx.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_fftconv_backward(
+// The fused gated training step's backward (ops.gated_fftconv_backward): (du, dk, dD, dpregate,
+// dpostgate), dpregate empty without a pregate, dpostgate = dy ⊙ z empty without z (given only
+// with a postgate; the autograd's multiply then). Causal calls of fp32 io on the radix kernels
+// (N <= 32768) run the gated grad kernel (the gates in its loads and store, dpostgate from its
+// own read of dy); every other call, or one without gates, the ungated backward with ATen gates
+// around it: x = pregate ⊙ u, dz = postgate ⊙ dy, then du = pregate ⊙ dx, dpregate = u ⊙ dx,
+// dpostgate = dy ⊙ z.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_fftconv_backward(
     const at::Tensor& grad_in, const at::Tensor& u_in, const at::Tensor& spectrum,
     const std::optional<at::Tensor>& skip, const std::optional<at::Tensor>& pregate_in,
-    const std::optional<at::Tensor>& postgate_in, int64_t filter_len, c10::string_view precision) {
+    const std::optional<at::Tensor>& postgate_in, const std::optional<at::Tensor>& z_in, int64_t filter_len,
+    c10::string_view precision) {
   TORCH_CHECK_VALUE(u_in.dim() == 3, message("monarch_fftconv: u must be (B, C, L), got ", u_in.sizes()));
   const at::Tensor u = time_contiguous(u_in);
   const std::optional<at::Tensor> pregate = gate_term(pregate_in, u, "pregate");
   const std::optional<at::Tensor> postgate = gate_term(postgate_in, u, "postgate");
+  const std::optional<at::Tensor> z = gate_term(z_in, u, "z");
+  TORCH_CHECK_VALUE(!z || postgate, "monarch_fftconv: z (for dpostgate) is given only with a postgate");
   TORCH_CHECK_VALUE(grad_in.sizes() == u.sizes() && grad_in.device() == u.device(),
                     message("monarch_fftconv: the gradient must be ", u.sizes(), " on ", u.device(), ", got ",
                             grad_in.sizes()));
   const Split split = check_plan(u, spectrum);
   const bool fused = (pregate || postgate) && split.fft_size < mf::kFourStepMinSize && u.scalar_type() == at::kFloat;
   if (fused) {
-    at::Tensor dpregate;
+    at::Tensor dpregate, dpostgate;
     auto [du, dk, dskip] = backward_impl(grad_in, u, spectrum, skip, filter_len, precision, false, pregate, postgate,
-                                         &dpregate);
-    return {du, dk, dskip, dpregate};
+                                         &dpregate, nullptr, z, &dpostgate);
+    return {du, dk, dskip, dpregate, dpostgate};
   }
   const at::Tensor grad = grad_in.to(u.scalar_type());
   const at::Tensor x = pregate ? u.mul(*pregate) : u;
   const at::Tensor dz = postgate ? grad.mul(*postgate) : grad;
   auto [dx, dk, dskip] = backward_impl(dz, x, spectrum, skip, filter_len, precision, false);
-  if (!pregate) return {dx, dk, dskip, at::empty({0}, u.options())};
-  return {dx.mul(*pregate), dk, dskip, dx.mul(u)};
+  at::Tensor dpostgate = z ? grad.mul(*z) : at::empty({0}, u.options());
+  if (!pregate) return {dx, dk, dskip, at::empty({0}, u.options()), dpostgate};
+  return {dx.mul(*pregate), dk, dskip, dx.mul(u), dpostgate};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fftconv_backward_two_sided(

@@ -130,6 +130,12 @@ struct ConvBackwardParams {
   const void* postgate;
   void* grad_pregate;             // (batch, channels, seq_len) contiguous, io_type; required with pregate
   int filter_row_shift;           // as in ConvForwardParams (ungated only); grad_filter keeps a row per channel
+  // dpostgate = dy ⊙ z from the gated grad kernel's own load of dy (every route), where both are
+  // given with a postgate: z the forward's pre-postgate output (ConvForwardParams::
+  // pre_postgate_out), grad_postgate its gradient, both (batch, channels, seq_len) contiguous in
+  // io_type. nullptr, both: dpostgate is the caller's (one elementwise pass more).
+  const void* postgate_z;
+  void* grad_postgate;
 };
 
 // The filter spectrum that ConvForwardParams takes, from the filter k (fp32 arithmetic):

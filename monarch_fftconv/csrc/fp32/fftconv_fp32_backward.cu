@@ -53,6 +53,9 @@ cudaError_t grad_dispatch(const ConvBackwardParams& p, cudaStream_t stream, size
   // The gated step: causal only, its dpregate given with its pregate.
   const bool gated = p.pregate != nullptr || p.postgate != nullptr;
   if (gated && (p.two_sided || (p.pregate && !p.grad_pregate))) return cudaErrorInvalidValue;
+  // dpostgate in the kernel: z and its gradient together, beside a postgate
+  if ((p.postgate_z != nullptr) != (p.grad_postgate != nullptr) || (p.grad_postgate && !p.postgate))
+    return cudaErrorInvalidValue;
   if (workspace_bytes == nullptr &&
       !(p.u && p.grad && (p.grad_u || p.filter_grad_only) && p.grad_filter && p.workspace && p.filter_spectrum &&
         reinterpret_cast<uintptr_t>(p.filter_spectrum) % 8 == 0 && reinterpret_cast<uintptr_t>(p.workspace) % 16 == 0))

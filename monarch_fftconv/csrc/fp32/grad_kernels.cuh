@@ -75,6 +75,10 @@ struct GradArgs {
   // The GATED grad kernel's (k.pregate, k.postgate: the gates, or nullptr): dpregate = u ⊙ dx,
   // (B, C, L) contiguous, given with k.pregate. Last, so the ungated kernels' fields keep their offsets.
   void* dpre;
+  // dpostgate = dy ⊙ z, stored where both are given (ConvBackwardParams::postgate_z,
+  // grad_postgate: (B, C, L) contiguous, fp32), else nullptr.
+  const void* z;
+  void* dpost;
 };
 
 // The io types the gated grad kernel is built for: those of backends.FUSED_GATE_IO_DTYPES (fp32;
@@ -237,6 +241,14 @@ __device__ __forceinline__ void grad_iterations(const GradArgs& g) {
         if (a.pregate != nullptr) prefetch_span_l2(static_cast<const IO*>(a.pregate) + row + a.C * L, bytes, tx, T);
         if (a.postgate != nullptr) prefetch_span_l2(static_cast<const IO*>(a.postgate) + row + a.C * L, bytes, tx, T);
       }
+    }
+    // dpostgate = dy ⊙ z where it is asked for, a pass of its own while no transform values are
+    // live (inside the dy pass's loads it raised the scratch routes' spills, 328/964 -> 852/2096 B
+    // at N = 8192); dy, asked of L2 by the previous iteration, stays there for the dy pass.
+    if constexpr (GATED && std::is_same_v<IO, float>) {
+      if (g.dpost != nullptr)
+        multiply_rows(static_cast<float*>(g.dpost) + row, static_cast<const float*>(g.dy) + row,
+                      static_cast<const float*>(g.z) + row, Lv, tx, T);
     }
     // The scratch accumulator is read at the end of the iteration: ask L2 for it now.
     if (!ON_CHIP && valid && i > 0) {
@@ -501,6 +513,8 @@ cudaError_t launch_grad(const ConvBackwardParams& p, cudaStream_t stream, size_t
     g.k.pregate = p.pregate;
     g.k.postgate = p.postgate;
     g.dpre = p.grad_pregate;
+    g.z = p.postgate_z;
+    g.dpost = p.grad_postgate;
   }
   g.dy = p.grad;
   g.du = p.grad_u;

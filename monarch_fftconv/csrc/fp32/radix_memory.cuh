@@ -100,6 +100,26 @@ template <> __device__ __forceinline__ void io_store2<__half>(__half* p, float a
   __stcs(reinterpret_cast<unsigned*>(p), as_bits(__floats2half2_rn(a, b)));
 }
 
+// out[t] = kept[t]·x[t] for t < n, by `threads` threads from thread tx, a pass of its own in pairs
+// (where all three rows are 8-byte aligned): kept read through L2 (a pass soon reads it again),
+// x read and out written as streams. The gated grad kernel's dpostgate = dy ⊙ z.
+__device__ __forceinline__ void multiply_rows(float* out, const float* kept, const float* x, int n, int tx,
+                                              int threads) {
+  const uintptr_t any = reinterpret_cast<uintptr_t>(out) | reinterpret_cast<uintptr_t>(kept) |
+                        reinterpret_cast<uintptr_t>(x);
+  int t = tx;
+  if ((any & 7) == 0) {
+#pragma unroll 4
+    for (int i = tx; i < n / 2; i += threads) {
+      const float2 k2 = __ldg(reinterpret_cast<const float2*>(kept) + i);
+      const float2 x2 = __ldcs(reinterpret_cast<const float2*>(x) + i);
+      __stcs(reinterpret_cast<float2*>(out) + i, make_float2(k2.x * x2.x, k2.y * x2.y));
+    }
+    t = (n & ~1) + tx;  // an odd row's last element
+  }
+  for (; t < n; t += threads) __stcs(out + t, __ldg(kept + t) * __ldcs(x + t));
+}
+
 // Two consecutive elements x[t0], x[t0 + 1] (zero at and past Lv) in two steps: their bits as
 // memory holds them (a float2, or one 32-bit word of two 16-bit halves), then the floats. The
 // load's branch (paired or element by element at a row's end) only moves bits; the conversion
