@@ -373,7 +373,7 @@ def test_the_twiddle_table_build_compiles_and_fits(tmp_path):
         assert stored <= was[0] and loaded <= was[1], (name, was, (stored, loaded))
 
 
-# The fp32 radix kernels' one unmeasured build switch (session 38): the gated kernels ask L2 for
+# An unmeasured build switch of the fp32 radix kernels (session 38): the gated kernels ask L2 for
 # the gate rows (and the forward for the next sequence's u) a sequence ahead.
 GATED_L2_PREFETCH = "MONARCH_FFTCONV_GATED_L2_PREFETCH"
 # Bytes a thread the switch's gated fp32 forward may spill beyond the default's record (nvcc 13.0,
@@ -398,6 +398,41 @@ def test_the_gated_l2_prefetch_build_compiles_and_fits(tmp_path):
         was = record.get(name, (0, 0))
         if name in changed:
             assert stored <= was[0] + GATED_L2_PREFETCH_SPILL_SLACK and loaded <= was[1] + GATED_L2_PREFETCH_SPILL_SLACK, \
+                (name, was, (stored, loaded))
+        else:
+            assert (stored, loaded) == was, (name, was, (stored, loaded))
+
+
+# The fp32 forward's second unmeasured build switch (session 39): the gated last pass's row offset
+# computed anew, not p1's pregate row held through the passes.
+GATED_ROW_FENCE = "MONARCH_FFTCONV_GATED_ROW_FENCE"
+# Bytes a thread an fp32 gated instance may spill beyond the default's record with it (nvcc 13.0,
+# session 39: N = 1024 8/4 -> 12/8; N = 2048..32768 fewer, 60/56 -> 28/24 at N = 16384).
+GATED_ROW_FENCE_SPILL_SLACK = 4
+
+
+@needs_nvcc
+@needs_cutlass
+def test_the_gated_row_fence_build_cuts_the_gated_spills(tmp_path):
+    """MONARCH_FFTCONV_GATED_ROW_FENCE=1: the fp32 gated forward at N = 16384 (the 16x256x8192
+    call's) spills less than the default's record and at most 8 bytes a thread more than the
+    ungated kernel's; the other fp32 gated instances at most GATED_ROW_FENCE_SPILL_SLACK beyond
+    the record; every ungated and 2-byte kernel of the unit exactly as recorded (the switch
+    leaves them alone)."""
+    source, result = switch_build("forward_uniform_f32.cu", GATED_ROW_FENCE, tmp_path)
+    record, spills = recorded_spills(), unit_spills(source, result.stderr)
+    print("gated row fence, forward spills (stored/loaded bytes a thread):",
+          {name.split(":")[1][:90]: spill for name, spill in spills.items() if "gated" in name})
+    changed = [name for name in spills if "gated_uniform_pairs_kernel" in name and "EfEEv" in name]
+    (at_16384,) = [name for name in changed if "kernelILi13EfE" in name]
+    (plain_16384,) = [name for name in spills if "_uniform_pairs_kernelILi13EfE" in name and name not in changed]
+    assert len(changed) >= 5, sorted(spills)
+    assert spills[at_16384] < record[at_16384], (spills[at_16384], record[at_16384])
+    assert all(now <= plain + 8 for now, plain in zip(spills[at_16384], record[plain_16384]))
+    for name, (stored, loaded) in spills.items():
+        was = record.get(name, (0, 0))
+        if name in changed:
+            assert stored <= was[0] + GATED_ROW_FENCE_SPILL_SLACK and loaded <= was[1] + GATED_ROW_FENCE_SPILL_SLACK, \
                 (name, was, (stored, loaded))
         else:
             assert (stored, loaded) == was, (name, was, (stored, loaded))

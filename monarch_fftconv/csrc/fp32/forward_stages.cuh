@@ -77,6 +77,20 @@ struct ForwardIoChoices {
       MONARCH_FFTCONV_FWD_DIRECT_SKIP >= 0 ? MONARCH_FFTCONV_FWD_DIRECT_SKIP == 1 : !(kChosen && LOGM <= 12);
 };
 
+// MONARCH_FFTCONV_GATED_ROW_FENCE=1 (a build switch, session 39; unmeasured, off): the gated
+// forward's last pass computes its rows' offset (b·C + c)·L (z, postgate, y) anew from an opaque c
+// (fence) instead of reusing forward p1's pregate row, which the compiler otherwise keeps live
+// through every pass of the sequence. ptxas/SASS (sm_90a, nvcc 13.0), the fp32 uniform instance
+// at N = 16384: spills 60/56 -> 28/24 B (the plain kernel's 24/20), spill instructions in the
+// sequence loop 9 STL + 14 LDL -> 1 + 6 (the plain kernel's 0 + 5), 365 more integer instructions
+// in the last pass's address arithmetic (8,523 -> 8,888 in the loop, most on the element-by-
+// element tail). ncu (session 38, H100): the gated kernel issued 584,000 spill requests against
+// the plain one's 133,440 and ran 1.43x its time at 7.45 against 6.00 cycles between a warp's
+// issues. Predicted: the gated forward kernel −5 to −10% at 16x256x8192 fp32 (397 us).
+#ifndef MONARCH_FFTCONV_GATED_ROW_FENCE
+#define MONARCH_FFTCONV_GATED_ROW_FENCE 0
+#endif
+
 // What the forward kernel takes: PlainKArgs, or GatedKArgs for the GATED instance.
 template <bool GATED>
 using ForwardArgs = std::conditional_t<GATED, GatedKArgs, PlainKArgs>;
@@ -362,7 +376,9 @@ __device__ __forceinline__ void last_inverse_store(const float* re, const float*
   using P = Plan<LOGM>;
   constexpr int M = P::M, T = P::T;
   const bool valid = seq.valid, upair = seq.upair, ypair = seq.ypair;
-  const int64_t b = seq.b, c = seq.c;
+  int64_t b = seq.b, c = seq.c;
+  // (b·C + c)·L anew, not p1's pregate row kept through the passes (MONARCH_FFTCONV_GATED_ROW_FENCE)
+  if constexpr (GATED && sizeof(IO) == 4 && MONARCH_FFTCONV_GATED_ROW_FENCE != 0) fence(c);
   const IO* u = static_cast<const IO*>(a.u) + b * a.ubs + c * a.ucs;
   IO* y = static_cast<IO*>(a.y) + (b * a.C + c) * a.L;  // y is contiguous (B, C, L)
   const int Lv = seq.Lv;
