@@ -135,12 +135,16 @@ __device__ __forceinline__ void forward_sequences(const ForwardArgs<GATED>& a) {
       mid_inverse(re, im, j0, j1, A2, B2);
     }
     if constexpr (Choices::kPrefetchPoint == PrefetchPoint::kAfterMidInverse) prefetch_next(s);
+    // the inverse passes' tx: opaque where kInverseTxFence, so that their shared-memory addresses
+    // are computed again, not forward p2's held through the mid pass (forward_stages.cuh says why)
+    int tx_inverse = tx;
+    if constexpr (Choices::kInverseTxFence) fence(tx_inverse);
     // ================= inverse p2
-    if constexpr (P::LR2 > 0) pass_smem<M, T, P::R2, 16, true>(re, im, tx, tables.ip2);
+    if constexpr (P::LR2 > 0) pass_smem<M, T, P::R2, 16, true>(re, im, tx_inverse, tables.ip2);
     if constexpr (Choices::kPrefetchPoint == PrefetchPoint::kBeforeLastStore) prefetch_next(s);
 
     // ================= inverse last: smem -> global, radix R1, NS = M/R1, causal half stored
-    last_inverse_store<LOGM, IO, GATED, UNIFORM_PAIRS>(re, im, tx, tables.mid, a, seq);
+    last_inverse_store<LOGM, IO, GATED, UNIFORM_PAIRS>(re, im, tx_inverse, tables.mid, a, seq);
   }
 }
 

@@ -47,6 +47,22 @@ constexpr bool kGatedStoresZ = std::is_same_v<IO, float>;
 // fewer values are live (the mid pass holds 64 complex values a thread), which decides spills.
 enum class PrefetchPoint { kAfterFilterStage, kAfterMidInverse, kBeforeLastStore };
 
+// MONARCH_FFTCONV_FWD_INVERSE_TX_FENCE=1 (a build switch, session 39; unmeasured, off): the
+// inverse passes index shared memory from an opaque copy of tx (ForwardIoChoices::kInverseTxFence).
+// Forward p2 and the inverse passes touch the same slots (index i + i/32 of the same butterflies),
+// so the compiler keeps p2's addresses through the mid pass to use them again, and under the
+// 128-register cap spills them: 34 of them a sequence at N = 8192 (fp32 io), stored before the
+// mid pass and loaded in the last pass. With the copy it computes them again, two integer
+// instructions each. SASS (sm_90a, nvcc 13.0), the sequence loop of the fp32 uniform instances:
+// spill instructions N = 4096 113 -> 0, 8192 69 -> 0, 16384 5 -> 5, 32768 3 -> 6; instructions
+// -2.3 to -3.9% at every N; the gated ones' spills 91 -> 1 (4096), 73 -> 0, 23 -> 3 (16384),
+// instructions -5 to -8%. Predicted (H100): fp32 forward kernels -8 to -15% at 16x256x{2048,4096}
+// (their spill traffic gone), -2 to -4% at 16x256x8192; the gated fp32 forward -6 to -12% at
+// 16x256x8192. The same arithmetic: the same bits.
+#ifndef MONARCH_FFTCONV_FWD_INVERSE_TX_FENCE
+#define MONARCH_FFTCONV_FWD_INVERSE_TX_FENCE 0
+#endif
+
 // For experiments (ptxas figures), -D overrides of the choices below: a point 0..2, a 0/1 skip.
 #ifndef MONARCH_FFTCONV_FWD_PREFETCH_POINT
 #define MONARCH_FFTCONV_FWD_PREFETCH_POINT -1
@@ -59,6 +75,9 @@ enum class PrefetchPoint { kAfterFilterStage, kAfterMidInverse, kBeforeLastStore
 // - kPrefetchPoint: where the next sequence's u prefetch is issued (2-byte io only);
 // - kDirectSkip: whether the store's D·u form is compiled. The skip is always folded into the
 //   spectrum (launch sets skip_fold), so the form never runs, but ptxas allocates around it.
+// - kInverseTxFence: whether the inverse passes take an opaque tx (MONARCH_FFTCONV_FWD_INVERSE_TX_FENCE):
+//   every instance but the 2-byte plain uniform ones at N = 4096 and 8192, where their loop's
+//   spill instructions rose (47 -> 52, 62 -> 67) and its instructions by 1.3-1.6%.
 // For the plain call's kernel with 2-byte io they are chosen by ptxas's spills (sm_90a, bytes
 // stored/loaded a thread; each option compiled, session 24): N = 4096 and 8192 without the D·u
 // form, N = 8192 prefetched after the mid pass (204/200 -> 108/168 prefetched after the filter
@@ -75,21 +94,9 @@ struct ForwardIoChoices {
                                               : PrefetchPoint::kAfterFilterStage;
   static constexpr bool kDirectSkip =
       MONARCH_FFTCONV_FWD_DIRECT_SKIP >= 0 ? MONARCH_FFTCONV_FWD_DIRECT_SKIP == 1 : !(kChosen && LOGM <= 12);
+  static constexpr bool kInverseTxFence =
+      MONARCH_FFTCONV_FWD_INVERSE_TX_FENCE != 0 && !(kChosen && (LOGM == 11 || LOGM == 12));
 };
-
-// MONARCH_FFTCONV_GATED_ROW_FENCE=1 (a build switch, session 39; unmeasured, off): the gated
-// forward's last pass computes its rows' offset (b·C + c)·L (z, postgate, y) anew from an opaque c
-// (fence) instead of reusing forward p1's pregate row, which the compiler otherwise keeps live
-// through every pass of the sequence. ptxas/SASS (sm_90a, nvcc 13.0), the fp32 uniform instance
-// at N = 16384: spills 60/56 -> 28/24 B (the plain kernel's 24/20), spill instructions in the
-// sequence loop 9 STL + 14 LDL -> 1 + 6 (the plain kernel's 0 + 5), 365 more integer instructions
-// in the last pass's address arithmetic (8,523 -> 8,888 in the loop, most on the element-by-
-// element tail). ncu (session 38, H100): the gated kernel issued 584,000 spill requests against
-// the plain one's 133,440 and ran 1.43x its time at 7.45 against 6.00 cycles between a warp's
-// issues. Predicted: the gated forward kernel −5 to −10% at 16x256x8192 fp32 (397 us).
-#ifndef MONARCH_FFTCONV_GATED_ROW_FENCE
-#define MONARCH_FFTCONV_GATED_ROW_FENCE 0
-#endif
 
 // What the forward kernel takes: PlainKArgs, or GatedKArgs for the GATED instance.
 template <bool GATED>
@@ -376,9 +383,7 @@ __device__ __forceinline__ void last_inverse_store(const float* re, const float*
   using P = Plan<LOGM>;
   constexpr int M = P::M, T = P::T;
   const bool valid = seq.valid, upair = seq.upair, ypair = seq.ypair;
-  int64_t b = seq.b, c = seq.c;
-  // (b·C + c)·L anew, not p1's pregate row kept through the passes (MONARCH_FFTCONV_GATED_ROW_FENCE)
-  if constexpr (GATED && sizeof(IO) == 4 && MONARCH_FFTCONV_GATED_ROW_FENCE != 0) fence(c);
+  const int64_t b = seq.b, c = seq.c;
   const IO* u = static_cast<const IO*>(a.u) + b * a.ubs + c * a.ucs;
   IO* y = static_cast<IO*>(a.y) + (b * a.C + c) * a.L;  // y is contiguous (B, C, L)
   const int Lv = seq.Lv;

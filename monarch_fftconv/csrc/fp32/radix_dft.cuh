@@ -43,7 +43,6 @@ __device__ __forceinline__ cf cconj(cf a) { return {a.x, -a.y}; }
 // would exceed the 128-register budget of 2 CTAs x 256 threads per SM).
 __device__ __forceinline__ void fence(cf& v) { asm volatile("" : "+f"(v.x), "+f"(v.y)); }
 __device__ __forceinline__ void fence(int& v) { asm volatile("" : "+r"(v)); }
-__device__ __forceinline__ void fence(int64_t& v) { asm volatile("" : "+l"(v)); }
 template <int R>
 __device__ __forceinline__ void fence(cf (&v)[R]) {
 #pragma unroll
