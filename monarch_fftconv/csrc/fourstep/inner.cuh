@@ -28,6 +28,7 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inn
   const SlotSmem<LOGM> slot(reinterpret_cast<float*>(smem_raw), S);
   float *re = slot.re, *im = slot.im;
   const int tx = threadIdx.x, ty = threadIdx.y;
+  constexpr bool kInverseTxFence = MONARCH_FFTCONV_INVERSE_TX_FENCE != 0 && MODE != InnerMode::kInverse;
   const int64_t rows = (g.columns >> g.logM) * g.R;
   // A slot's item: one row, or in kGradSum the B rows b·(C·R) + item of one (c, k2) = item, in
   // the order b = 0 .. B-1, so that the slot alone sums their products (a fixed order).
@@ -66,6 +67,11 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inn
       if constexpr (Pl::LR2 > 0 && MODE != InnerMode::kInverse)
         pass_smem<M, T, Pl::R2, R1, false>(re, im, tx, slot.fp2());
 
+      // The inverse side's tx (the mid pass's store, the inverse passes): opaque with
+      // MONARCH_FFTCONV_INVERSE_TX_FENCE (radix_passes.cuh), so that its shared-memory addresses
+      // are computed again, not the forward passes' held through the mid pass.
+      int tx_inverse = tx;
+      if constexpr (kInverseTxFence) fence(tx_inverse);
       // ---- mid: forward radix 16 (NS = M/16) -> Z[k], k = j + r·M/16; times K[k]; inverse radix 16
       {
         constexpr int NS = M / 16, NB = NS / T;
@@ -151,18 +157,18 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inn
         }
         if constexpr (MODE == InnerMode::kSpectrum) continue;
         __syncthreads();  // everyone has read the forward pass's smem (or the last row's)
-        store_butterflies<T>(re, im, tx, v);
+        store_butterflies<T>(re, im, tx_inverse, v);
         __syncthreads();
       }
-      if constexpr (Pl::LR2 > 0) pass_smem<M, T, Pl::R2, 16, true>(re, im, tx, slot.ip2());
+      if constexpr (Pl::LR2 > 0) pass_smem<M, T, Pl::R2, 16, true>(re, im, tx_inverse, slot.ip2());
 
       // ---- inverse last: radix R1, NS = M/R1, smem -> global
       {
         constexpr int NB = 32 / R1, NS = M / R1;
         cf v[NB][R1];
-        last_inverse_butterflies<LOGM>(re, im, tx, slot.mid(), v, [&](int q) {
+        last_inverse_butterflies<LOGM>(re, im, tx_inverse, slot.mid(), v, [&](int q) {
           if (!valid) return;  // stored as each butterfly completes: fewer live registers
-          const int j = tx + q * T;
+          const int j = tx_inverse + q * T;
 #pragma unroll
           for (int r = 0; r < R1; ++r) __stcg(data + j + r * NS, make_float2(v[q][r].x, v[q][r].y));
         });

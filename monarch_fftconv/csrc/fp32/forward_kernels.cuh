@@ -136,7 +136,7 @@ __device__ __forceinline__ void forward_sequences(const ForwardArgs<GATED>& a) {
     }
     if constexpr (Choices::kPrefetchPoint == PrefetchPoint::kAfterMidInverse) prefetch_next(s);
     // the inverse passes' tx: opaque where kInverseTxFence, so that their shared-memory addresses
-    // are computed again, not forward p2's held through the mid pass (forward_stages.cuh says why)
+    // are computed again, not forward p2's held through the mid pass (radix_passes.cuh says why)
     int tx_inverse = tx;
     if constexpr (Choices::kInverseTxFence) fence(tx_inverse);
     // ================= inverse p2

@@ -47,22 +47,6 @@ constexpr bool kGatedStoresZ = std::is_same_v<IO, float>;
 // fewer values are live (the mid pass holds 64 complex values a thread), which decides spills.
 enum class PrefetchPoint { kAfterFilterStage, kAfterMidInverse, kBeforeLastStore };
 
-// MONARCH_FFTCONV_FWD_INVERSE_TX_FENCE=1 (a build switch, session 39; unmeasured, off): the
-// inverse passes index shared memory from an opaque copy of tx (ForwardIoChoices::kInverseTxFence).
-// Forward p2 and the inverse passes touch the same slots (index i + i/32 of the same butterflies),
-// so the compiler keeps p2's addresses through the mid pass to use them again, and under the
-// 128-register cap spills them: 34 of them a sequence at N = 8192 (fp32 io), stored before the
-// mid pass and loaded in the last pass. With the copy it computes them again, two integer
-// instructions each. SASS (sm_90a, nvcc 13.0), the sequence loop of the fp32 uniform instances:
-// spill instructions N = 4096 113 -> 0, 8192 69 -> 0, 16384 5 -> 5, 32768 3 -> 6; instructions
-// -2.3 to -3.9% at every N; the gated ones' spills 91 -> 1 (4096), 73 -> 0, 23 -> 3 (16384),
-// instructions -5 to -8%. Predicted (H100): fp32 forward kernels -8 to -15% at 16x256x{2048,4096}
-// (their spill traffic gone), -2 to -4% at 16x256x8192; the gated fp32 forward -6 to -12% at
-// 16x256x8192. The same arithmetic: the same bits.
-#ifndef MONARCH_FFTCONV_FWD_INVERSE_TX_FENCE
-#define MONARCH_FFTCONV_FWD_INVERSE_TX_FENCE 0
-#endif
-
 // For experiments (ptxas figures), -D overrides of the choices below: a point 0..2, a 0/1 skip.
 #ifndef MONARCH_FFTCONV_FWD_PREFETCH_POINT
 #define MONARCH_FFTCONV_FWD_PREFETCH_POINT -1
@@ -75,7 +59,8 @@ enum class PrefetchPoint { kAfterFilterStage, kAfterMidInverse, kBeforeLastStore
 // - kPrefetchPoint: where the next sequence's u prefetch is issued (2-byte io only);
 // - kDirectSkip: whether the store's D·u form is compiled. The skip is always folded into the
 //   spectrum (launch sets skip_fold), so the form never runs, but ptxas allocates around it.
-// - kInverseTxFence: whether the inverse passes take an opaque tx (MONARCH_FFTCONV_FWD_INVERSE_TX_FENCE):
+// - kInverseTxFence: whether the inverse passes take an opaque tx (MONARCH_FFTCONV_INVERSE_TX_FENCE,
+//   fp32/radix_passes.cuh):
 //   every instance but the 2-byte plain uniform ones at N = 4096 and 8192, where their loop's
 //   spill instructions rose (47 -> 52, 62 -> 67) and its instructions by 1.3-1.6%.
 // For the plain call's kernel with 2-byte io they are chosen by ptxas's spills (sm_90a, bytes
@@ -95,7 +80,7 @@ struct ForwardIoChoices {
   static constexpr bool kDirectSkip =
       MONARCH_FFTCONV_FWD_DIRECT_SKIP >= 0 ? MONARCH_FFTCONV_FWD_DIRECT_SKIP == 1 : !(kChosen && LOGM <= 12);
   static constexpr bool kInverseTxFence =
-      MONARCH_FFTCONV_FWD_INVERSE_TX_FENCE != 0 && !(kChosen && (LOGM == 11 || LOGM == 12));
+      MONARCH_FFTCONV_INVERSE_TX_FENCE != 0 && !(kChosen && (LOGM == 11 || LOGM == 12));
 };
 
 // What the forward kernel takes: PlainKArgs, or GatedKArgs for the GATED instance.
