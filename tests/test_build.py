@@ -279,7 +279,9 @@ def engine_constants() -> dict[str, int]:
     (`/` truncates: every operand here is positive)."""
     text = (_extension.CSRC / "tc" / "engine_traits.cuh").read_text()
     traits = text[text.index("struct EngineTraits"):]
-    constants: dict[str, int] = {}
+    # the build switches' defaults (#ifndef NAME / #define NAME value) as names the constants use
+    constants: dict[str, int] = {name: int(value) for name, value in
+                                 re.findall(r"#define (MONARCH_FFTCONV_\w+) (\d+)\n", text)}
 
     def evaluate(node: ast.AST) -> int:
         if isinstance(node, ast.Constant) and isinstance(node.value, int):
@@ -302,6 +304,7 @@ def test_engine_constants_are_read_from_the_traits():
     c = engine_constants()
     assert (c["kWarpgroup"], c["kConsumers"], c["kThreads"]) == (128, 2, 384)
     assert c["kRegsAtEntry"] == 168  # 65,536 / 384 = 170.7, down to the allocation granule of 8
+    assert (c["kProducerRegs"], c["kConsumerRegs"]) == (40, 232)  # the default split
 
 
 @needs_nvcc
@@ -340,11 +343,11 @@ def test_every_engine_instance_has_its_filter_image_kernel(compiled_units, cubin
         "MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT", TWIDDLE_TABLE}  # the one switch still to measure
 
 
-def switch_build(unit: str, switch: str, out_dir: Path) -> tuple[Path, subprocess.CompletedProcess]:
-    """The kernel unit named `unit` compiled (nvcc_check) with the build switch `switch`=1; the
-    compile must succeed."""
+def switch_build(unit: str, switch: str, out_dir: Path, value: int = 1) -> tuple[Path, subprocess.CompletedProcess]:
+    """The kernel unit named `unit` compiled (nvcc_check) with the build switch `switch`=value;
+    the compile must succeed."""
     (source,) = [s for s in SOURCES if s.name == unit]
-    result = nvcc_check(source, out_dir, (f"{switch}=1",))
+    result = nvcc_check(source, out_dir, (f"{switch}={value}",))
     assert result.returncode == 0, result.stderr[-4000:]
     return source, result
 
@@ -371,6 +374,28 @@ def test_the_twiddle_table_build_compiles_and_fits(tmp_path):
     for name, (stored, loaded) in spills.items():
         was = record.get(name, (0, 0))
         assert stored <= was[0] and loaded <= was[1], (name, was, (stored, loaded))
+
+
+# The engine's producer registers to measure next (session 39; the default 40).
+PRODUCER_REGS = "MONARCH_FFTCONV_ENGINE_PRODUCER_REGS"
+
+
+@needs_nvcc
+@needs_cutlass
+def test_the_producer_registers_build_spills_nothing(tmp_path):
+    """MONARCH_FFTCONV_ENGINE_PRODUCER_REGS=56: the consumers get 224 of the pool, the split fits
+    it (384 x 168 registers at entry, as ptxas gives), and no engine instance spills (at the
+    default 40/232 the producer spills 98-122/188-264 B)."""
+    source, result = switch_build("engine_instances.cu", PRODUCER_REGS, tmp_path, value=56)
+    registers = {name: count for name, count in kernel_registers(tmp_path / f"{source.stem}.cubin").items()
+                 if "engine_forward_kernel" in name}
+    c = engine_constants()
+    consumer_regs = (c["kThreads"] * c["kRegsAtEntry"] - c["kWarpgroup"] * 56) // (c["kConsumers"] * c["kWarpgroup"]) // 8 * 8
+    assert consumer_regs == 224
+    assert c["kWarpgroup"] * 56 + c["kConsumers"] * c["kWarpgroup"] * consumer_regs <= c["kThreads"] * c["kRegsAtEntry"]
+    assert len(registers) == 6 and set(registers.values()) == {c["kRegsAtEntry"]}, registers
+    spills = {name: spill for name, spill in unit_spills(source, result.stderr).items() if "engine_forward" in name}
+    assert len(spills) == 6 and set(spills.values()) == {(0, 0)}, spills
 
 
 # An unmeasured build switch of the fp32 radix kernels (session 38): the gated kernels ask L2 for

@@ -47,6 +47,18 @@
 #define MONARCH_FFTCONV_ENGINE_TWIDDLE_TABLE 0
 #endif
 
+// MONARCH_FFTCONV_ENGINE_PRODUCER_REGS (a build switch, session 39; unmeasured: 40 until measured,
+// 56 the value to measure): the producer warpgroup's registers after setmaxnreg; the consumers get
+// the rest of the pool (EngineTraits::kConsumerRegs), 232 at 40, 224 at 56. SASS (sm_90a, nvcc
+// 13.0), the bf16 instance with fp32 I/O: at 40 the producer's code holds 92 spill instructions
+// (ptxas 122/264 B; ncu, session 37: 187,612 spill requests, all the producer's, which sets the
+// pace at 16x256x8192: the consumers wait on the ring 16.7% of their samples); at 56 none, in 118
+// fewer instructions, and the consumers' code grows by 12 (4,980 -> 4,992, no spills; at 72/216
+// by 224). Predicted: the bf16 forward at 16x256x8192 −3 to −8% (0.248 ms, H100).
+#ifndef MONARCH_FFTCONV_ENGINE_PRODUCER_REGS
+#define MONARCH_FFTCONV_ENGINE_PRODUCER_REGS 40
+#endif
+
 namespace monarch_fftconv {
 namespace engine {
 
@@ -224,8 +236,9 @@ struct EngineTraits {
   // 65,536 of the SM: 48/232 asked 1,024 more than the producer gave back, and one consumer
   // warp spun in setmaxnreg.inc forever (tests/test_build.py reads ptxas's count at entry).
   static constexpr int kRegsAtEntry = (65536 / kThreads) / 8 * 8;
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
+  static constexpr int kProducerRegs = MONARCH_FFTCONV_ENGINE_PRODUCER_REGS;
+  // the rest of the pool, down to the granule: 232 at 40, 224 at 56
+  static constexpr int kConsumerRegs = (kThreads * kRegsAtEntry - kWarpgroup * kProducerRegs) / (kConsumers * kWarpgroup) / 8 * 8;
   static_assert(kConsumers * kWarpgroup * kConsumerRegs + kWarpgroup * kProducerRegs <= kThreads * kRegsAtEntry,
                 "the register split after setmaxnreg must fit the CTA's pool at entry");
   static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0 && kProducerRegs >= 24 && kConsumerRegs <= 256,
