@@ -326,7 +326,8 @@ def _(u: Tensor, filter_spectrum: Tensor, skip: Tensor | None, pregate: Tensor |
 # The fused gated training step (issue #39; functional.py's autograd, behind
 # backends.FUSED_GATED_TRAINING): the forward keeps z = conv(x) + D·x, x = pregate ⊙ u, so the
 # backward's dpostgate = dy ⊙ z is one multiply (in the grad kernel where z is given to it); the
-# backward takes both gates into the grad kernel. The CPU implementations compose the ops above exactly as the CUDA kernels fuse them.
+# backward takes both gates into the grad kernel. The CPU implementations compose the ops above
+# exactly as the CUDA kernels fuse them.
 
 
 @torch.library.custom_op("monarch_fftconv::gated_fftconv", mutates_args=(), device_types="cpu")

@@ -1141,16 +1141,23 @@ def test_unfused_gated_training_method_turns_the_switch_off(bench, tmp_path, mon
     calls = []
     real = ops.gated_fftconv_op
     monkeypatch.setattr(ops, "gated_fftconv_op", lambda *args: (calls.append(args), real(*args))[1])
-    assert "monarch-unfused-gated-train" not in {
-        m.name for m in bench.methods.make_methods("cpu", operator=bench.runner.OPERATORS["gated"])}
-    for method, fused in (("monarch-unfused-gated-train", False), ("monarch[fp32]", True)):
-        calls.clear()
+    for method in gated_training_rows(bench, tmp_path, "monarch-unfused-gated-train", calls.clear):
+        assert bool(calls) is (method == "monarch[fp32]"), method  # fused: the gated ops ran
+        assert backends.FUSED_GATED_TRAINING is True
+
+
+def gated_training_rows(bench, tmp_path, switched: str, before_each):
+    """The on-request row `switched` (absent from the default methods) and monarch[fp32], each
+    timed alone with --backward --operator gated on the CPU, accurate; yields each method's name
+    after its run (`before_each` runs before it)."""
+    assert switched not in {m.name for m in bench.methods.make_methods("cpu", operator=bench.runner.OPERATORS["gated"])}
+    for method in (switched, "monarch[fp32]"):
+        before_each()
         res = bench.cli.main(["--quick", "--device", "cpu", "--no-plots", "--backward", "--operator", "gated",
                               "--methods", method, "--shapes", "2x16x128", "--out", str(tmp_path / method)])
         (row,) = res["rows"]
         assert row["status"] == "ok" and bench.guard.is_accurate(row), row.get("error")
-        assert bool(calls) is fused, method
-        assert backends.FUSED_GATED_TRAINING is True
+        yield method
 
 
 def test_dpostgate_in_grad_method_hands_z_to_the_backward(bench, tmp_path, monkeypatch):
@@ -1167,15 +1174,8 @@ def test_dpostgate_in_grad_method_hands_z_to_the_backward(bench, tmp_path, monke
     real = ops.gated_fftconv_backward_op
     monkeypatch.setattr(ops, "gated_fftconv_backward_op", lambda *args: (given_z.append(args[8] is not None),
                                                                          real(*args))[1])
-    assert "monarch-dpostgate-in-grad" not in {
-        m.name for m in bench.methods.make_methods("cpu", operator=bench.runner.OPERATORS["gated"])}
-    for method, in_kernel in (("monarch-dpostgate-in-grad", True), ("monarch[fp32]", False)):
-        given_z.clear()
-        res = bench.cli.main(["--quick", "--device", "cpu", "--no-plots", "--backward", "--operator", "gated",
-                              "--methods", method, "--shapes", "2x16x128", "--out", str(tmp_path / method)])
-        (row,) = res["rows"]
-        assert row["status"] == "ok" and bench.guard.is_accurate(row), row.get("error")
-        assert given_z and set(given_z) == {in_kernel}, method
+    for method in gated_training_rows(bench, tmp_path, "monarch-dpostgate-in-grad", given_z.clear):
+        assert given_z and set(given_z) == {method == "monarch-dpostgate-in-grad"}, method
         assert backends.DPOSTGATE_IN_GRAD_KERNEL is False
 
 

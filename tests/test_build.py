@@ -292,9 +292,9 @@ def engine_constants() -> dict[str, int]:
             return _BINARY[type(node.op)](evaluate(node.left), evaluate(node.right))
         raise KeyError(ast.dump(node))
 
-    for name, expression in re.findall(r"static constexpr int (k\w+) = ([^;]+);", traits):
+    for name, expression in re.findall(r"static constexpr int (k\w+) =\s+([^;]+);", traits):
         try:
-            constants[name] = evaluate(ast.parse(expression, mode="eval").body)
+            constants[name] = evaluate(ast.parse(expression.strip(), mode="eval").body)
         except (KeyError, SyntaxError):  # N1::value and the like: not arithmetic
             pass
     return constants

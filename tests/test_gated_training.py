@@ -182,22 +182,29 @@ def test_dpostgate_in_the_op_gives_the_same_bits(gates, fused_training_on_the_op
     """backends.DPOSTGATE_IN_GRAD_KERNEL on and off: the same y and gradients bit for bit (dy ⊙ z,
     one fp32 multiply, in the op or after it), z handed to the op only when on, with a postgate and
     its gradient asked for."""
-    u, k, D, pregate, postgate = inputs(gen, gates, True, channels=7)
-    dy = randn(gen, *u.shape)
+    terms = inputs(gen, gates, True, channels=7)
     handed = []
     real = ops.gated_fftconv_backward_op
     monkeypatch.setattr(ops, "gated_fftconv_backward_op", lambda *args: (handed.append(args[8] is not None), real(*args))[1])
+    off, on = steps_off_and_on(monkeypatch, "DPOSTGATE_IN_GRAD_KERNEL", terms, randn(gen, *terms[0].shape))
+    assert handed == [False, terms[4] is not None]
+    for a, b in zip(off, on):
+        assert torch.equal(a, b)
+
+
+def steps_off_and_on(monkeypatch, switch: str, terms, dy) -> list[list[torch.Tensor]]:
+    """y and the gradients of every given input of fftconv(u, k, D, pregate, postgate) (terms; D
+    given), one training step with backends.<switch> False, then one with it True."""
+    u, k, D, pregate, postgate = terms
     results = []
     for on in (False, True):
-        monkeypatch.setattr(backends, "DPOSTGATE_IN_GRAD_KERNEL", on)
+        monkeypatch.setattr(backends, switch, on)
         leaves = [t.clone().requires_grad_() for t in (u, k, D, pregate, postgate) if t is not None]
         it = iter(leaves[3:])
         pre, post = (next(it) if t is not None else None for t in (pregate, postgate))
         y = mf.fftconv(leaves[0], leaves[1], D=leaves[2], pregate=pre, postgate=post)
         results.append([y, *torch.autograd.grad(y, leaves, dy)])
-    assert handed == [False, postgate is not None]
-    for off, on in zip(*results):
-        assert torch.equal(on, off)
+    return results
 
 
 @pytest.mark.parametrize("gates", GATES)
@@ -206,18 +213,10 @@ def test_switch_on_and_off_agree(gates, monkeypatch, gen):
     the same y and gradients, to fp32 rounding (on the CPU both compose the same ops)."""
     monkeypatch.setenv(backends.BACKEND_ENV, "portable")
     monkeypatch.setattr(backends.Portable, "fuses_gates", True)
-    u, k, D, pregate, postgate = inputs(gen, gates, True)
-    dy = randn(gen, *u.shape)
-    results = []
-    for on in (False, True):
-        monkeypatch.setattr(backends, "FUSED_GATED_TRAINING", on)
-        leaves = [t.clone().requires_grad_() for t in (u, k, D, pregate, postgate) if t is not None]
-        it = iter(leaves[3:])
-        pre, post = (next(it) if t is not None else None for t in (pregate, postgate))
-        y = mf.fftconv(leaves[0], leaves[1], D=leaves[2], pregate=pre, postgate=post)
-        results.append([y, *torch.autograd.grad(y, leaves, dy)])
-    for off, on in zip(*results):
-        assert rel_l2(on, off) <= 1e-6
+    terms = inputs(gen, gates, True)
+    off, on = steps_off_and_on(monkeypatch, "FUSED_GATED_TRAINING", terms, randn(gen, *terms[0].shape))
+    for a, b in zip(off, on):
+        assert rel_l2(b, a) <= 1e-6
 
 
 @pytest.mark.parametrize("leading", [(), (2, 3)])

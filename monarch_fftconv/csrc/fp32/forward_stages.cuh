@@ -60,9 +60,9 @@ enum class PrefetchPoint { kAfterFilterStage, kAfterMidInverse, kBeforeLastStore
 // - kDirectSkip: whether the store's D·u form is compiled. The skip is always folded into the
 //   spectrum (launch sets skip_fold), so the form never runs, but ptxas allocates around it.
 // - kInverseTxFence: whether the inverse passes take an opaque tx (MONARCH_FFTCONV_INVERSE_TX_FENCE,
-//   fp32/radix_passes.cuh):
-//   every instance but the 2-byte plain uniform ones at N = 4096 and 8192, where their loop's
-//   spill instructions rose (47 -> 52, 62 -> 67) and its instructions by 1.3-1.6%.
+//   fp32/radix_passes.cuh): every instance but the 2-byte plain uniform ones at N = 4096 and
+//   8192, where their loop's spill instructions rose (47 -> 52, 62 -> 67) and its instructions
+//   by 1.3-1.6%.
 // For the plain call's kernel with 2-byte io they are chosen by ptxas's spills (sm_90a, bytes
 // stored/loaded a thread; each option compiled, session 24): N = 4096 and 8192 without the D·u
 // form, N = 8192 prefetched after the mid pass (204/200 -> 108/168 prefetched after the filter

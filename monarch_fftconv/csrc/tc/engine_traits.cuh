@@ -238,7 +238,8 @@ struct EngineTraits {
   static constexpr int kRegsAtEntry = (65536 / kThreads) / 8 * 8;
   static constexpr int kProducerRegs = MONARCH_FFTCONV_ENGINE_PRODUCER_REGS;
   // the rest of the pool, down to the granule: 232 at 40, 224 at 56
-  static constexpr int kConsumerRegs = (kThreads * kRegsAtEntry - kWarpgroup * kProducerRegs) / (kConsumers * kWarpgroup) / 8 * 8;
+  static constexpr int kConsumerRegs =
+      (kThreads * kRegsAtEntry - kWarpgroup * kProducerRegs) / (kConsumers * kWarpgroup) / 8 * 8;
   static_assert(kConsumers * kWarpgroup * kConsumerRegs + kWarpgroup * kProducerRegs <= kThreads * kRegsAtEntry,
                 "the register split after setmaxnreg must fit the CTA's pool at entry");
   static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0 && kProducerRegs >= 24 && kConsumerRegs <= 256,
