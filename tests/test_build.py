@@ -428,26 +428,26 @@ def test_the_gated_l2_prefetch_build_compiles_and_fits(tmp_path):
             assert (stored, loaded) == was, (name, was, (stored, loaded))
 
 
-# The unmeasured build switch of session 39: the inverse passes' shared-memory addresses computed
-# again from an opaque tx, not forward p2's held (and spilled) through the mid pass (the fp32
-# forward and the four-step inner kernel).
-INVERSE_TX_FENCE = "MONARCH_FFTCONV_INVERSE_TX_FENCE"
+# The unmeasured build switch of session 39: shared-memory addresses computed again from an opaque
+# tx where they are used, not held (and spilled) through the mid pass or across the sequence loop
+# (the fp32 forward and the four-step inner kernel).
+TX_FENCES = "MONARCH_FFTCONV_TX_FENCES"
 # Bytes a thread a kernel of the unit may spill beyond the default's record with it (nvcc 13.0,
 # session 39: the plain kernel at N = 32768 16/12 -> 28/24; the rest the same or far fewer).
-INVERSE_TX_FENCE_SPILL_SLACK = 12
+TX_FENCES_SPILL_SLACK = 12
 
 
 @needs_nvcc
 @needs_cutlass
-def test_the_inverse_tx_fence_build_cuts_the_forward_spills(tmp_path):
-    """MONARCH_FFTCONV_INVERSE_TX_FENCE=1: the fp32 forward unit compiles with it; its plain
+def test_the_tx_fences_build_cuts_the_fp32_forward_spills(tmp_path):
+    """MONARCH_FFTCONV_TX_FENCES=1: the fp32 forward unit compiles with it; its plain
     kernels at N = 4096 and 8192 (the 16x256x2048 and x4096 calls') spill nothing (232/228 and
     144/140 B by default), the gated one at N = 16384 (the training step's at 16x256x8192) less
-    than by default, and no kernel of the unit more than INVERSE_TX_FENCE_SPILL_SLACK beyond the
+    than by default, and no kernel of the unit more than TX_FENCES_SPILL_SLACK beyond the
     default's record."""
-    source, result = switch_build("forward_uniform_f32.cu", INVERSE_TX_FENCE, tmp_path)
+    source, result = switch_build("forward_uniform_f32.cu", TX_FENCES, tmp_path)
     record, spills = recorded_spills(), unit_spills(source, result.stderr)
-    print("inverse tx fence, forward spills (stored/loaded bytes a thread):",
+    print("tx fences, fp32 forward spills (stored/loaded bytes a thread):",
           {name.split(":")[1][:90]: spill for name, spill in spills.items()})
 
     def kernel(prefix: str, logm: int) -> str:
@@ -460,20 +460,37 @@ def test_the_inverse_tx_fence_build_cuts_the_forward_spills(tmp_path):
     assert spills[gated][0] < record[gated][0] and spills[gated][1] < record[gated][1], (spills[gated], record[gated])
     for name, (stored, loaded) in spills.items():
         was = record.get(name, (0, 0))
-        assert stored <= was[0] + INVERSE_TX_FENCE_SPILL_SLACK and loaded <= was[1] + INVERSE_TX_FENCE_SPILL_SLACK, \
+        assert stored <= was[0] + TX_FENCES_SPILL_SLACK and loaded <= was[1] + TX_FENCES_SPILL_SLACK, \
             (name, was, (stored, loaded))
 
 
 @needs_nvcc
 @needs_cutlass
-def test_the_inverse_tx_fence_build_cuts_the_inner_kernels_spills(tmp_path):
-    """MONARCH_FFTCONV_INVERSE_TX_FENCE=1 on the four-step unit: the inner kernel at M = 4096 (N =
+def test_the_tx_fences_build_cuts_the_bf16_io_forward_spills(tmp_path):
+    """MONARCH_FFTCONV_TX_FENCES=1 on the bf16-I/O forward unit (the loop fence and, but at N =
+    4096 and 8192, the inverse fence): its plain kernels at N = 16384 and 32768 spill nothing
+    (16/12 and 64/76 B by default), and no kernel of the unit more than the default's record."""
+    source, result = switch_build("forward_uniform_bf16.cu", TX_FENCES, tmp_path)
+    record, spills = recorded_spills(), unit_spills(source, result.stderr)
+    print("tx fences, bf16-I/O forward spills:", {name.split(":")[1][:90]: spill for name, spill in spills.items()})
+    for logm in (13, 14):
+        (name,) = [n for n in spills if f"33fftconv_fp32_uniform_pairs_kernelILi{logm}E13__nv_bfloat16" in n]
+        assert spills[name] == (0, 0), (name, spills[name])
+    for name, (stored, loaded) in spills.items():
+        was = record.get(name, (0, 0))
+        assert stored <= was[0] and loaded <= was[1], (name, was, (stored, loaded))
+
+
+@needs_nvcc
+@needs_cutlass
+def test_the_tx_fences_build_cuts_the_inner_kernels_spills(tmp_path):
+    """MONARCH_FFTCONV_TX_FENCES=1 on the four-step unit: the inner kernel at M = 4096 (N =
     2^19) spills nothing in its modes with forward and inverse passes (208-368 B by default);
     kInverse, which the switch leaves alone, and every other kernel of the unit as recorded."""
-    source, result = switch_build("fftconv_fourstep.cu", INVERSE_TX_FENCE, tmp_path)
+    source, result = switch_build("fftconv_fourstep.cu", TX_FENCES, tmp_path)
     record, spills = recorded_spills(), unit_spills(source, result.stderr)
     inner_4096 = {name: spill for name, spill in spills.items() if "inner_kernelILi12E" in name}
-    print("inverse tx fence, inner kernel spills at M = 4096:", {n.split("InnerMode")[1][:3]: s for n, s in inner_4096.items()})
+    print("tx fences, inner kernel spills at M = 4096:", {n.split("InnerMode")[1][:3]: s for n, s in inner_4096.items()})
     assert len(inner_4096) == 6
     for name, spill in spills.items():
         if name in inner_4096 and "InnerModeE3E" not in name:  # kInverse is mode 3

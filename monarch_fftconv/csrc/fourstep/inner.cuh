@@ -28,7 +28,7 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inn
   const SlotSmem<LOGM> slot(reinterpret_cast<float*>(smem_raw), S);
   float *re = slot.re, *im = slot.im;
   const int tx = threadIdx.x, ty = threadIdx.y;
-  constexpr bool kInverseTxFence = MONARCH_FFTCONV_INVERSE_TX_FENCE != 0 && MODE != InnerMode::kInverse;
+  constexpr bool kInverseTxFence = MONARCH_FFTCONV_TX_FENCES != 0 && MODE != InnerMode::kInverse;
   const int64_t rows = (g.columns >> g.logM) * g.R;
   // A slot's item: one row, or in kGradSum the B rows b·(C·R) + item of one (c, k2) = item, in
   // the order b = 0 .. B-1, so that the slot alone sums their products (a fixed order).
@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(Plan<LOGM>::THREADS, Plan<LOGM>::MIN_CTAS) inn
         pass_smem<M, T, Pl::R2, R1, false>(re, im, tx, slot.fp2());
 
       // The inverse side's tx (the mid pass's store, the inverse passes): opaque with
-      // MONARCH_FFTCONV_INVERSE_TX_FENCE (radix_passes.cuh), so that its shared-memory addresses
+      // MONARCH_FFTCONV_TX_FENCES (radix_passes.cuh), so that its shared-memory addresses
       // are computed again, not the forward passes' held through the mid pass.
       int tx_inverse = tx;
       if constexpr (kInverseTxFence) fence(tx_inverse);

@@ -86,11 +86,11 @@ __device__ __forceinline__ void forward_sequences(const ForwardArgs<GATED>& a) {
   bool pf_cur = false;
   // once p1 has consumed ubuf: the next sequence's u staged there while this one finishes, at
   // the point ForwardIoChoices picks
-  auto prefetch_next = [&](int64_t s) {
+  auto prefetch_next = [&](int64_t s, int tx_s) {
     pf_cur = false;
     if (kPrefetchU<IO> && a.prefetch) {
       const int64_t sn = s + (int64_t)gridDim.x * SPB;
-      if (sn < nseq) pf_cur = prefetch_seq<LOGM>(a, ubuf, sn, tx);
+      if (sn < nseq) pf_cur = prefetch_seq<LOGM>(a, ubuf, sn, tx_s);
     }
   };
   if (kPrefetchU<IO> && a.prefetch) {
@@ -99,49 +99,53 @@ __device__ __forceinline__ void forward_sequences(const ForwardArgs<GATED>& a) {
   }
   for (int64_t sb = (int64_t)blockIdx.x * SPB; sb < nseq; sb += (int64_t)gridDim.x * SPB) {
     const int64_t s = sb + ty;
+    // this sequence's tx: opaque where kLoopTxFence, so that no shared-memory address derived
+    // from it is hoisted out of the loop and held across it (radix_passes.cuh says why)
+    int tx_seq = tx;
+    if constexpr (Choices::kLoopTxFence) fence(tx_seq);
     const ForwardSeq seq = forward_seq<IO>(a, s, nseq);
     // fp32 io only: the gated calls' (backends.FUSED_GATE_IO_DTYPES); session 17's L2 prefetch of
     // the postgate multiplied the 2-byte instances' spills (docs/design.md)
     constexpr bool kGateRowsToL2 = GATED && sizeof(IO) == 4 && MONARCH_FFTCONV_GATED_L2_PREFETCH != 0;
     if constexpr (kGateRowsToL2) {  // before p1, where no values are live
       // this sequence's postgate, read by the last pass; the next one's u and pregate, read by its p1
-      if (seq.valid && a.postgate != nullptr) prefetch_gate_row<IO>(a.postgate, a, s, tx, T);
+      if (seq.valid && a.postgate != nullptr) prefetch_gate_row<IO>(a.postgate, a, s, tx_seq, T);
       const int64_t next = s + (int64_t)gridDim.x * SPB;
       if (next < nseq) {
-        prefetch_u_row<IO>(a, next, tx, T);
-        if (a.pregate != nullptr) prefetch_gate_row<IO>(a.pregate, a, next, tx, T);
+        prefetch_u_row<IO>(a, next, tx_seq, T);
+        if (a.pregate != nullptr) prefetch_gate_row<IO>(a.pregate, a, next, tx_seq, T);
       }
     }
 
     // ================= forward p1: global -> smem, radix R1, NS = 1, upper half zero
-    forward_p1<LOGM, IO, GATED>(sm, re, im, tx, a, pf_cur, seq);
+    forward_p1<LOGM, IO, GATED>(sm, re, im, tx_seq, a, pf_cur, seq);
     // ================= forward p2
-    if constexpr (P::LR2 > 0) pass_smem<M, T, P::R2, P::R1, false>(re, im, tx, tables.fp2);
+    if constexpr (P::LR2 > 0) pass_smem<M, T, P::R2, P::R1, false>(re, im, tx_seq, tables.fp2);
 
     // ================= mid: forward radix-16 (NS = M/16), split, ·K, inverse radix-16 (NS = 1)
     {
       // this thread's butterflies: j0 and j1 = M/16 - j0 (thread 0: the self-paired 0 and M/32)
-      const int j0 = tx, j1 = tx == 0 ? M / 32 : M / 16 - tx;
+      const int j0 = tx_seq, j1 = tx_seq == 0 ? M / 32 : M / 16 - tx_seq;
       cf A[16], Bv[16];
-      mid_forward<M>(re, im, tx, tables.mid, A, Bv);
+      mid_forward<M>(re, im, tx_seq, tables.mid, A, Bv);
       __syncthreads();  // all of Z is in registers: smem becomes the filter stage
-      if constexpr (UNIFORM_PAIRS) stage_forward_filter_uniform<LOGM>(stage, tx, a, seq, forward_row_shift<GATED>(a));
-      else stage_forward_filter<LOGM>(stage, tx, a, seq, forward_row_shift<GATED>(a));
-      if constexpr (Choices::kPrefetchPoint == PrefetchPoint::kAfterFilterStage) prefetch_next(s);
+      if constexpr (UNIFORM_PAIRS) stage_forward_filter_uniform<LOGM>(stage, tx_seq, a, seq, forward_row_shift<GATED>(a));
+      else stage_forward_filter<LOGM>(stage, tx_seq, a, seq, forward_row_shift<GATED>(a));
+      if constexpr (Choices::kPrefetchPoint == PrefetchPoint::kAfterFilterStage) prefetch_next(s, tx_seq);
 
       cf A2[16], B2[16];
-      if constexpr (UNIFORM_PAIRS) mid_filter_pairs_uniform<M>(stage, a, tx, tables.post, A, Bv, A2, B2);
+      if constexpr (UNIFORM_PAIRS) mid_filter_pairs_uniform<M>(stage, a, tx_seq, tables.post, A, Bv, A2, B2);
       else mid_filter_pairs<M>(stage, a, j0, j1, tables.post, A, Bv, A2, B2);
       mid_inverse(re, im, j0, j1, A2, B2);
     }
-    if constexpr (Choices::kPrefetchPoint == PrefetchPoint::kAfterMidInverse) prefetch_next(s);
+    if constexpr (Choices::kPrefetchPoint == PrefetchPoint::kAfterMidInverse) prefetch_next(s, tx_seq);
     // the inverse passes' tx: opaque where kInverseTxFence, so that their shared-memory addresses
     // are computed again, not forward p2's held through the mid pass (radix_passes.cuh says why)
-    int tx_inverse = tx;
+    int tx_inverse = tx_seq;
     if constexpr (Choices::kInverseTxFence) fence(tx_inverse);
     // ================= inverse p2
     if constexpr (P::LR2 > 0) pass_smem<M, T, P::R2, 16, true>(re, im, tx_inverse, tables.ip2);
-    if constexpr (Choices::kPrefetchPoint == PrefetchPoint::kBeforeLastStore) prefetch_next(s);
+    if constexpr (Choices::kPrefetchPoint == PrefetchPoint::kBeforeLastStore) prefetch_next(s, tx_seq);
 
     // ================= inverse last: smem -> global, radix R1, NS = M/R1, causal half stored
     last_inverse_store<LOGM, IO, GATED, UNIFORM_PAIRS>(re, im, tx_inverse, tables.mid, a, seq);

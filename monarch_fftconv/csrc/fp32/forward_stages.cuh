@@ -59,10 +59,11 @@ enum class PrefetchPoint { kAfterFilterStage, kAfterMidInverse, kBeforeLastStore
 // - kPrefetchPoint: where the next sequence's u prefetch is issued (2-byte io only);
 // - kDirectSkip: whether the store's D·u form is compiled. The skip is always folded into the
 //   spectrum (launch sets skip_fold), so the form never runs, but ptxas allocates around it.
-// - kInverseTxFence: whether the inverse passes take an opaque tx (MONARCH_FFTCONV_INVERSE_TX_FENCE,
-//   fp32/radix_passes.cuh): every instance but the 2-byte plain uniform ones at N = 4096 and
-//   8192, where their loop's spill instructions rose (47 -> 52, 62 -> 67) and its instructions
-//   by 1.3-1.6%.
+// - kInverseTxFence, kLoopTxFence: whether the inverse passes take an opaque tx, and each
+//   sequence of the loop one of its own (MONARCH_FFTCONV_TX_FENCES, fp32/radix_passes.cuh). The
+//   inverse fence: every instance but the 2-byte plain uniform ones at N = 4096 and 8192 (their
+//   loop's spill instructions rose, 47 -> 52 and 62 -> 67). The loop fence: the 2-byte ones (the
+//   fp32 ones' spills rose with it, 0 -> 95 at N = 4096 beside the inverse fence).
 // For the plain call's kernel with 2-byte io they are chosen by ptxas's spills (sm_90a, bytes
 // stored/loaded a thread; each option compiled, session 24): N = 4096 and 8192 without the D·u
 // form, N = 8192 prefetched after the mid pass (204/200 -> 108/168 prefetched after the filter
@@ -79,8 +80,8 @@ struct ForwardIoChoices {
                                               : PrefetchPoint::kAfterFilterStage;
   static constexpr bool kDirectSkip =
       MONARCH_FFTCONV_FWD_DIRECT_SKIP >= 0 ? MONARCH_FFTCONV_FWD_DIRECT_SKIP == 1 : !(kChosen && LOGM <= 12);
-  static constexpr bool kInverseTxFence =
-      MONARCH_FFTCONV_INVERSE_TX_FENCE != 0 && !(kChosen && (LOGM == 11 || LOGM == 12));
+  static constexpr bool kInverseTxFence = MONARCH_FFTCONV_TX_FENCES != 0 && !(kChosen && (LOGM == 11 || LOGM == 12));
+  static constexpr bool kLoopTxFence = MONARCH_FFTCONV_TX_FENCES != 0 && sizeof(IO) == 2;
 };
 
 // What the forward kernel takes: PlainKArgs, or GatedKArgs for the GATED instance.

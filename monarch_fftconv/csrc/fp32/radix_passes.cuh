@@ -140,22 +140,26 @@ __device__ __forceinline__ void apply_gate(cf (&v)[NB][R], const IO* gate, int t
 #define MONARCH_FFTCONV_GATED_L2_PREFETCH 0
 #endif
 
-// MONARCH_FFTCONV_INVERSE_TX_FENCE=1 (a build switch, session 39; unmeasured, off): the inverse
-// passes of the fp32 forward kernel (ForwardIoChoices::kInverseTxFence names its instances) and
-// of the four-step inner kernel index shared memory from an opaque copy of tx (fence). Forward p2
-// and the inverse passes touch the same slots (index i + i/32 of the same butterflies), so the
-// compiler computes those addresses once, in p2, and holds them through the mid pass; under the
-// 128-register cap it spills them: at N = 8192 (fp32 io) the forward's sequence loop stores 34
-// before the mid pass and loads 33 in the last pass. With the copy it computes them again, two
-// integer instructions each. SASS (sm_90a, nvcc 13.0), spill instructions in the sequence loop:
-// the fp32 forward at N = 4096 113 -> 0, 8192 69 -> 0, 16384 5 -> 5, 32768 3 -> 6, its
-// instructions -2.3 to -3.9% at every N; its gated instances 91 -> 1, 73 -> 0, 23 -> 3 at 4096,
-// 8192, 16384, -5 to -8% instructions; the inner kernel at M = 4096 (N = 2^19) 104-176 -> 0, at
-// M = 8192 none before or after and -1.3% instructions. Predicted (H100): fp32 forward kernels -8
-// to -15% at 16x256x{2048,4096}, -2 to -4% at 16x256x8192; the gated fp32 forward -6 to -12% at
-// 16x256x8192; the four-step calls at N <= 2^18 within noise. The same arithmetic: the same bits.
-#ifndef MONARCH_FFTCONV_INVERSE_TX_FENCE
-#define MONARCH_FFTCONV_INVERSE_TX_FENCE 0
+// MONARCH_FFTCONV_TX_FENCES=1 (a build switch, session 39; unmeasured, off): shared-memory
+// addresses derived from tx computed where they are used, not held. Every smem address of a pass
+// is a function of tx, so the compiler hoists them out of the sequence loop and holds them, and
+// forward p2 and the inverse passes touch the same slots (index i + i/32 of the same
+// butterflies), so it also holds p2's addresses through the mid pass for the inverse passes;
+// under the 128-register cap it spills them (at N = 8192, fp32 io: 34 stored before the mid pass,
+// 33 loaded in the last pass, every sequence). With an opaque copy of tx (fence) for the inverse
+// passes (ForwardIoChoices::kInverseTxFence; the four-step inner kernel's mid store and inverse
+// passes too), and for 2-byte io one for each sequence (kLoopTxFence), they are computed again,
+// two integer instructions each. SASS (sm_90a, nvcc 13.0), spill instructions in the sequence
+// loop: fp32 forward N = 4096 113 -> 0, 8192 69 -> 0, 16384 5 -> 5, 32768 3 -> 6, instructions
+// -2.3 to -3.9% at every N; its gated instances 91 -> 1, 73 -> 0, 23 -> 3 at 4096, 8192, 16384,
+// -5 to -8%; bf16 io N = 4096 47 -> 26, 8192 62 -> 42, 16384 3 -> 0, 32768 31 -> 0; the
+// own-path bf16 instances 25-199 -> 4-12; the inner kernel at M = 4096 (N = 2^19) 104-176 -> 0,
+// at M = 8192 none before or after and -1.3% instructions. Predicted (H100): fp32 forward kernels
+// -8 to -15% at 16x256x{2048,4096}, -2 to -4% at 16x256x8192; bf16 I/O forward -3 to -10% at
+// 16x256x{2048,4096,8192}; the gated fp32 forward -6 to -12% at 16x256x8192; four-step calls at
+// N <= 2^18 within noise. The same arithmetic: the same bits.
+#ifndef MONARCH_FFTCONV_TX_FENCES
+#define MONARCH_FFTCONV_TX_FENCES 0
 #endif
 
 // Sequence s's row of a gate ((B, C, L) contiguous), asked of L2 by `threads` threads.
