@@ -1114,8 +1114,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fftconv_backward_from_spectrum(
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_fftconv_backward(
     const at::Tensor& grad_in, const at::Tensor& u_in, const at::Tensor& spectrum,
     const std::optional<at::Tensor>& skip, const std::optional<at::Tensor>& pregate_in,
-    const std::optional<at::Tensor>& postgate_in, const std::optional<at::Tensor>& z_in, int64_t filter_len,
-    c10::string_view precision) {
+    const std::optional<at::Tensor>& postgate_in, int64_t filter_len, c10::string_view precision,
+    const std::optional<at::Tensor>& z_in) {
   TORCH_CHECK_VALUE(u_in.dim() == 3, message("monarch_fftconv: u must be (B, C, L), got ", u_in.sizes()));
   const at::Tensor u = time_contiguous(u_in);
   const std::optional<at::Tensor> pregate = gate_term(pregate_in, u, "pregate");
