@@ -273,15 +273,17 @@ def kernel_registers(cubin: Path) -> dict[str, int]:
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.floordiv}
 
 
-def engine_constants() -> dict[str, int]:
+def engine_constants(defines: dict[str, int] | None = None) -> dict[str, int]:
     """EngineTraits' `static constexpr int kName = expression;` constants whose expressions are
     integer arithmetic on literals and the constants before them, evaluated as C++ does
-    (`/` truncates: every operand here is positive)."""
+    (`/` truncates: every operand here is positive), with the build switches at their defaults
+    or, for those `defines` names, at its values (as -DNAME=value builds them)."""
     text = (_extension.CSRC / "tc" / "engine_traits.cuh").read_text()
     traits = text[text.index("struct EngineTraits"):]
     # the build switches' defaults (#ifndef NAME / #define NAME value) as names the constants use
     constants: dict[str, int] = {name: int(value) for name, value in
                                  re.findall(r"#define (MONARCH_FFTCONV_\w+) (\d+)\n", text)}
+    constants.update(defines or {})
 
     def evaluate(node: ast.AST) -> int:
         if isinstance(node, ast.Constant) and isinstance(node.value, int):
@@ -315,16 +317,29 @@ def test_engine_register_split_fits_the_pool_ptxas_gives(compiled_units, cubin_d
     every engine instance: 48/232 asked 1,024 registers more than 384 x 168 and hung the GPU."""
     (source,) = [s for s in SOURCES if s.name == "engine_instances.cu"]
     assert compiled_units[source].returncode == 0, compiled_units[source].stderr[-4000:]
-    kernels = {name: count for name, count in kernel_registers(cubin_dir / f"{source.stem}.cubin").items()
-               if "engine_forward_kernel" in name}
-    assert len(kernels) == 6, kernels  # bf16 and fp16 operands x fp32, bf16 and fp16 I/O
-    c = engine_constants()
+    assert_split_fits_the_pool(cubin_dir / f"{source.stem}.cubin", engine_constants())
+
+
+def assert_split_fits_the_pool(cubin: Path, c: dict[str, int]) -> None:
+    """The cubin's six engine instances (bf16 and fp16 operands x fp32, bf16 and fp16 I/O) start
+    with the traits' kRegsAtEntry registers, as ptxas gives them, and the split c names
+    (kProducerRegs/kConsumerRegs) fits the pool kThreads x that."""
+    kernels = {name: count for name, count in kernel_registers(cubin).items() if "engine_forward_kernel" in name}
+    assert len(kernels) == 6, kernels
     split = c["kWarpgroup"] * c["kProducerRegs"] + c["kConsumers"] * c["kWarpgroup"] * c["kConsumerRegs"]
     for name, at_entry in kernels.items():
         assert at_entry == c["kRegsAtEntry"], f"{name}: ptxas gives {at_entry} registers at entry"
         assert split <= c["kThreads"] * at_entry, (
             f"{name}: the split {c['kProducerRegs']}/{c['kConsumerRegs']} asks {split} registers, "
             f"the pool is {c['kThreads']} x {at_entry} = {c['kThreads'] * at_entry}")
+
+
+def assert_spills_within(spills: dict[str, tuple[int, int]], record: dict[str, tuple[int, int]], slack: int = 0) -> None:
+    """Each kernel of `spills` stores and loads at most `slack` bytes a thread more than the
+    record's figures for it (a kernel the record lacks: `slack` at most)."""
+    for name, (stored, loaded) in spills.items():
+        was = record.get(name, (0, 0))
+        assert stored <= was[0] + slack and loaded <= was[1] + slack, (name, was, (stored, loaded))
 
 
 @needs_nvcc
@@ -364,16 +379,12 @@ def test_the_twiddle_table_build_compiles_and_fits(tmp_path):
     kernel of the unit spills more than tests/ptxas_spills.json records for the default build
     (the seeds' loads replace sincospif chains; the producer, which spills, is untouched)."""
     source, result = switch_build("engine_instances.cu", TWIDDLE_TABLE, tmp_path)
-    registers = {name: count for name, count in kernel_registers(tmp_path / f"{source.stem}.cubin").items()
-                 if "engine_forward_kernel" in name}
-    assert len(registers) == 6 and set(registers.values()) == {engine_constants()["kRegsAtEntry"]}, registers
+    assert_split_fits_the_pool(tmp_path / f"{source.stem}.cubin", engine_constants({TWIDDLE_TABLE: 1}))
     record, spills = recorded_spills(), unit_spills(source, result.stderr)
     print("twiddle table, engine spills (stored/loaded bytes a thread):",
           {name.split("engine_forward_kernel")[1][:40]: spill for name, spill in spills.items() if "engine_forward" in name})
     assert sum("engine_forward_kernel" in name for name in spills) == 6
-    for name, (stored, loaded) in spills.items():
-        was = record.get(name, (0, 0))
-        assert stored <= was[0] and loaded <= was[1], (name, was, (stored, loaded))
+    assert_spills_within(spills, record)
 
 
 # The engine's producer registers to measure next (session 39; the default 40).
@@ -383,17 +394,13 @@ PRODUCER_REGS = "MONARCH_FFTCONV_ENGINE_PRODUCER_REGS"
 @needs_nvcc
 @needs_cutlass
 def test_the_producer_registers_build_spills_nothing(tmp_path):
-    """MONARCH_FFTCONV_ENGINE_PRODUCER_REGS=56: the consumers get 224 of the pool, the split fits
-    it (384 x 168 registers at entry, as ptxas gives), and no engine instance spills (at the
-    default 40/232 the producer spills 98-122/188-264 B)."""
+    """MONARCH_FFTCONV_ENGINE_PRODUCER_REGS=56: the traits give the consumers 224 of the pool, the
+    split fits it (384 x 168 registers at entry, as ptxas gives), and no engine instance spills
+    (at the default 40/232 the producer spills 98-122/188-264 B)."""
     source, result = switch_build("engine_instances.cu", PRODUCER_REGS, tmp_path, value=56)
-    registers = {name: count for name, count in kernel_registers(tmp_path / f"{source.stem}.cubin").items()
-                 if "engine_forward_kernel" in name}
-    c = engine_constants()
-    consumer_regs = (c["kThreads"] * c["kRegsAtEntry"] - c["kWarpgroup"] * 56) // (c["kConsumers"] * c["kWarpgroup"]) // 8 * 8
-    assert consumer_regs == 224
-    assert c["kWarpgroup"] * 56 + c["kConsumers"] * c["kWarpgroup"] * consumer_regs <= c["kThreads"] * c["kRegsAtEntry"]
-    assert len(registers) == 6 and set(registers.values()) == {c["kRegsAtEntry"]}, registers
+    c = engine_constants({PRODUCER_REGS: 56})
+    assert (c["kProducerRegs"], c["kConsumerRegs"]) == (56, 224)
+    assert_split_fits_the_pool(tmp_path / f"{source.stem}.cubin", c)
     spills = {name: spill for name, spill in unit_spills(source, result.stderr).items() if "engine_forward" in name}
     assert len(spills) == 6 and set(spills.values()) == {(0, 0)}, spills
 
@@ -419,13 +426,9 @@ def test_the_gated_l2_prefetch_build_compiles_and_fits(tmp_path):
           {name.split(":")[1][:90]: spill for name, spill in spills.items() if "gated" in name})
     changed = [name for name in spills if "gated_uniform_pairs_kernel" in name and "EfEEv" in name]
     assert len(changed) >= 5, sorted(spills)
-    for name, (stored, loaded) in spills.items():
-        was = record.get(name, (0, 0))
-        if name in changed:
-            assert stored <= was[0] + GATED_L2_PREFETCH_SPILL_SLACK and loaded <= was[1] + GATED_L2_PREFETCH_SPILL_SLACK, \
-                (name, was, (stored, loaded))
-        else:
-            assert (stored, loaded) == was, (name, was, (stored, loaded))
+    assert_spills_within({name: spills[name] for name in changed}, record, GATED_L2_PREFETCH_SPILL_SLACK)
+    for name in spills.keys() - set(changed):
+        assert spills[name] == record.get(name, (0, 0)), (name, record.get(name), spills[name])
 
 
 # The unmeasured build switch of session 39: shared-memory addresses computed again from an opaque
@@ -458,10 +461,7 @@ def test_the_tx_fences_build_cuts_the_fp32_forward_spills(tmp_path):
         assert spills[kernel("33fftconv_fp32_uniform_pairs", logm)] == (0, 0)
     gated = kernel("gated_uniform_pairs", 13)
     assert spills[gated][0] < record[gated][0] and spills[gated][1] < record[gated][1], (spills[gated], record[gated])
-    for name, (stored, loaded) in spills.items():
-        was = record.get(name, (0, 0))
-        assert stored <= was[0] + TX_FENCES_SPILL_SLACK and loaded <= was[1] + TX_FENCES_SPILL_SLACK, \
-            (name, was, (stored, loaded))
+    assert_spills_within(spills, record, TX_FENCES_SPILL_SLACK)
 
 
 @needs_nvcc
@@ -476,9 +476,7 @@ def test_the_tx_fences_build_cuts_the_bf16_io_forward_spills(tmp_path):
     for logm in (13, 14):
         (name,) = [n for n in spills if f"33fftconv_fp32_uniform_pairs_kernelILi{logm}E13__nv_bfloat16" in n]
         assert spills[name] == (0, 0), (name, spills[name])
-    for name, (stored, loaded) in spills.items():
-        was = record.get(name, (0, 0))
-        assert stored <= was[0] and loaded <= was[1], (name, was, (stored, loaded))
+    assert_spills_within(spills, record)
 
 
 @needs_nvcc

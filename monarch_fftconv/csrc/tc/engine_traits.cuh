@@ -267,7 +267,7 @@ struct EngineTraits {
   static constexpr uint32_t kImageBytes = kFilterBytes + kUnscaleBytes;
   // The twiddle table after the images (MONARCH_FFTCONV_ENGINE_TWIDDLE_TABLE): omega<kN>(e), e < kN.
   static constexpr bool kTwiddleTable = MONARCH_FFTCONV_ENGINE_TWIDDLE_TABLE != 0;
-  static constexpr uint32_t kTwiddleTableBytes = kTwiddleTable ? kN1 * kN2 * sizeof(float2) : 0;
+  static constexpr uint32_t kTwiddleTableBytes = kTwiddleTable ? kN * sizeof(float2) : 0;
   static_assert(kFilterBytes % 16 == 0 && kImageBytes % 16 == 0, "the bulk copy moves multiples of 16 bytes");
 
   // Named barriers (0 is __syncthreads). rows_ready(w): warpgroup w's hand-off rows are stored;
