@@ -58,6 +58,7 @@ run_in() {  # run_in BUILD COMMAND...: the command with BUILD's environment
 echo "== build: the default and ${count} variant(s) at once"
 jobs_each=$(( ${MAX_JOBS:-16} / (count + 1) > 0 ? ${MAX_JOBS:-16} / (count + 1) : 1 ))
 pids=()
+build_start=$(date +%s)
 for build in default "${names[@]}"; do
   log="$OUT/build.log"; [ "$build" = default ] || log="$OUT/build_$build.log"
   run_in "$build" env MAX_JOBS=$jobs_each bash -c "$(declare -f build_extension)"'; build_extension "$1"' _ "$log" &
@@ -74,6 +75,7 @@ for i in "${!pids[@]}"; do
     tail -n 20 "$log"
   fi
 done
+echo "the builds took $(( $(date +%s) - build_start )) s ($jobs_each jobs each)"
 [ "$failed" -eq 0 ] || exit 1
 
 timed=()

@@ -6,8 +6,8 @@ compared bit for bit in another (two builds of the extension cannot share a proc
     python benchmarks/bitwise_outputs.py --compare /tmp/before.pt   # the branch's build
 
 The calls: the forward with fp32 and bf16 I/O at L = 1000, 2048, 4096, 8191, 8192 (B·C = 15 or
-4096, with D), bf16/fp16 at L = 8191 and 8192 (the engine at 8192), and the fp32 training step's
-du and dk.
+4096, with D), bf16/fp16 at L = 8191 and 8192 (the engine at 8192), the fp32 training step's
+du and dk, and the gated call (both gates and D) at L = 8191 and 8192, forward and training step.
 """
 from __future__ import annotations
 
@@ -41,6 +41,15 @@ def outputs() -> dict[str, torch.Tensor]:
                 y = mf.fftconv(u, k, D=d)
                 du, dk = torch.autograd.grad(y, (u, k), torch.randn(y.shape, device="cuda", generator=g))
                 out[f"du {b}x{c}x{length}"], out[f"dk {b}x{c}x{length}"] = du, dk
+            if io == torch.float32 and length in (8192, 8191):
+                pregate, postgate = (torch.randn(b, c, length, device="cuda", generator=g).requires_grad_(True)
+                                     for _ in range(2))
+                y = mf.fftconv(u, k, D=d, pregate=pregate, postgate=postgate)
+                out[f"gated {b}x{c}x{length}"] = y.detach()
+                grads = torch.autograd.grad(y, (u, k, pregate, postgate),
+                                            torch.randn(y.shape, device="cuda", generator=g))
+                for name, grad in zip(("du", "dk", "dpregate", "dpostgate"), grads):
+                    out[f"gated {name} {b}x{c}x{length}"] = grad
     return out
 
 
