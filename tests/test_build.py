@@ -347,7 +347,7 @@ def assert_spills_within(spills: dict[str, tuple[int, int]], record: dict[str, t
 def test_every_engine_instance_has_its_filter_image_kernel(compiled_units, cubin_dir):
     """The engine's six instances (bf16/fp16 operands x fp32/bf16/fp16 I/O) each launch a
     filter_image_kernel first (the producer copies a channel's image, never the spectrum): six of
-    those too, and no engine switch left but the two still to measure (session 36 measured them
+    those too, and no engine switch left but those still to measure (session 36 measured them
     and kept the image, the corner by index and 2-byte I/O as the code, and deleted the coalesced
     loads; session 38 measured the paired loads and made them the code)."""
     (source,) = [s for s in SOURCES if s.name == "engine_instances.cu"]
@@ -355,7 +355,7 @@ def test_every_engine_instance_has_its_filter_image_kernel(compiled_units, cubin
     registers = kernel_registers(cubin_dir / f"{source.stem}.cubin")
     assert sum("filter_image_kernel" in name for name in registers) == 6, sorted(registers)
     assert {name for name in _extension._switch_macros() if name.startswith("MONARCH_FFTCONV_ENGINE_")} == {
-        "MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT", TWIDDLE_TABLE, PRODUCER_REGS}  # the two still to measure
+        "MONARCH_FFTCONV_ENGINE_FILTER_PEAK_EXPONENT", TWIDDLE_TABLE, PRODUCER_REGS, LOADS_IN_FLIGHT}  # those still to measure
 
 
 def switch_build(unit: str, switch: str, out_dir: Path, value: int = 1) -> tuple[Path, subprocess.CompletedProcess]:
@@ -403,6 +403,32 @@ def test_the_producer_registers_build_spills_nothing(tmp_path):
     assert_split_fits_the_pool(tmp_path / f"{source.stem}.cubin", c)
     spills = {name: spill for name, spill in unit_spills(source, result.stderr).items() if "engine_forward" in name}
     assert len(spills) == 6 and set(spills.values()) == {(0, 0)}, spills
+
+
+# The producer's 16-byte loads in flight a thread, to measure next (session 40; the default 4).
+LOADS_IN_FLIGHT = "MONARCH_FFTCONV_ENGINE_LOADS_IN_FLIGHT"
+
+
+@needs_nvcc
+@needs_cutlass
+def test_eight_loads_in_flight_fit_72_producer_registers(tmp_path):
+    """MONARCH_FFTCONV_ENGINE_LOADS_IN_FLIGHT=8 with PRODUCER_REGS=72 (the pair to measure): the
+    traits take two chunks of each fp32 sequence a round (four of a 2-byte one), the split 72/216
+    fits the pool, and the fp32-I/O instances (the route's, `monarch[bf16]`) spill nothing, where
+    56 registers spill 106-338 bytes a thread with 8 loads in flight (nvcc 13.0). The 2-byte-I/O
+    instances spill at most what the default records for them."""
+    defines = {PRODUCER_REGS: 72, LOADS_IN_FLIGHT: 8}
+    (source,) = [s for s in SOURCES if s.name == "engine_instances.cu"]
+    result = nvcc_check(source, tmp_path, tuple(f"{name}={value}" for name, value in defines.items()))
+    assert result.returncode == 0, result.stderr[-4000:]
+    c = engine_constants(defines)
+    assert (c["kProducerRegs"], c["kConsumerRegs"], c["kLoadsInFlight"]) == (72, 216, 8)
+    assert engine_constants()["kLoadsInFlight"] == 4
+    assert_split_fits_the_pool(tmp_path / f"{source.stem}.cubin", c)
+    spills = {name: spill for name, spill in unit_spills(source, result.stderr).items() if "engine_forward" in name}
+    fp32_io = {name: spill for name, spill in spills.items() if "IOTypeE0E" in name}
+    assert len(spills) == 6 and len(fp32_io) == 2 and set(fp32_io.values()) == {(0, 0)}, spills
+    assert_spills_within(spills, recorded_spills())
 
 
 # An unmeasured build switch of the fp32 radix kernels (session 38): the gated kernels ask L2 for

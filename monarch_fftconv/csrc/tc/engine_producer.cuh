@@ -30,8 +30,8 @@ __device__ __forceinline__ const typename Cfg::IoT* sequence_start(const ConvFor
 // An item's two sequences (or zeros, a sequence < 0) into its ring planes (s, r): sample
 // t = 128 r + s, rounded to the operand type. One loop over the 8-sample chunks, each iteration
 // loading the same chunks of seq_re and seq_im, every 16-byte load issued before any is used
-// (four a thread: one chunk of each sequence in fp32, two in 2-byte I/O), each chunk's ring slot
-// computed once for both planes. Where u's type is the operand type the bytes go into the ring as
+// (Cfg::kLoadsInFlight a thread, 4 by default: one chunk of each sequence in fp32, two in 2-byte
+// I/O), each chunk's ring slot computed once for both planes. Where u's type is the operand type the bytes go into the ring as
 // they are (a 2-byte u of that type is already rounded). Measured against loading the planes one
 // after the other (session 38, H100): fp32 u −6.5% at 16x256x8192, −4.3% at 64x768x8192; 2-byte u
 // the same time (docs/performance.md).
@@ -44,10 +44,9 @@ __device__ __forceinline__ void load_planes(const ConvForwardParams& p, const It
   constexpr int kChunksPerRow = Cfg::kN2 / Cfg::kU8PerThread;        // 16
   constexpr int kChunks = Cfg::kInputRows * kChunksPerRow;            // 1024
   constexpr int kVectors = Cfg::kU8PerThread / Cfg::kSamplesPer16B;  // 16-byte loads a chunk: 2 (fp32) or 1
-  constexpr int kInFlight = 2 / kVectors;                            // chunks of each sequence an iteration
+  constexpr int kInFlight = Cfg::kChunksInFlight;                    // chunks of each sequence an iteration
   constexpr bool kAsIs = Cfg::kHalfIo && (std::is_same_v<T, cute::bfloat16_t> == std::is_same_v<IoT, __nv_bfloat16>);
   static_assert(kVectors * Io::kVec == Cfg::kU8PerThread, "a chunk is whole 16-byte vectors");
-  static_assert(kChunks % (kInFlight * Cfg::kWarpgroup) == 0, "whole rounds");
   const int L = int(p.seq_len);
   const int seq[2] = {item.seq_re, item.seq_im};
   const IoT* u[2] = {sequence_start<Cfg>(p, item.seq_re, item.channel), sequence_start<Cfg>(p, item.seq_im, item.channel)};

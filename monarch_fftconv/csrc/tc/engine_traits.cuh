@@ -59,6 +59,19 @@
 #define MONARCH_FFTCONV_ENGINE_PRODUCER_REGS 40
 #endif
 
+// MONARCH_FFTCONV_ENGINE_LOADS_IN_FLIGHT (a build switch, session 40; unmeasured: 4 until
+// measured, 8 the value to measure, with PRODUCER_REGS=56): the 16-byte loads of u a producer
+// thread issues before it uses any (load_planes). At 4 a warpgroup has 8 KB in flight; ncu (session
+// 37, H100, 16x256x8192) put 52.8% of the producer's samples on the first use of those loads (long
+// scoreboard) and the producer sets the pace, ~6 us of loads an item: 64 KB in 8 round trips,
+// which is Little's law at ~0.8 us a round trip. At 8: 16 KB in flight, half the round trips, 16
+// registers more a producer thread (the raw vectors), which 40 registers cannot hold. Predicted:
+// the bf16 forward at 16x256x8192 −4 to −10% beside PRODUCER_REGS=56 alone (the consumers then set
+// the pace: their ring `full` wait was 16.7% of their samples).
+#ifndef MONARCH_FFTCONV_ENGINE_LOADS_IN_FLIGHT
+#define MONARCH_FFTCONV_ENGINE_LOADS_IN_FLIGHT 4
+#endif
+
 namespace monarch_fftconv {
 namespace engine {
 
@@ -246,6 +259,13 @@ struct EngineTraits {
                 "setmaxnreg takes multiples of 8 in [24, 256]");
   static constexpr int kStages = 2;  // the ring
   static constexpr int kU8PerThread = 8;  // consecutive samples a producer thread loads and stores (16 B)
+  // 16-byte loads of u a producer thread issues before using any: for each of the item's two
+  // sequences, kLoadsInFlight / 2 vectors (whole chunks of kU8PerThread samples)
+  static constexpr int kLoadsInFlight = MONARCH_FFTCONV_ENGINE_LOADS_IN_FLIGHT;
+  static constexpr int kChunksInFlight = kLoadsInFlight / 2 / (kU8PerThread / kSamplesPer16B);
+  static_assert(kChunksInFlight >= 1 && kChunksInFlight * 2 * (kU8PerThread / kSamplesPer16B) == kLoadsInFlight &&
+                    (kInputRows * kN2 / kU8PerThread) % (kChunksInFlight * kWarpgroup) == 0,
+                "whole chunks of both sequences a round, whole rounds a plane");
   // The filter is resident as (K + D/N)·2^e, largest component in [2^-p, 2^(1-p)), p =
   // kFilterPeakExponent. Of the 2^-e that undoes it, the 16-bit hand-off takes at most
   // 2^-kHandoffExponent and y the rest (fp32, exact): a tiny channel's hand-off then holds the
