@@ -1253,3 +1253,32 @@ def test_ab_builds_checks_the_switch_builds_both_and_alternates(tmp_path):
     assert several.stdout.count("timing-line") == 3 and "== variant3, round 1 (status 0)" in several.stdout
     empty = ab(f"{first};;{second}")  # an empty variant would rebuild the default under another name
     assert empty.returncode == 2 and "an empty variant" in empty.stdout
+
+
+@pytest.mark.parametrize("rows", ["all", "short"])
+def test_ab_rows_are_valid_bench_calls(bench, tmp_path, rows):
+    """benchmarks/ab_rows.sh (the rows an A/B of the pending switches times), run with a stub
+    python3 that records its arguments: every row it issues is a bench_cufft.py call its parser
+    takes, naming methods the bench has for that operator and pass (a misspelt method would
+    stop the device run's row with an error and time nothing); the short form issues fewer rows,
+    the gated step among them."""
+    stub_dir, calls = tmp_path / "bin", tmp_path / "calls.jsonl"
+    stub_dir.mkdir()
+    (stub_dir / "python3").write_text(
+        f"#!{sys.executable}\nimport json, sys\n"
+        f"open({str(calls)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\nprint('monarch[stub] row')\n")
+    (stub_dir / "python3").chmod(0o755)
+    env = {**os.environ, "PATH": f"{stub_dir}{os.pathsep}{os.environ['PATH']}", "ROWS": rows}
+    run = subprocess.run(["bash", os.path.join(_BENCHMARKS, "ab_rows.sh")], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    argvs = [json.loads(line) for line in calls.read_text().splitlines()]
+    assert len(argvs) == (3 if rows == "short" else 5) and run.stdout.count("monarch[stub] row") == len(argvs)
+    for argv in argvs:
+        assert argv[0] == "benchmarks/bench_cufft.py"
+        args = bench.cli.parse_args(argv[1:])
+        names = args.methods.split(",")
+        known = bench.methods.make_methods("cuda", backward=args.backward, only=names,
+                                           operator=bench.runner.OPERATORS[args.operator])
+        assert [m.name for m in known] == names
+    assert any("monarch-dpostgate-in-grad" in argv[-1] and "--backward" in argv for argv in argvs)
