@@ -413,8 +413,8 @@ LOADS_IN_FLIGHT = "MONARCH_FFTCONV_ENGINE_LOADS_IN_FLIGHT"
 @needs_cutlass
 def test_eight_loads_in_flight_fit_72_producer_registers(tmp_path):
     """MONARCH_FFTCONV_ENGINE_LOADS_IN_FLIGHT=8 with PRODUCER_REGS=72 (the pair to measure): the
-    traits take two chunks of each fp32 sequence a round (four of a 2-byte one), the split 72/216
-    fits the pool, and the fp32-I/O instances (the route's, `monarch[bf16]`) spill nothing, where
+    unit compiles (the traits' static_assert holds whole chunks of both sequences a round: two of
+    a fp32 sequence, four of a 2-byte one), the split 72/216 fits the pool, and the fp32-I/O instances (the route's, `monarch[bf16]`) spill nothing, where
     56 registers spill 106-338 bytes a thread with 8 loads in flight (nvcc 13.0). The 2-byte-I/O
     instances spill at most what the default records for them."""
     defines = {PRODUCER_REGS: 72, LOADS_IN_FLIGHT: 8}

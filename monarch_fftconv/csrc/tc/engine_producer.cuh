@@ -31,10 +31,10 @@ __device__ __forceinline__ const typename Cfg::IoT* sequence_start(const ConvFor
 // t = 128 r + s, rounded to the operand type. One loop over the 8-sample chunks, each iteration
 // loading the same chunks of seq_re and seq_im, every 16-byte load issued before any is used
 // (Cfg::kLoadsInFlight a thread, 4 by default: one chunk of each sequence in fp32, two in 2-byte
-// I/O), each chunk's ring slot computed once for both planes. Where u's type is the operand type the bytes go into the ring as
-// they are (a 2-byte u of that type is already rounded). Measured against loading the planes one
-// after the other (session 38, H100): fp32 u −6.5% at 16x256x8192, −4.3% at 64x768x8192; 2-byte u
-// the same time (docs/performance.md).
+// I/O), each chunk's ring slot computed once for both planes. Where u's type is the operand type
+// the bytes go into the ring as they are (a 2-byte u of that type is already rounded). Measured
+// against loading the planes one after the other (session 38, H100): fp32 u −6.5% at
+// 16x256x8192, −4.3% at 64x768x8192; 2-byte u the same time (docs/performance.md).
 template <class Cfg>
 __device__ __forceinline__ void load_planes(const ConvForwardParams& p, const Item& item, bool vec_ok,
                                             uint32_t plane_re, uint32_t plane_im, int pt) {

@@ -60,14 +60,15 @@
 #endif
 
 // MONARCH_FFTCONV_ENGINE_LOADS_IN_FLIGHT (a build switch, session 40; unmeasured: 4 until
-// measured, 8 the value to measure, with PRODUCER_REGS=56): the 16-byte loads of u a producer
+// measured, 8 the value to measure, with PRODUCER_REGS=72): the 16-byte loads of u a producer
 // thread issues before it uses any (load_planes). At 4 a warpgroup has 8 KB in flight; ncu (session
 // 37, H100, 16x256x8192) put 52.8% of the producer's samples on the first use of those loads (long
 // scoreboard) and the producer sets the pace, ~6 us of loads an item: 64 KB in 8 round trips,
 // which is Little's law at ~0.8 us a round trip. At 8: 16 KB in flight, half the round trips, 16
-// registers more a producer thread (the raw vectors), which 40 registers cannot hold. Predicted:
-// the bf16 forward at 16x256x8192 −4 to −10% beside PRODUCER_REGS=56 alone (the consumers then set
-// the pace: their ring `full` wait was 16.7% of their samples).
+// registers more a producer thread (the raw vectors): at 56 the producer's code spills 106-338 B
+// a thread, at 72 (the consumers 216) the fp32-I/O instances spill nothing (tests/test_build.py).
+// Predicted: the bf16 forward at 16x256x8192 −4 to −10% against PRODUCER_REGS=56 alone (the
+// consumers then set the pace: their ring `full` wait was 16.7% of their samples).
 #ifndef MONARCH_FFTCONV_ENGINE_LOADS_IN_FLIGHT
 #define MONARCH_FFTCONV_ENGINE_LOADS_IN_FLIGHT 4
 #endif
