@@ -1273,7 +1273,7 @@ def test_ab_rows_are_valid_bench_calls(bench, tmp_path, rows):
                          text=True, timeout=60)
     assert run.returncode == 0, run.stdout + run.stderr
     argvs = [json.loads(line) for line in calls.read_text().splitlines()]
-    assert len(argvs) == (3 if rows == "short" else 5) and run.stdout.count("monarch[stub] row") == len(argvs)
+    assert len(argvs) == (3 if rows == "short" else 6) and run.stdout.count("monarch[stub] row") == len(argvs)
     for argv in argvs:
         assert argv[0] == "benchmarks/bench_cufft.py"
         args = bench.cli.parse_args(argv[1:])
