@@ -152,7 +152,7 @@ __device__ __forceinline__ void apply_gate(cf (&v)[NB][R], const IO* gate, int t
 // two integer instructions each. SASS (sm_90a, nvcc 13.0), spill instructions in the sequence
 // loop: fp32 forward N = 4096 113 -> 0, 8192 69 -> 0, 16384 5 -> 5, 32768 3 -> 6, instructions
 // -2.3 to -3.9% at every N; its gated instances 91 -> 1, 73 -> 0, 23 -> 3 at 4096, 8192, 16384,
-// -5 to -8%; bf16 io N = 4096 47 -> 26, 8192 62 -> 42, 16384 3 -> 0, 32768 31 -> 0; the
+// -5 to -8%; bf16 io N = 4096 47 -> 8, 8192 62 -> 33, 16384 3 -> 0, 32768 31 -> 0; the
 // own-path bf16 instances 25-199 -> 4-12; the inner kernel at M = 4096 (N = 2^19) 104-176 -> 0,
 // at M = 8192 none before or after and -1.3% instructions. Predicted (H100): fp32 forward kernels
 // -8 to -15% at 16x256x{2048,4096}, -2 to -4% at 16x256x8192; bf16 I/O forward -3 to -10% at

@@ -41,10 +41,10 @@ __device__ __forceinline__ void load_planes(const ConvForwardParams& p, const It
   using T = typename Cfg::T;
   using IoT = typename Cfg::IoT;
   using Io = typename Cfg::Io;
-  constexpr int kChunksPerRow = Cfg::kN2 / Cfg::kU8PerThread;        // 16
-  constexpr int kChunks = Cfg::kInputRows * kChunksPerRow;            // 1024
-  constexpr int kVectors = Cfg::kU8PerThread / Cfg::kSamplesPer16B;  // 16-byte loads a chunk: 2 (fp32) or 1
-  constexpr int kInFlight = Cfg::kChunksInFlight;                    // chunks of each sequence an iteration
+  constexpr int kChunksPerRow = Cfg::kN2 / Cfg::kU8PerThread;  // 16
+  constexpr int kChunks = Cfg::kChunksPerPlane;
+  constexpr int kVectors = Cfg::kVectorsPerChunk;
+  constexpr int kInFlight = Cfg::kChunksInFlight;  // chunks of each sequence an iteration
   constexpr bool kAsIs = Cfg::kHalfIo && (std::is_same_v<T, cute::bfloat16_t> == std::is_same_v<IoT, __nv_bfloat16>);
   static_assert(kVectors * Io::kVec == Cfg::kU8PerThread, "a chunk is whole 16-byte vectors");
   const int L = int(p.seq_len);

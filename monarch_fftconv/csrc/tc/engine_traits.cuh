@@ -260,12 +260,15 @@ struct EngineTraits {
                 "setmaxnreg takes multiples of 8 in [24, 256]");
   static constexpr int kStages = 2;  // the ring
   static constexpr int kU8PerThread = 8;  // consecutive samples a producer thread loads and stores (16 B)
+  // A plane's kU8PerThread-sample chunks, and the 16-byte loads of u a chunk takes: 2 (fp32) or 1.
+  static constexpr int kChunksPerPlane = kInputRows * kN2 / kU8PerThread;  // 1024
+  static constexpr int kVectorsPerChunk = kU8PerThread / kSamplesPer16B;
   // 16-byte loads of u a producer thread issues before using any: for each of the item's two
-  // sequences, kLoadsInFlight / 2 vectors (whole chunks of kU8PerThread samples)
+  // sequences, kLoadsInFlight / 2 vectors (whole chunks)
   static constexpr int kLoadsInFlight = MONARCH_FFTCONV_ENGINE_LOADS_IN_FLIGHT;
-  static constexpr int kChunksInFlight = kLoadsInFlight / 2 / (kU8PerThread / kSamplesPer16B);
-  static_assert(kChunksInFlight >= 1 && kChunksInFlight * 2 * (kU8PerThread / kSamplesPer16B) == kLoadsInFlight &&
-                    (kInputRows * kN2 / kU8PerThread) % (kChunksInFlight * kWarpgroup) == 0,
+  static constexpr int kChunksInFlight = kLoadsInFlight / 2 / kVectorsPerChunk;
+  static_assert(kChunksInFlight >= 1 && kChunksInFlight * 2 * kVectorsPerChunk == kLoadsInFlight &&
+                    kChunksPerPlane % (kChunksInFlight * kWarpgroup) == 0,
                 "whole chunks of both sequences a round, whole rounds a plane");
   // The filter is resident as (K + D/N)·2^e, largest component in [2^-p, 2^(1-p)), p =
   // kFilterPeakExponent. Of the 2^-e that undoes it, the 16-bit hand-off takes at most
