@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The rows an A/B of the pending build switches times (benchmarks/ab_builds.sh runs this once per
 # build and round): the plain fp32 forward (fp32 and bf16 I/O), the engine (bf16/fp16 operands,
-# fp32 I/O; bf16 with bf16 I/O), the gated fp32 forward and the gated training step beside the runtime dpostgate
-# method, b2b and latency medians from bench_cufft.py.
+# fp32 I/O; bf16 with bf16 I/O), the gated fp32 forward and the gated training step beside the
+# runtime dpostgate method, b2b and latency medians from bench_cufft.py.
 #
 #   DEFINES="MONARCH_FFTCONV_TX_FENCES=1,MONARCH_FFTCONV_ENGINE_PRODUCER_REGS=72,MONARCH_FFTCONV_ENGINE_LOADS_IN_FLIGHT=8" \
 #     TESTS="tests/test_cuda_engine.py tests/test_cuda_gated_training.py -x" TAIL=40 \
