@@ -209,7 +209,11 @@ def conv(
     host-side state that torch.compile cannot trace, and the graph then follows every filter
     update."""
     key = _call_key(u, k, D, pregate, postgate, bidirectional, precision, module_precision)
-    if (decided := _decided.get(key)) is None:
+    try:
+        decided = _decided.get(key)
+    except TypeError:  # an unhashable flag or precision: not remembered, the checks name it
+        key, decided = None, None
+    if decided is None:
         decided = _decide(u, k, D, pregate, postgate, bidirectional, precision, module_precision, names)
         if key is not None:
             if len(_decided) >= _MAX_DECISIONS:
@@ -218,6 +222,8 @@ def conv(
     backend, chosen, skip_dtype, flat = decided
     if backend is None:
         return _empty_batch(u, k, D, pregate, postgate)
+    if skip_dtype == torch.float64 and k.dtype != torch.float64:
+        k = k.to(torch.float64)  # float64 input computes in float64 (its spectrum too), whatever k's dtype
     if _gates_fuse(backend, u, pregate, postgate, k, D, bidirectional):
         return _gated_inference(backend, u, k, D if D is None or D.dtype == skip_dtype else D.to(skip_dtype),
                                 pregate, postgate, chosen, flat, cached_spectrum)

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import _extension, ops
+from . import _extension, ops, policy
 from .functional import fftconv
 from .planner import compute_dtype
 
@@ -86,30 +86,41 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 @dataclass
 class _Watch:
-    """The tensors a state was derived from, with their version counters at prefill: a cheap
-    host check that they were neither replaced nor written in place since (`.data` writes
-    bump no counter and pass unseen; inference tensors keep no counter: identity only)."""
+    """What a state was derived from, as it was at prefill: each tensor (the same object), where
+    its values lie (address, dtype, shape, strides, device: a `.data` assignment, a dtype
+    conversion or `torch.utils.swap_tensors` moves them) and its version counter (in-place
+    writes through autograd bump it), and the modules' plain settings (numbers, flags and names
+    such as a filter's modulation shift). A cheap host check a token. Writes that move nothing
+    and bump no counter pass unseen: `.data` writes in place, fused optimizer steps (torch's
+    `fused=True` kernels leave the counter alone), in-place writes to inference tensors (which
+    keep no counter). docs/design.md, "What a state holds"."""
 
     tensors: tuple[Tensor, ...]
+    placements: tuple[tuple[Any, ...], ...]
     versions: tuple[int | None, ...]
+    settings: tuple[Any, ...] = ()
 
     @classmethod
-    def of(cls, tensors: Iterable[Tensor]) -> _Watch:
+    def of(cls, tensors: Iterable[Tensor], modules: Iterable[torch.nn.Module] = ()) -> _Watch:
         tensors = tuple(tensors)
-        return cls(tensors, tuple(_version(t) for t in tensors))
+        return cls(tensors, tuple(_placement(t) for t in tensors), tuple(_version(t) for t in tensors),
+                   _settings(modules))
 
-    def check(self, tensors: Iterable[Tensor], what: str) -> None:
+    def check(self, tensors: Iterable[Tensor], what: str, modules: Iterable[torch.nn.Module] = ()) -> None:
         # Once a token: a plain loop (generators and a tuple of versions cost ~2 us a call). The
         # same tensor object keeps its inference-ness, so a None version needs no new check.
         now = tuple(tensors)
         if len(now) != len(self.tensors):
             raise _replaced(what)
-        for t, kept, version in zip(now, self.tensors, self.versions):
-            if t is not kept:
+        for t, kept, placement, version in zip(now, self.tensors, self.placements, self.versions):
+            if t is not kept or _placement(t) != placement:
                 raise _replaced(what)
             if version is not None and t._version != version:
                 raise RuntimeError(f"{what} was modified in place since prefill; step uses the parameters as they "
                                    "were at prefill (like a KV cache): call prefill again")
+        if self.settings and _settings(modules) != self.settings:
+            raise RuntimeError(f"a setting of {what.split(' parameter')[0]} changed since prefill (a plain attribute "
+                               "such as a filter's shift); step uses the operator as it was at prefill: call prefill again")
 
 
 def _replaced(what: str) -> RuntimeError:
@@ -119,6 +130,17 @@ def _replaced(what: str) -> RuntimeError:
 
 def _version(t: Tensor) -> int | None:
     return None if t.is_inference() else t._version
+
+
+def _placement(t: Tensor) -> tuple[Any, ...]:
+    return (t.data_ptr(), t.dtype, t.shape, t.stride(), t.device)
+
+
+def _settings(modules: Iterable[torch.nn.Module]) -> tuple[Any, ...]:
+    """Each module's plain attributes (not `training`: generation runs the inference form)."""
+    return tuple((name, value) for m in modules for name, value in vars(m).items()
+                 if name != "training" and not name.startswith("_")
+                 and (value is None or isinstance(value, (bool, int, float, str))))
 
 
 # --------------------------------------------------------------------------- one convolution stream
@@ -179,6 +201,8 @@ def prefill(x: Tensor, k: Tensor, max_len: int, *, precision: str | None = None,
 def start(x: Tensor, k: Tensor, max_len: int, *, precision: str | None = None,
           cuda_graph: bool = False) -> ConvState:
     """The state after the prompt x (B, C, P), without the prompt's output (`prefill` computes it)."""
+    if precision is not None:
+        policy.check_precision(precision)  # an empty prompt makes no call that would check it
     _check_prefill(x, k, max_len)
     _check_cuda_graph(cuda_graph, x)
     with torch.no_grad():
@@ -639,7 +663,7 @@ def prefill_fftconv(layer: FFTConv, x: Tensor, max_len: int, cuda_graph: bool = 
     if isinstance(x, Tensor) and x.dim() == 3 and x.shape[1] != layer.channels:
         raise ValueError(f"the prompt has {x.shape[1]} channels, the layer {layer.channels}")
     state = start(x, layer.filter[..., :max_len], max_len, precision=layer.precision, cuda_graph=cuda_graph)
-    state.watch = _Watch.of([layer.filter])
+    state.watch = _Watch.of(_filter_tensors(layer))
     state.direct = _direct_stepper(state, layer.filter)
     y = layer(x) if x.shape[-1] else x.new_empty(x.shape)
     return y, state
@@ -663,6 +687,15 @@ def _direct_stepper(state: ConvState, filt: Tensor) -> Any:
                                 state.middle_taps if middle else None, middle)
 
 
+def _filter_tensors(layer: FFTConv) -> list[Tensor]:
+    """The tensors an FFTConv's filter is: the parameter, or under `torch.nn.utils.parametrize`
+    the originals it is computed from (each read of the filter computes a new tensor)."""
+    parametrizations = getattr(layer, "parametrizations", None)
+    if parametrizations is not None and "filter" in parametrizations:
+        return [*parametrizations["filter"].parameters(), *parametrizations["filter"].buffers()]
+    return [layer.filter]
+
+
 def step_fftconv(layer: FFTConv, x_t: Tensor, state: ConvState) -> tuple[Tensor, ConvState]:
     """`FFTConv.step`: `step`, once the layer's filter is checked to be the prefill's. A direct
     token goes to the state's DirectStepper first, which answers None for anything but the plain
@@ -675,7 +708,7 @@ def step_fftconv(layer: FFTConv, x_t: Tensor, state: ConvState) -> tuple[Tensor,
             return y, state
     if state.watch is None:
         raise ValueError("this state was not made by FFTConv.prefill")
-    state.watch.check([layer.filter], "FFTConv.filter")
+    state.watch.check(_filter_tensors(layer), "FFTConv.filter")
     return step(x_t, state)
 
 
@@ -692,6 +725,7 @@ class HyenaState:
     window_weights: Tensor      # (ks, W, ks): the short filter's taps, rotated for each t % ks
     convs: list[ConvState]      # one per order step
     skips: Tensor | None        # (order - 1, d): each step's D, or None
+    dtype: torch.dtype          # the prompt's: x_t's (under autocast the buffers are autocast's)
     watch: _Watch = field(repr=False)
     graphed: _GraphedHyena | None = field(default=None, repr=False)  # prefill(..., cuda_graph=True)
 
@@ -707,8 +741,7 @@ def prefill_hyena(op: HyenaOperator, x: Tensor, max_len: int, cuda_graph: bool =
     if op.bidirectional:
         raise ValueError("HyenaOperator(bidirectional=True) reads future inputs: it cannot be generated causally")
     _check_max_len(max_len, op.l_max)
-    if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != op.d_model:
-        raise ValueError(f"the prompt must have shape (B, P, d_model={op.d_model}), got {getattr(x, 'shape', x)}")
+    op._check_input(x, min_len=0)
     prompt_len = x.shape[1]
     if prompt_len > max_len:
         raise ValueError(f"the prompt ({prompt_len} positions) is longer than max_len={max_len}")
@@ -736,7 +769,7 @@ def prefill_hyena(op: HyenaOperator, x: Tensor, max_len: int, cuda_graph: bool =
     with torch.no_grad():
         window, window_weights = _short_window(op, raw)
         state = HyenaState(position=prompt_len, max_len=max_len, window=torch.zeros_like(window),
-                           window_weights=window_weights, convs=convs, skips=skips, watch=_Watch.of(_hyena_tensors(op)))
+                           window_weights=window_weights, convs=convs, skips=skips, dtype=x.dtype, watch=_Watch.of(_hyena_tensors(op), op.modules()))
         if cuda_graph and max_len > prompt_len:
             state.graphed = _GraphedHyena.capture(op, state, x.dtype)  # its warm-up writes the buffers: first
         state.window.copy_(window)
@@ -747,20 +780,21 @@ def prefill_hyena(op: HyenaOperator, x: Tensor, max_len: int, cuda_graph: bool =
 
 def step_hyena(op: HyenaOperator, x_t: Tensor, state: HyenaState) -> tuple[Tensor, HyenaState]:
     """`HyenaOperator.step`: x_t (B, d) -> y_t (B, d), as forward computes that position."""
-    state.watch.check(_hyena_tensors(op), "a HyenaOperator parameter or buffer")
+    state.watch.check(_hyena_tensors(op), "a HyenaOperator parameter or buffer", op.modules())
     _check_room(state.position, state.max_len)
     batch, _, taps = state.window.shape
     if not isinstance(x_t, Tensor) or tuple(x_t.shape) != (batch, op.d_model):
         raise ValueError(f"x_t must have shape (B, d_model) = ({batch}, {op.d_model}), got {getattr(x_t, 'shape', x_t)}")
-    _check_like_prefill(x_t, state.window.dtype, state.window.device, state.window)
+    _check_like_prefill(x_t, state.dtype, state.window.device, state.window)
     if state.graphed is not None:
         return state.graphed.step(op, x_t, state), state
     with torch.no_grad():
         slot = state.position % taps
         state.window[..., slot] = op.in_proj(x_t)
-        projected = (state.window * state.window_weights[slot]).sum(-1)
+        # In the window's dtype, as forward's short convolution returns it (autocast's, at times)
+        projected = (state.window * state.window_weights[slot]).sum(-1).to(state.window.dtype)
         if op.short_filter.bias is not None:
-            projected = projected + op.short_filter.bias
+            projected = projected + op.short_filter.bias.to(projected.dtype)
         *gates, v = projected.split(op.d_model, dim=1)
         for o, gate in enumerate(reversed(gates[1:])):
             u = v * gate
@@ -787,7 +821,7 @@ class _GraphedHyena:
     prompt_len: int
     graphs: dict[int | None, torch.cuda.CUDAGraph]
     # The operator's parameters and buffers the graphs read by address, as at capture: held, so a
-    # `.data` reassignment cannot free what a replay reads, and checked at each step
+    # `.data` reassignment cannot free what a replay reads (the state's watch refuses the step)
     captured: tuple[Tensor, ...] = ()
     pool_bytes: int = 0
     plans: _PlanWatch | None = None
@@ -826,9 +860,9 @@ class _GraphedHyena:
         taps = state.window.shape[-1]
         slot = torch.remainder(self.index + self.prompt_len, taps).view(1)
         state.window.index_copy_(2, slot, op.in_proj(self.x).unsqueeze(-1))
-        projected = (state.window * state.window_weights.index_select(0, slot).squeeze(0)).sum(-1)
+        projected = (state.window * state.window_weights.index_select(0, slot).squeeze(0)).sum(-1).to(state.window.dtype)
         if op.short_filter.bias is not None:
-            projected = projected + op.short_filter.bias
+            projected = projected + op.short_filter.bias.to(projected.dtype)
         *gates, v = projected.split(op.d_model, dim=1)
         for o, gate in enumerate(reversed(gates[1:])):
             u = v * gate
@@ -843,10 +877,8 @@ class _GraphedHyena:
 
     def step(self, op: HyenaOperator, x_t: Tensor, state: HyenaState) -> Tensor:
         """`step_hyena` by replaying the graph of this position's level: y_t, a view of outputs[i]."""
-        now = _hyena_tensors(op)
-        if len(now) != len(self.captured) or any(a.data_ptr() != b.data_ptr() for a, b in zip(now, self.captured)):
-            raise RuntimeError("a HyenaOperator parameter's storage was replaced since prefill(cuda_graph=True) "
-                               "(a .data assignment): the graphs read the old one; call prefill again")
+        # step_hyena's watch has refused a parameter whose values moved (the graphs read the old
+        # addresses, which `captured` keeps alive)
         i = state.position - self.prompt_len
         _replay(self, x_t, i, self.outputs.shape[0])
         state.position += 1

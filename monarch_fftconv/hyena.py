@@ -201,9 +201,10 @@ class HyenaOperator(nn.Module):
             v = self.long_conv(v, k[step], None if bias is None else bias[step], gate, gates[0] if last else None)
         return self.out_proj(v.transpose(1, 2))
 
-    def _check_input(self, x: object) -> None:
-        """x must be (B, L, d_model), 1 <= L <= l_max, floating point, in the parameters' dtype
-        unless autocast casts it: name the expected and the given shape or dtype."""
+    def _check_input(self, x: object, min_len: int = 1) -> None:
+        """x must be (B, L, d_model), min_len <= L <= l_max (a prompt may be empty), floating
+        point, in the parameters' dtype unless autocast casts it: name the expected and the given
+        shape or dtype."""
         if not isinstance(x, Tensor):
             raise TypeError(f"x must be a torch.Tensor of shape (B, L, d_model), got {type(x).__name__}")
         shape, d_model = tuple(x.shape), self.d_model
@@ -214,9 +215,10 @@ class HyenaOperator(nn.Module):
             elif x.dim() == 3 and shape[1] == d_model:
                 hint = "; it looks like (B, d_model, L): the operator takes (B, L, d_model), e.g. x.transpose(1, 2)"
             raise ValueError(f"x must have shape (B, L, d_model) = (B, L, {d_model}), got {shape}{hint}")
-        if not 1 <= shape[1] <= self.l_max:
+        if not min_len <= shape[1] <= self.l_max:
             too_long = f"input length {shape[1]} exceeds the operator's l_max {self.l_max}: " if shape[1] else ""
-            raise ValueError(f"{too_long}x must have shape (B, L, {d_model}) with 1 <= L <= {self.l_max}, got {shape}")
+            raise ValueError(f"{too_long}x must have shape (B, L, {d_model}) with {min_len} <= L <= {self.l_max}, "
+                             f"got {shape}")
         weight = self.in_proj.weight
         if not x.is_floating_point() or (x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type)):
             raise TypeError(f"x must be floating point in the parameters' dtype {weight.dtype} (or run under "

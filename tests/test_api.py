@@ -440,3 +440,38 @@ def test_nan_in_the_filter_stays_in_its_channel(engine, monkeypatch, gen):
     dirty = mf.fftconv(u, k)
     assert not torch.isfinite(dirty[:, 1]).any() and not torch.isfinite(dirty[:, 3]).any()
     assert torch.equal(dirty[:, [0, 2]], clean[:, [0, 2]])
+
+
+@pytest.mark.parametrize("engine", ["auto", "portable"])
+@pytest.mark.parametrize("filter_dtype", [torch.float32, torch.bfloat16])
+def test_float64_input_computes_in_float64_whatever_the_filter(engine, filter_dtype, monkeypatch, gen):
+    """float64 u (or a float64 pregate) with a narrower filter: the convolution, its spectrum
+    included, runs in float64 (it ran in the filter's float32 and was 1e-7 off); k's gradient
+    keeps k's dtype."""
+    monkeypatch.setenv("MONARCH_FFTCONV_BACKEND", engine)
+    u = randn(gen, 2, 3, 301, dtype=torch.float64)
+    k = randn(gen, 3, 157).to(filter_dtype).requires_grad_()
+    y = mf.fftconv(u, k)
+    assert y.dtype == torch.float64
+    assert rel_l2(y, reference(u, k.detach())) < 1e-12
+    y.sum().backward()
+    assert k.grad.dtype == filter_dtype
+    layer = mf.FFTConv(3, 301).to(filter_dtype)
+    with torch.no_grad():
+        assert rel_l2(layer(u), reference(u, layer.filter)) < 1e-12
+        with mf.inference_cache(layer):
+            assert rel_l2(layer(u), reference(u, layer.filter)) < 1e-12
+    gate = randn(gen, 2, 3, 301, dtype=torch.float64)
+    x = u.float()
+    y = mf.fftconv(x, k.detach(), pregate=gate)  # x·gate is float64: so is the convolution; y is x's float32
+    assert rel_l2(y, reference(x.double() * gate, k.detach())) < 1e-7
+
+
+@pytest.mark.parametrize("argument", [{"precision": ["fp32"]}, {"bidirectional": [True]}, {"precision": {"bf16": 1}}])
+def test_an_unhashable_flag_gets_the_checks_message(argument, gen):
+    """The decisions' memo hashes the call's flags: an unhashable one is named by the checks,
+    as explain() names it, not a TypeError from the memo."""
+    u, k = randn(gen, 2, 3, 40), randn(gen, 3, 40)
+    for call in (mf.fftconv, mf.explain):
+        with pytest.raises((ValueError, TypeError), match="(precision|bidirectional) must be"):
+            call(u, k, **argument)

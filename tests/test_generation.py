@@ -173,6 +173,65 @@ def test_a_filter_change_after_prefill_is_refused(gen):
         layer.step(x[..., 5], state)
 
 
+def _swap_in_a_new_filter(layer):
+    torch.utils.swap_tensors(layer.filter, torch.nn.Parameter(torch.randn_like(layer.filter)))
+
+
+@pytest.mark.parametrize("change", [
+    lambda layer: layer.double(),           # `.data` assigned a converted copy: same tensor object
+    lambda layer: layer.half(),
+    lambda layer: setattr(layer.filter, "data", layer.filter.detach().clone()),
+    _swap_in_a_new_filter,                  # the same Python object, another tensor behind it
+])
+def test_a_filter_moved_without_a_version_bump_is_refused(gen, change):
+    """Changes that keep the Parameter object and bump no version counter still move the values
+    (their address, dtype): the watch sees them, where it saw identity and version only."""
+    layer = mf.FFTConv(3, 64)
+    x = randn(gen, 1, 3, 64)
+    _, state = layer.prefill(x[..., :5], max_len=64)
+    layer.step(x[..., 5], state)
+    change(layer)
+    with pytest.raises(RuntimeError, match="replaced"):
+        layer.step(x[..., 6].to(layer.filter.dtype), state)
+
+
+def test_steps_after_an_unseen_write_keep_the_prefill_filter(gen):
+    """A fused optimizer step bumps no version counter and moves nothing: the watch cannot see
+    it, and step goes on with the filter as it was at prefill (the state holds its blocks, not
+    the live filter): the positions are the prefill filter's convolution, never a mixture."""
+    layer = mf.FFTConv(3, 64).double()
+    x = randn(gen, 2, 3, 64, dtype=torch.float64)
+    before = layer.filter.detach().clone()
+    with torch.no_grad():
+        _, state = layer.prefill(x[..., :7], max_len=64)
+        layer.filter.grad = torch.randn_like(layer.filter)
+        torch.optim.SGD(layer.parameters(), lr=1.0, fused=True).step()
+        assert not torch.equal(layer.filter, before)
+        steps = torch.stack([layer.step(x[..., t], state)[0] for t in range(7, 64)], dim=-1)
+    assert rel_l2(steps, reference(x, before)[..., 7:]) < FP64_TOLERANCE
+
+
+def test_a_parametrized_filter_steps_and_its_change_is_refused(gen):
+    """Under torch.nn.utils.parametrize each read of `filter` computes a new tensor: the watch
+    follows the originals it is computed from (it refused every step before)."""
+    layer = mf.FFTConv(3, 64).double()
+    torch.nn.utils.parametrize.register_parametrization(layer, "filter", _Scaled())
+    x = randn(gen, 2, 3, 64, dtype=torch.float64)
+    with torch.no_grad():
+        ref = layer(x)
+        y, state = layer.prefill(x[..., :9], max_len=64)
+        steps = [layer.step(x[..., t], state)[0] for t in range(9, 40)]
+        assert rel_l2(torch.stack(steps, -1), ref[..., 9:40]) < FP64_TOLERANCE
+        layer.parametrizations["filter"].original.mul_(3)
+        with pytest.raises(RuntimeError, match="modified in place"):
+            layer.step(x[..., 40], state)
+
+
+class _Scaled(torch.nn.Module):
+    def forward(self, k):
+        return 0.5 * k
+
+
 # --------------------------------------------------------------------------- HyenaOperator
 
 class Stack(torch.nn.Module):
@@ -252,6 +311,29 @@ def test_hyena_errors_and_parameter_changes(gen):
     op.step(x[:, 31], state)
     with pytest.raises(RuntimeError, match="max_len=32"):
         op.step(x[:, 31], state)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda op: setattr(op.filter_fn.modulation, "shift", op.filter_fn.modulation.shift + 0.5), "plain attribute"),
+    (lambda op: setattr(op.filter_fn.modulation, "modulate", not op.filter_fn.modulation.modulate), "plain attribute"),
+    (lambda op: setattr(op.filter_fn, "use_bias", not op.filter_fn.use_bias), "plain attribute"),
+    (lambda op: op.half(), "replaced"),
+])
+def test_hyena_changes_no_version_counter_sees_are_refused(gen, change, message):
+    """A setting that shapes the long filters (a plain attribute) or a dtype conversion (same
+    objects, values moved) after prefill: step refuses, where it went on with a stale filter."""
+    op = HyenaOperator(4, 32, filter_order=8)
+    x = randn(gen, 2, 32, 4)
+    with torch.no_grad():
+        _, state = op.prefill(x[:, :10], max_len=32)
+        op.step(x[:, 10], state)
+        change(op)
+        with pytest.raises(RuntimeError, match=message):
+            op.step(x[:, 11].to(op.in_proj.weight.dtype), state)
+        op.train(not op.training)  # train/eval is no setting of the step's: it steps on after a new prefill
+        _, state = op.prefill(x[:, :10].to(op.in_proj.weight.dtype), max_len=32)
+        op.eval()
+        op.step(x[:, 10].to(op.in_proj.weight.dtype), state)
 
 
 # --------------------------------------------------------------------------- the indexed (CUDA-graph) step
@@ -360,7 +442,7 @@ def test_graphed_hyena_step_is_the_eager_step(gen, simulated_graphs, middle_leve
     assert all(torch.equal(a.pending, b.pending) for a, b in zip(state.convs, eager.convs))
     state.position -= 1  # room for one more step: a parameter's storage swapped under the graphs is refused
     op.out_proj.weight.data = op.out_proj.weight.data.clone()
-    with pytest.raises(RuntimeError, match="storage was replaced since prefill"):
+    with pytest.raises(RuntimeError, match="replaced since prefill"):
         op.step(x[:, -1], state)
 
 
@@ -1221,3 +1303,35 @@ def test_cuda_direct_stepper_leaves_unusual_inputs_to_python(gen, monkeypatch):
         y_last = layer.step(x[..., length - 1], state)[0]
     want = reference_full(x, layer.filter.detach())[..., length - 1]
     assert rel_l2(y_last, want) < ERROR_BUDGETS["fp32"]
+
+
+def test_hyena_generates_under_autocast(gen):
+    """prefill and step under torch.autocast (bf16) as a mixed-precision model serves: the
+    state takes float32 x_t as the prompt was, its buffers autocast's dtype; the positions
+    are forward's under the same autocast within bf16's budget (step refused every token)."""
+    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    op = HyenaOperator(8, 70, filter_order=8, short_filter_order=3)
+    x = randn(gen, 2, 61, 8)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = op(x)
+        y, state = op.prefill(x[:, :11], max_len=61)
+        steps = [op.step(x[:, t], state)[0] for t in range(11, 61)]
+    out = torch.cat([y, torch.stack(steps, dim=1)], dim=1)
+    assert out.dtype == ref.dtype == torch.bfloat16
+    assert rel_l2(out.float(), ref.float()) < ERROR_BUDGETS["bf16"]
+    with torch.no_grad():
+        assert rel_l2(out.float(), op(x)) < 2 * ERROR_BUDGETS["bf16"]
+
+
+def test_prefill_checks_what_an_empty_prompt_never_calls(gen):
+    """An empty prompt runs no convolution: its precision and dtype are checked all the same."""
+    x, k = randn(gen, 1, 3, 0), randn(gen, 3, 16)
+    with pytest.raises(ValueError, match="precision must be one of"):
+        generation.prefill(x, k, 16, precision="nonsense")
+    op = HyenaOperator(4, 16, filter_order=8)
+    with pytest.raises(TypeError, match="parameters' dtype"):
+        op.prefill(randn(gen, 2, 5, 4, dtype=torch.float64), max_len=16)
+    with pytest.raises(ValueError, match="shape"):
+        op.prefill(randn(gen, 2, 4, 5), max_len=16)
+    y, state = op.prefill(randn(gen, 2, 0, 4), max_len=16)
+    assert y.shape == (2, 0, 4) and state.position == 0

@@ -668,6 +668,10 @@ class DirectStepper {
     }
     filter_is_inference_ = filter_.is_inference();
     filter_version_ = filter_is_inference_ ? 0 : filter_._version();
+    filter_data_ = filter_.data_ptr();
+    filter_dtype_ = filter_.scalar_type();
+    filter_sizes_ = filter_.sizes().vec();
+    filter_strides_ = filter_.strides().vec();
   }
 
   // y_t (a view of outputs[i]) for the token x_t at `position`, with `filter` the layer's filter
@@ -734,10 +738,13 @@ class DirectStepper {
     launch_conv_block(inputs_, pending_, *middle_taps_, index_, n, i);
   }
 
-  // generation._Watch's check: the same tensor, and (where it keeps one) the same version.
+  // generation._Watch's check: the same tensor, its values where they were (a `.data`
+  // assignment or a dtype conversion keeps the TensorImpl but moves them), and (where it keeps
+  // one) the same version.
   bool filter_unchanged(const at::Tensor& filter) const {
-    return filter.unsafeGetTensorImpl() == filter_.unsafeGetTensorImpl() &&
-           (filter_is_inference_ || filter._version() == filter_version_);
+    return filter.unsafeGetTensorImpl() == filter_.unsafeGetTensorImpl() && filter.data_ptr() == filter_data_ &&
+           filter.scalar_type() == filter_dtype_ && filter.sizes() == filter_sizes_ &&
+           filter.strides() == filter_strides_ && (filter_is_inference_ || filter._version() == filter_version_);
   }
 
   at::Tensor inputs_, pending_, outputs_, first_tap_, second_tap_, index_;
@@ -748,6 +755,9 @@ class DirectStepper {
   int64_t prompt_len_;
   bool filter_is_inference_ = false;
   int64_t filter_version_ = 0;
+  const void* filter_data_ = nullptr;  // where the filter's values were at prefill
+  at::ScalarType filter_dtype_ = at::kFloat;
+  std::vector<int64_t> filter_sizes_, filter_strides_;
 };
 
 // A cached spectrum brought up to date with k, in place and in one launch, with no host
