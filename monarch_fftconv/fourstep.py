@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .planner import compute_dtype
+from .planner import built_as_normal_tensors, compute_dtype
 
 MIN_FFT_SIZE = 65536  # below, the fused radix kernels hold the whole FFT on chip
 MAX_FFT_SIZE = 1 << 23  # L = 4M
@@ -71,6 +71,7 @@ def _twiddles(fft_size: int, inner_size: int, dtype: torch.dtype, device: torch.
 
 
 @functools.lru_cache(maxsize=64)  # a few MB each at most; the backward asks for them every step
+@built_as_normal_tensors
 def _cached(make, fft_size: int, inner_size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     return make(fft_size, inner_size, dtype, device)
 

@@ -199,7 +199,21 @@ def _map_row_tables(t: RowDFTTables, fn) -> RowDFTTables:
     )
 
 
+def built_as_normal_tensors(build):
+    """A cached table builder whose tensors are normal ones whichever mode first asks for them:
+    built under torch.inference_mode() they would be inference tensors, which a later call that
+    autograd records cannot save for backward."""
+
+    @functools.wraps(build)
+    def wrapper(*args):
+        with torch.inference_mode(False):
+            return build(*args)
+
+    return wrapper
+
+
 @functools.lru_cache(maxsize=None)
+@built_as_normal_tensors
 def _tables_float64(plan_key: tuple[int, tuple[int, ...]]) -> MonarchTables:
     fft_size, factors = plan_key
     n1 = factors[0]
@@ -219,6 +233,7 @@ def _tables_float64(plan_key: tuple[int, tuple[int, ...]]) -> MonarchTables:
 
 
 @functools.lru_cache(maxsize=64)
+@built_as_normal_tensors
 def tables_for(fft_size: int, factors: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> MonarchTables:
     """The plan's tables in real dtype `dtype` (float32 or float64) on `device`, built once
     in float64 on the host and cached per (N, dtype, device)."""

@@ -9,7 +9,7 @@ import monarch_fftconv as mf
 from monarch_fftconv import portable
 from monarch_fftconv.planner import plan_for
 
-from helpers import BUDGETS, fp16_constant_ceiling, fp16_subnormal_error, randn, reference, rel_l2
+from helpers import BUDGETS, fp16_constant_ceiling, fp16_subnormal_error, randn, reference, rel_l2, run_python
 
 @pytest.fixture(autouse=True)
 def _engine(portable_engine):
@@ -164,3 +164,34 @@ def test_rounding_emulation_lands_on_the_grid(precision, gen):
     else:
         low = torch.bfloat16 if precision == "bf16" else torch.float16
         torch.testing.assert_close(r, x.to(low).float(), rtol=0, atol=0)
+
+
+def test_tables_first_built_under_inference_mode_serve_autograd():
+    """The cached tables (the radix plan's and the four-step twiddles) are normal tensors even
+    when a call under torch.inference_mode() builds them first: a later recorded call saves
+    them for backward (it raised "Inference tensors cannot be saved for backward"). In a child
+    process, so that the caches start empty; the gradients are checked against torch.fft."""
+    code = """
+import torch
+from monarch_fftconv import fourstep, portable
+from monarch_fftconv.planner import plan_for
+plan = plan_for(96)
+k = torch.randn(3, 96, dtype=torch.float64)
+with torch.inference_mode():
+    portable.filter_spectrum(k, plan, "fp32")
+    fourstep.spectrum_reference(torch.randn(1, 3, 96, dtype=torch.float64), 256, 16)
+u = torch.randn(2, 3, 96, dtype=torch.float64, requires_grad=True)
+y = portable.conv_forward(u, portable.filter_spectrum(k, plan, "fp32"), None, plan, "fp32")
+x = torch.randn(1, 3, 96, dtype=torch.float64, requires_grad=True)
+s = torch.view_as_real(fourstep.spectrum_reference(x, 256, 16))
+g = torch.randn_like(y)
+(gu,) = torch.autograd.grad(y, u, g)
+n = 2 * 96
+want = torch.fft.irfft(torch.fft.rfft(g.flip(-1), n=n) * torch.fft.rfft(k, n=n), n=n)[..., :96].flip(-1)
+assert (gu - want).norm() < 1e-10 * want.norm(), (gu - want).norm()
+(gx,) = torch.autograd.grad(s.sum(), x)
+assert torch.isfinite(gx).all()
+print("ok")
+"""
+    run = run_python(code, timeout=120)
+    assert run.returncode == 0 and "ok" in run.output, run.tail()
