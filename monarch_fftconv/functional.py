@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import backends, ops, policy
-from .backends import BACKEND_ENV, TC_KERNEL_ENV, Backend, select_backend
+from . import backends, ops, policy, torch_fft
+from .backends import BACKEND_ENV, TC_KERNEL_ENV, Backend, TorchFFT, select_backend
 from .planner import plan_for
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -224,6 +224,11 @@ def conv(
         return _empty_batch(u, k, D, pregate, postgate)
     if skip_dtype == torch.float64 and k.dtype != torch.float64:
         k = k.to(torch.float64)  # float64 input computes in float64 (its spectrum too), whatever k's dtype
+    if not isinstance(backend, TorchFFT) and torch_fft.in_transform():
+        # The package's ops have a backward but no forward-mode formula, and PyTorch drops a tangent
+        # through them without a word: forward-mode AD and torch.func's transforms take torch.fft's
+        # plain ATen ops, whose tangents and batching rules are exact.
+        backend, cached_spectrum = _TRANSFORM_BACKEND, None
     if _gates_fuse(backend, u, pregate, postgate, k, D, bidirectional):
         return _gated_inference(backend, u, k, D if D is None or D.dtype == skip_dtype else D.to(skip_dtype),
                                 pregate, postgate, chosen, flat, cached_spectrum)
@@ -367,6 +372,11 @@ def _gated_training(
 _decided: dict[tuple, tuple] = {}
 _MAX_DECISIONS = 512
 _ENV_NAMES = (policy.ENV_VAR, BACKEND_ENV, TC_KERNEL_ENV)  # every variable a decision reads
+
+
+_TRANSFORM_BACKEND = TorchFFT("torch.fft", "torch.fft rfft/irfft as plain ATen ops (inside a torch.func transform "
+                              "or forward-mode AD)", "the package's ops define a backward alone: PyTorch would drop "
+                              "a tangent through them without a word")
 
 
 def _call_key(

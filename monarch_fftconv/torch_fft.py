@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.autograd import forward_ad
 
 from .planner import MonarchPlan
 
@@ -26,7 +27,7 @@ def filter_spectrum(k: Tensor, plan: MonarchPlan) -> Tensor:
 def fftconv(u: Tensor, k: Tensor, skip: Tensor | None, fft_size: int) -> Tensor:
     """conv(u, k) (+ skip·u) with the FFT size given: `conv(u, filter_spectrum(k))`, and while
     autograd records a causal call, `_CausalConv` (the same forward, a cheaper backward)."""
-    if k.dim() == 2 and torch.is_grad_enabled() and (u.requires_grad or k.requires_grad):
+    if k.dim() == 2 and torch.is_grad_enabled() and (u.requires_grad or k.requires_grad) and not in_transform():
         fft_dtype = _fft_dtype(k)
         x = _as(u, fft_dtype)
         return _finish(_CausalConv.apply(x, _as(k, fft_dtype), fft_size), skip, x, u.dtype)
@@ -37,6 +38,16 @@ def conv(u: Tensor, spectrum: Tensor, skip: Tensor | None, plan: MonarchPlan) ->
     """y = conv(u, k) (+ skip·u) from k's `filter_spectrum`, in u's dtype. With G < C filter
     rows, channel c takes row c // (C // G)."""
     return _conv(u, spectrum, skip, plan.fft_size)
+
+
+def in_transform() -> bool:
+    """Inside forward-mode AD (autograd's dual level) or a functorch transform (torch.func's
+    jvp, grad, vmap, ...; their levels are one stack): there the convolution is plain ATen ops
+    all through, whose every transform PyTorch defines (`_CausalConv` and the package's ops
+    have a backward alone). Not while torch.compile traces."""
+    if torch.compiler.is_compiling():
+        return False
+    return forward_ad._current_level >= 0 or torch._C._functorch.maybe_current_level() is not None
 
 
 # The same ATen calls as the plain torch.fft model and nothing more: rfft's n= pads inside the
@@ -51,8 +62,11 @@ def _spectrum(k: Tensor, n: int) -> Tensor:
 def _conv(u: Tensor, spectrum: Tensor, skip: Tensor | None, n: int) -> Tensor:
     x = _as(u, torch.float64 if spectrum.dtype == torch.complex128 else torch.float32)
     product = torch.fft.rfft(x, n=n)
-    # In place where autograd records neither operand: one (B, C, N/2 + 1) allocation fewer.
-    y = torch.fft.irfft(_times(product, spectrum, not (product.requires_grad or spectrum.requires_grad)), n=n)
+    # In place where autograd records neither operand: one (B, C, N/2 + 1) allocation fewer. Not
+    # inside a functorch transform: vmap over the filter alone cannot write a batched product
+    # into the unbatched one.
+    in_place = not (product.requires_grad or spectrum.requires_grad or in_transform())
+    y = torch.fft.irfft(_times(product, spectrum, in_place), n=n)
     return _finish(y[..., : u.shape[-1]], skip, x, u.dtype)
 
 

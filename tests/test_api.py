@@ -475,3 +475,49 @@ def test_an_unhashable_flag_gets_the_checks_message(argument, gen):
     for call in (mf.fftconv, mf.explain):
         with pytest.raises((ValueError, TypeError), match="(precision|bidirectional) must be"):
             call(u, k, **argument)
+
+
+@pytest.mark.parametrize("engine", ["auto", "portable"])
+@pytest.mark.parametrize("bidirectional", [False, "fftconv_ref"])
+def test_forward_mode_ad_and_torch_func_transforms(engine, bidirectional, monkeypatch, gen):
+    """torch.func.jvp and autograd's forward_ad give the exact tangent (the convolution is
+    bilinear: conv(du, k) + conv(u, dk), plus the D and gate terms), vmap over the filters and
+    torch.func.grad give what a loop and autograd give. The package's ops define a backward
+    alone, and PyTorch dropped the tangent through them without a word (a zero JVP)."""
+    from torch.autograd import forward_ad
+
+    monkeypatch.setenv("MONARCH_FFTCONV_BACKEND", engine)
+    B, C, L, Lk = 2, 3, 45, 29
+    u, D, gate = randn(gen, B, C, L, dtype=torch.float64), randn(gen, C, dtype=torch.float64), randn(gen, B, C, L, dtype=torch.float64)
+    k = randn(gen, C, 2, Lk, dtype=torch.float64) if bidirectional else randn(gen, C, Lk, dtype=torch.float64)
+    du, dk, dD = torch.randn_like(u), torch.randn_like(k), torch.randn_like(D)
+
+    def ref(u, k, D):  # float64 torch.fft: causal taps at lag s, reverse taps at lag -s
+        n = 2 * L
+        circle = torch.zeros(C, n, dtype=torch.float64)
+        causal = k[:, 0] if bidirectional else k
+        circle[:, :Lk] += causal
+        if bidirectional:
+            circle[:, 0] += k[:, 1, 0]
+            circle[:, n - Lk + 1:] += k[:, 1, 1:].flip(-1)
+        y = torch.fft.irfft(torch.fft.rfft(u * gate, n=n) * torch.fft.rfft(circle, n=n), n=n)[..., :L]
+        return (y + D.unsqueeze(-1) * u * gate) * gate
+
+    def call(u, k, D):
+        return mf.fftconv(u, k, D=D, pregate=gate, postgate=gate, bidirectional=bidirectional)
+
+    want = ref(du, k, D) + ref(u, dk, 0 * D) + ref(u, 0 * k, dD)  # bilinear in (u, k) and in (u, D)
+    _, tangent = torch.func.jvp(call, (u, k, D), (du, dk, dD))
+    assert rel_l2(tangent, want) < 1e-12
+    with forward_ad.dual_level():
+        dual = call(forward_ad.make_dual(u, du), forward_ad.make_dual(k.clone().requires_grad_(), dk),
+                    forward_ad.make_dual(D, dD))
+        assert rel_l2(forward_ad.unpack_dual(dual).tangent, want) < 1e-12
+    filters = torch.stack([k, dk])
+    batched = torch.func.vmap(lambda kk: call(u, kk, D))(filters)
+    assert rel_l2(batched, torch.stack([ref(u, k, D), ref(u, dk, D)])) < 1e-12
+    weights = torch.randn_like(u)
+    grad = torch.func.grad(lambda kk: (call(u, kk, D) * weights).sum())(k)
+    leaf = k.clone().requires_grad_()
+    (call(u, leaf, D) * weights).sum().backward()
+    assert rel_l2(grad, leaf.grad) < 1e-12
