@@ -19,6 +19,7 @@ Functional form: `prefill(x, k, max_len)` and `step(x_t, state)`. The modules' m
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import _extension, ops, policy
 from .functional import fftconv
@@ -84,43 +86,75 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 # --------------------------------------------------------------------------- the filter's watch
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: the optimizer hook's WeakSet holds watches
 class _Watch:
     """What a state was derived from, as it was at prefill: each tensor (the same object), where
     its values lie (address, dtype, shape, strides, device: a `.data` assignment, a dtype
-    conversion or `torch.utils.swap_tensors` moves them) and its version counter (in-place
-    writes through autograd bump it), and the modules' plain settings (numbers, flags and names
-    such as a filter's modulation shift). A cheap host check a token. Writes that move nothing
-    and bump no counter pass unseen: `.data` writes in place, fused optimizer steps (torch's
-    `fused=True` kernels leave the counter alone), in-place writes to inference tensors (which
-    keep no counter). docs/design.md, "What a state holds"."""
+    conversion or `torch.utils.swap_tensors` moves them), its version counter (in-place writes
+    through autograd bump it), whether a torch.optim optimizer has stepped it since (fused
+    steps bump no counter: a step hook tells), and the modules' plain settings (numbers, flags
+    and names such as a filter's modulation shift). A cheap host check a token. Writes that move
+    nothing, bump no counter and are no optimizer's step pass unseen: in-place writes through
+    `.data`, in-place writes to inference tensors (which keep no counter)."""
 
     tensors: tuple[Tensor, ...]
     placements: tuple[tuple[Any, ...], ...]
     versions: tuple[int | None, ...]
-    settings: tuple[Any, ...] = ()
+    settings: tuple[tuple[dict, str, Any], ...] = ()
+    stepped: bool = False  # set by _after_optimizer_step
 
     @classmethod
     def of(cls, tensors: Iterable[Tensor], modules: Iterable[torch.nn.Module] = ()) -> _Watch:
         tensors = tuple(tensors)
-        return cls(tensors, tuple(_placement(t) for t in tensors), tuple(_version(t) for t in tensors),
-                   _settings(modules))
+        watch = cls(tensors, tuple(_placement(t) for t in tensors), tuple(_version(t) for t in tensors),
+                    _settings(modules))
+        _watch_optimizer_steps(watch)
+        return watch
 
-    def check(self, tensors: Iterable[Tensor], what: str, modules: Iterable[torch.nn.Module] = ()) -> None:
+    def check(self, tensors: Iterable[Tensor], what: str) -> None:
         # Once a token: a plain loop (generators and a tuple of versions cost ~2 us a call). The
         # same tensor object keeps its inference-ness, so a None version needs no new check.
         now = tuple(tensors)
         if len(now) != len(self.tensors):
             raise _replaced(what)
+        modified = False
         for t, kept, placement, version in zip(now, self.tensors, self.placements, self.versions):
             if t is not kept or _placement(t) != placement:
                 raise _replaced(what)
-            if version is not None and t._version != version:
-                raise RuntimeError(f"{what} was modified in place since prefill; step uses the parameters as they "
-                                   "were at prefill (like a KV cache): call prefill again")
-        if self.settings and _settings(modules) != self.settings:
-            raise RuntimeError(f"a setting of {what.split(' parameter')[0]} changed since prefill (a plain attribute "
-                               "such as a filter's shift); step uses the operator as it was at prefill: call prefill again")
+            modified |= version is not None and t._version != version
+        if self.stepped:  # first: the likelier cause of a version change too
+            raise RuntimeError(f"an optimizer stepped {what} since prefill; step uses the parameters as they were "
+                               "at prefill (like a KV cache): call prefill again")
+        if modified:
+            raise RuntimeError(f"{what} was modified in place since prefill; step uses the parameters as they "
+                               "were at prefill (like a KV cache): call prefill again")
+        if any(attributes.get(name, _MISSING) != value for attributes, name, value in self.settings):
+            raise RuntimeError("a plain attribute of the operator's modules (such as a filter's shift) changed since "
+                               "prefill; step uses the operator as it was at prefill: call prefill again")
+
+
+# Every live watch, for the optimizer step hook; the hook is registered at the first prefill (not
+# at import) and costs an optimizer step nothing while no state is alive.
+_WATCHES: weakref.WeakSet[_Watch] = weakref.WeakSet()
+_optimizer_hook: Any = None
+
+
+def _watch_optimizer_steps(watch: _Watch) -> None:
+    global _optimizer_hook
+    if _optimizer_hook is None:
+        _optimizer_hook = register_optimizer_step_post_hook(_after_optimizer_step)
+    _WATCHES.add(watch)
+
+
+def _after_optimizer_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    """Marks the watches over a parameter this step updated (one with a gradient: the others
+    are skipped by every torch.optim step)."""
+    if not _WATCHES:
+        return
+    stepped = {id(p) for group in optimizer.param_groups for p in group["params"] if p.grad is not None}
+    for watch in list(_WATCHES):
+        if not watch.stepped and any(id(t) in stepped for t in watch.tensors):
+            watch.stepped = True
 
 
 def _replaced(what: str) -> RuntimeError:
@@ -136,9 +170,14 @@ def _placement(t: Tensor) -> tuple[Any, ...]:
     return (t.data_ptr(), t.dtype, t.shape, t.stride(), t.device)
 
 
-def _settings(modules: Iterable[torch.nn.Module]) -> tuple[Any, ...]:
-    """Each module's plain attributes (not `training`: generation runs the inference form)."""
-    return tuple((name, value) for m in modules for name, value in vars(m).items()
+_MISSING = object()
+
+
+def _settings(modules: Iterable[torch.nn.Module]) -> tuple[tuple[dict, str, Any], ...]:
+    """Each module's plain attributes as (its attribute dict, name, value at prefill): a token's
+    check reads the dicts kept here, without walking the modules (not `training`: generation
+    runs the inference form)."""
+    return tuple((vars(m), name, value) for m in modules for name, value in vars(m).items()
                  if name != "training" and not name.startswith("_")
                  and (value is None or isinstance(value, (bool, int, float, str))))
 
@@ -701,7 +740,7 @@ def step_fftconv(layer: FFTConv, x_t: Tensor, state: ConvState) -> tuple[Tensor,
     token goes to the state's DirectStepper first, which answers None for anything but the plain
     case (then this path takes it: its checks raise what they raise)."""
     direct = state.direct
-    if direct is not None and DIRECT_STEP and DIRECT_STEPPER:
+    if direct is not None and DIRECT_STEP and DIRECT_STEPPER and not state.watch.stepped:
         y = direct.step(x_t, state.position, layer.filter)
         if y is not None:
             state.position += 1
@@ -780,7 +819,7 @@ def prefill_hyena(op: HyenaOperator, x: Tensor, max_len: int, cuda_graph: bool =
 
 def step_hyena(op: HyenaOperator, x_t: Tensor, state: HyenaState) -> tuple[Tensor, HyenaState]:
     """`HyenaOperator.step`: x_t (B, d) -> y_t (B, d), as forward computes that position."""
-    state.watch.check(_hyena_tensors(op), "a HyenaOperator parameter or buffer", op.modules())
+    state.watch.check(_hyena_tensors(op), "a HyenaOperator parameter or buffer")
     _check_room(state.position, state.max_len)
     batch, _, taps = state.window.shape
     if not isinstance(x_t, Tensor) or tuple(x_t.shape) != (batch, op.d_model):

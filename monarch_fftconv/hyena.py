@@ -235,8 +235,9 @@ class HyenaOperator(nn.Module):
         (y, state): y the operator's output for the prompt, computed as forward computes it;
         `state` for `step` at positions P .. max_len - 1 (the short filter's window, one
         long-convolution stream per order step). step uses the operator as it is now, like a
-        KV cache: it raises RuntimeError if a parameter or buffer was replaced or written in
-        place since (version counters; `.data` writes bypass that check). Bidirectional
+        KV cache: it raises RuntimeError if a parameter or buffer was replaced, converted,
+        written in place or stepped by a torch.optim optimizer since, or a module's plain
+        setting changed (in-place `.data` writes go unseen: prefill again). Bidirectional
         operators raise ValueError. cuda_graph=True (CUDA only) captures the whole step
         (projections, short filter, gates, every long convolution, D) as CUDA graphs here, one
         per block level: a step is then one copy and one graph launch, and its y_t a view of the

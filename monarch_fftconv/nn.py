@@ -99,8 +99,9 @@ class FFTConv(nn.Module):
         (y, state): y = self(x), the ordinary call; `state` for `step` at positions
         P .. max_len - 1. The state holds values derived from the filter as it is now (block
         spectra, the prompt's contribution): step uses that filter, like a KV cache, and
-        raises RuntimeError if `filter` was replaced or written in place since (its version
-        counter; a `.data` write bypasses that check). Bidirectional layers raise ValueError.
+        raises RuntimeError if `filter` was replaced, converted, written in place or stepped
+        by a torch.optim optimizer since (an in-place `.data` write goes unseen: step then
+        keeps the prefill's filter). Bidirectional layers raise ValueError.
         cuda_graph=True (CUDA only) captures the steps as CUDA graphs here, one per block level:
         a step is then one copy and one graph launch, its y_t a view of the state's output
         history (15 steps in 16: one launch of the step kernel, `generation.DIRECT_STEP`, its

@@ -196,19 +196,49 @@ def test_a_filter_moved_without_a_version_bump_is_refused(gen, change):
 
 
 def test_steps_after_an_unseen_write_keep_the_prefill_filter(gen):
-    """A fused optimizer step bumps no version counter and moves nothing: the watch cannot see
-    it, and step goes on with the filter as it was at prefill (the state holds its blocks, not
-    the live filter): the positions are the prefill filter's convolution, never a mixture."""
+    """An in-place write through `.data` bumps no version counter and moves nothing: the watch
+    cannot see it, and step goes on with the filter as it was at prefill (the state holds its
+    blocks, not the live filter): the positions are the prefill filter's convolution."""
     layer = mf.FFTConv(3, 64).double()
     x = randn(gen, 2, 3, 64, dtype=torch.float64)
     before = layer.filter.detach().clone()
     with torch.no_grad():
         _, state = layer.prefill(x[..., :7], max_len=64)
-        layer.filter.grad = torch.randn_like(layer.filter)
-        torch.optim.SGD(layer.parameters(), lr=1.0, fused=True).step()
-        assert not torch.equal(layer.filter, before)
+        layer.filter.data.mul_(-2)
         steps = torch.stack([layer.step(x[..., t], state)[0] for t in range(7, 64)], dim=-1)
     assert rel_l2(steps, reference(x, before)[..., 7:]) < FP64_TOLERANCE
+
+
+@pytest.mark.parametrize("make", [
+    lambda params: torch.optim.SGD(params, lr=0.5, fused=True),
+    lambda params: torch.optim.Adam(params, fused=True),
+    lambda params: torch.optim.AdamW(params, foreach=False),
+])
+def test_an_optimizer_step_after_prefill_is_refused(gen, make):
+    """torch's fused optimizer steps bump no version counter: a step hook marks the states
+    whose parameters an optimizer stepped (those with a gradient), for FFTConv and for a
+    HyenaOperator; an optimizer over other parameters, or over these without gradients, is
+    no change."""
+    layer, other = mf.FFTConv(3, 64), mf.FFTConv(3, 64)
+    x = randn(gen, 1, 3, 64)
+    _, state = layer.prefill(x[..., :5], max_len=64)
+    optimizer = make([*layer.parameters(), *other.parameters()])
+    other.filter.grad = torch.randn_like(other.filter)
+    optimizer.step()  # layer.filter has no gradient: not stepped
+    layer.step(x[..., 5], state)
+    layer.filter.grad = torch.randn_like(layer.filter)
+    optimizer.step()
+    with pytest.raises(RuntimeError, match="an optimizer stepped"):
+        layer.step(x[..., 6], state)
+    op = HyenaOperator(4, 32, filter_order=8)
+    xh = randn(gen, 2, 32, 4)
+    with torch.no_grad():
+        _, hstate = op.prefill(xh[:, :10], max_len=32)
+    for p in op.parameters():
+        p.grad = torch.randn_like(p)
+    make(list(op.out_proj.parameters())).step()
+    with pytest.raises(RuntimeError, match="an optimizer stepped"):
+        op.step(xh[:, 10], hstate)
 
 
 def test_a_parametrized_filter_steps_and_its_change_is_refused(gen):
