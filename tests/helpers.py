@@ -87,6 +87,9 @@ def two_sided_circle(k: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
+    if out.is_complex() or ref.is_complex():  # .double() would drop the imaginary parts
+        out, ref = out.to(torch.complex128), ref.to(torch.complex128)
+        return ((out - ref).abs().norm() / ref.abs().norm()).item()
     return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
