@@ -808,7 +808,8 @@ def prefill_hyena(op: HyenaOperator, x: Tensor, max_len: int, cuda_graph: bool =
     with torch.no_grad():
         window, window_weights = _short_window(op, raw)
         state = HyenaState(position=prompt_len, max_len=max_len, window=torch.zeros_like(window),
-                           window_weights=window_weights, convs=convs, skips=skips, dtype=x.dtype, watch=_Watch.of(_hyena_tensors(op), op.modules()))
+                           window_weights=window_weights, convs=convs, skips=skips, dtype=x.dtype,
+                           watch=_Watch.of(_hyena_tensors(op), op.modules()))
         if cuda_graph and max_len > prompt_len:
             state.graphed = _GraphedHyena.capture(op, state, x.dtype)  # its warm-up writes the buffers: first
         state.window.copy_(window)
@@ -899,7 +900,8 @@ class _GraphedHyena:
         taps = state.window.shape[-1]
         slot = torch.remainder(self.index + self.prompt_len, taps).view(1)
         state.window.index_copy_(2, slot, op.in_proj(self.x).unsqueeze(-1))
-        projected = (state.window * state.window_weights.index_select(0, slot).squeeze(0)).sum(-1).to(state.window.dtype)
+        weights = state.window_weights.index_select(0, slot).squeeze(0)
+        projected = (state.window * weights).sum(-1).to(state.window.dtype)
         if op.short_filter.bias is not None:
             projected = projected + op.short_filter.bias.to(projected.dtype)
         *gates, v = projected.split(op.d_model, dim=1)

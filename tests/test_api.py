@@ -488,7 +488,8 @@ def test_forward_mode_ad_and_torch_func_transforms(engine, bidirectional, monkey
 
     monkeypatch.setenv("MONARCH_FFTCONV_BACKEND", engine)
     B, C, L, Lk = 2, 3, 45, 29
-    u, D, gate = randn(gen, B, C, L, dtype=torch.float64), randn(gen, C, dtype=torch.float64), randn(gen, B, C, L, dtype=torch.float64)
+    u, gate = randn(gen, B, C, L, dtype=torch.float64), randn(gen, B, C, L, dtype=torch.float64)
+    D = randn(gen, C, dtype=torch.float64)
     k = randn(gen, C, 2, Lk, dtype=torch.float64) if bidirectional else randn(gen, C, Lk, dtype=torch.float64)
     du, dk, dD = torch.randn_like(u), torch.randn_like(k), torch.randn_like(D)
 
