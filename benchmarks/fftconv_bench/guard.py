@@ -155,6 +155,9 @@ def outputs_error(outs: Any, refs: Outputs64) -> Dict[str, Any]:
         outs = (outs,)
     fields = measure_error(outs[0], refs["y"])
     grad_refs = [(name, ref) for name, ref in refs.items() if name != "y"]
+    if len(outs) - 1 != len(grad_refs):  # a missing gradient must not pass as checked
+        raise ValueError(f"the call returned {len(outs) - 1} gradients, the reference has {len(grad_refs)}: "
+                         f"{[name for name, _ in grad_refs]}")
     # Gradients: relative L2 error; allclose on each gradient scaled by its float64 RMS, since
     # grad_k sums B·L products and has no natural O(1) scale for an absolute tolerance.
     for (name, ref), out in zip(grad_refs, outs[1:]):

@@ -266,7 +266,8 @@ def _bind_compiled(fn: Callable[..., Tensor]) -> Callable[..., Bound]:
 
 def _bind_module(u: Tensor, k: Tensor, training: bool) -> Bound:
     B, C, L = u.shape
-    module = mf.FFTConv(C, L, groups=k.shape[0], bidirectional=k.dim() == 3).to(device=u.device)
+    # the filter in the I/O dtype, as every other method takes it (a float32 one read twice the bytes)
+    module = mf.FFTConv(C, L, groups=k.shape[0], bidirectional=k.dim() == 3).to(device=u.device, dtype=k.dtype)
     with torch.no_grad():
         module.filter.copy_(k.reshape(module.filter.shape))
     if training:
