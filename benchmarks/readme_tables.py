@@ -235,7 +235,7 @@ def peers_table(peers, rows) -> List[str]:
     for peer in peers:
         ours = baseline(peer)
         faster = (peer["median_ms"] / ours["median_ms"]
-                  if ours is not None and peer.get("status") == "ok" else None)
+                  if ours is not None and peer.get("status") == "ok" and trusted(peer) and trusted(ours) else None)
         cells.append([shape(peer), peer["pass"], f"`{peer['method']}`", peer.get("backend") or NONE,
                       timing_cells(peer)[0], ratio(peer.get("speedup_vs_reference")),
                       ms(ours["median_ms"]) if ours else NONE, ratio(faster)])
@@ -245,12 +245,17 @@ def peers_table(peers, rows) -> List[str]:
 
 
 CLOCKS = (("b2b", "median_ms"), ("latency", "latency_median_ms"))
+DISTRUSTED = ("NOISY", "INVALID")  # the benchmark's verdicts that no ratio may rest on
+
+
+def trusted(row) -> bool:
+    return row.get("validity") not in DISTRUSTED
 
 
 def slower_cells(rows) -> List[List[str]]:
     """Each (row of this package, clock, other method) where the package's row took longer: the
     other being the reference or a peer (cudnn, ...) of the same shape, pass and training step.
-    A NOISY row on either side says so: the benchmark trusts no ratio of it."""
+    A NOISY or INVALID row on either side says so: the benchmark trusts no ratio of it."""
     groups: Dict[tuple, List[Dict[str, Any]]] = {}
     for r in rows:
         if r.get("status") == "ok":
@@ -264,10 +269,12 @@ def slower_cells(rows) -> List[List[str]]:
                     mine, theirs = ours.get(field), other.get(field)
                     if mine is None or theirs is None or mine <= theirs:
                         continue
-                    noisy = [f"`{r['method']}`" for r in (ours, other) if r.get("validity") == "NOISY"]
+                    notes = "; ".join(f"{verdict}: " + ", ".join(f"`{r['method']}`" for r in (ours, other)
+                                                                  if r.get("validity") == verdict)
+                                      for verdict in DISTRUSTED
+                                      if any(r.get("validity") == verdict for r in (ours, other)))
                     cells.append([shape(ours), ours["pass"], f"`{ours['method']}`", clock, ms(mine),
-                                  f"`{other['method']}`", ms(theirs), ratio(mine / theirs),
-                                  f"NOISY: {', '.join(noisy)}" if noisy else ""])
+                                  f"`{other['method']}`", ms(theirs), ratio(mine / theirs), notes])
     return cells
 
 

@@ -148,7 +148,11 @@ def test_tables_hold_the_runs_numbers(tables, run_dir, tmp_path):
         ours = next(r for r in rows if (r["shape"], r["method"], r["pass"]) == (peer["shape"], "monarch[fp32]", peer["pass"]))
         assert_holds(cells, peer, {})
         assert close_ms(cells["`monarch[fp32]` b2b ms"], ours["median_ms"])
-        assert close_ratio(cells["`monarch[fp32]` vs this, b2b"], peer["median_ms"] / ours["median_ms"])
+        faster = cells["`monarch[fp32]` vs this, b2b"]
+        if {peer.get("validity"), ours.get("validity")} & {"NOISY", "INVALID"}:  # no ratio on an untrusted row
+            assert faster == "—"
+        else:
+            assert close_ratio(faster, peer["median_ms"] / ours["median_ms"])
 
 
 def test_header_names_the_runs_date_device_and_commands(tables, run_dir, tmp_path):
@@ -308,6 +312,15 @@ def test_the_slower_cells_are_listed_against_the_reference_and_each_peer(tables,
     assert close_ratio(cell["ratio"], 1.25) and cell["note"] == ""
     assert by_other["latency", "`cudnn`"]["note"] == "NOISY: `cudnn`"
     assert close_ratio(by_other["latency", "`cudnn`"]["ratio"], 1.2)
+    # an INVALID side (under its memory floor) is named too, and the peers table gives no ratio on it
+    peer["validity"], slow["validity"] = "INVALID", "NOISY"
+    (run / "fwd.json").write_text(json.dumps(data))
+    assert tables.main([str(run), "--files", str(readme)]) == 0
+    listed = table(readme.read_text(), "Where this package is slower")
+    notes = {(c["clock"], c["slower than"]): c["note"] for c in listed}
+    assert notes["latency", "`cudnn`"] == f"NOISY: `{slow['method']}`; INVALID: `cudnn`"
+    assert notes["b2b", "`reference`"] == f"NOISY: `{slow['method']}`"
+    assert tables.peers_table([peer], [{**ref, "method": tables.PEER_BASELINE}])[-1].endswith("| — |")
 
 
 def test_the_figure_draws_the_tables_rows(tables, run_dir, tmp_path):
