@@ -269,10 +269,9 @@ def slower_cells(rows) -> List[List[str]]:
                     mine, theirs = ours.get(field), other.get(field)
                     if mine is None or theirs is None or mine <= theirs:
                         continue
-                    notes = "; ".join(f"{verdict}: " + ", ".join(f"`{r['method']}`" for r in (ours, other)
-                                                                  if r.get("validity") == verdict)
-                                      for verdict in DISTRUSTED
-                                      if any(r.get("validity") == verdict for r in (ours, other)))
+                    notes = "; ".join(f"{verdict}: {', '.join(named)}" for verdict in DISTRUSTED
+                                      if (named := [f"`{r['method']}`" for r in (ours, other)
+                                                    if r.get("validity") == verdict]))
                     cells.append([shape(ours), ours["pass"], f"`{ours['method']}`", clock, ms(mine),
                                   f"`{other['method']}`", ms(theirs), ratio(mine / theirs), notes])
     return cells

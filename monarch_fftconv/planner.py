@@ -212,8 +212,7 @@ def built_as_normal_tensors(build):
     return wrapper
 
 
-@functools.lru_cache(maxsize=None)
-@built_as_normal_tensors
+@functools.lru_cache(maxsize=None)  # built inside tables_for alone, whose wrapper sets the mode
 def _tables_float64(plan_key: tuple[int, tuple[int, ...]]) -> MonarchTables:
     fft_size, factors = plan_key
     n1 = factors[0]
